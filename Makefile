@@ -1,0 +1,35 @@
+# kbbot — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
+SERVICES := scripts/services.sh
+
+.PHONY: demo test install services services-stop bench eval clean
+
+# Installs uv (from PyPI) when missing, then the locked dependencies.
+install:
+	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || python3 -m pip install --user --quiet uv
+	@$(UV) sync --frozen --quiet
+
+# Chat with kbbot over examples/kb on embedded defaults (indexes on first run).
+demo: install
+	@$(UV) run kbbot chat
+
+# Starts Redis and Weaviate when needed (building Weaviate once), then runs the tests.
+test: install services
+	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q $(PYTEST_ARGS)
+
+services:
+	@bash $(SERVICES) start
+
+services-stop:
+	@bash $(SERVICES) stop
+
+bench: install
+	@$(UV) run python -m bench
+
+eval: install
+	@for ds in cmrc2018 clapnq; do for m in bm25 vector hybrid; do \
+		$(UV) run kbbot eval ../shared/eval/$$ds --mode $$m --json; done; done
+
+clean:
+	rm -rf .kbbot .pytest_cache

@@ -1,0 +1,194 @@
+"""The ``kbbot`` command: index, chat, ask, eval."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from adapters.console import ConsoleReply, console_inquiry
+from bot.runtime import Runtime, build_runtime, make_ranker, make_store
+from bot.settings import Settings, SettingsError, load_settings
+from bot.types import Answer
+
+
+class UserError(Exception):
+    """A problem the person at the terminal can fix; printed as one line, exit status 2."""
+
+
+def tqdm_progress(desc: str):
+    from tqdm import tqdm
+
+    def wrap(items: Iterable[Any], total: int) -> Iterable[Any]:
+        return tqdm(items, total=total, desc=desc, unit="file" if desc == "indexing" else "batch",
+                    file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    return wrap
+
+
+def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
+    try:
+        report = runtime.indexer.index(paths, space=space, progress=tqdm_progress("indexing"))
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from exc
+    for failure in report.failed:
+        print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
+    print(report.summary())
+    nothing_indexed = not (report.added or report.changed or report.unchanged)
+    return 1 if report.failed and nothing_indexed else 0
+
+
+def ensure_indexed(runtime: Runtime) -> None:
+    """An empty store gets the default sources, so ``kbbot chat`` works on a fresh clone."""
+    if runtime.store.count_chunks() > 0:
+        return
+    sources = [s for s in runtime.settings.default_sources if Path(s).exists()]
+    if not sources:
+        raise UserError("the knowledge base is empty: run `kbbot index PATH` first")
+    print(f"The knowledge base is empty; indexing {', '.join(sources)} first.", file=sys.stderr)
+    report = runtime.indexer.index(sources, progress=tqdm_progress("indexing"))
+    for failure in report.failed:
+        print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
+    print(report.summary(), file=sys.stderr)
+
+
+class SilentReply:
+    """For ``--json``: nothing is printed until the one JSON object."""
+
+    async def start(self) -> None: ...
+
+    async def push(self, delta: str) -> None: ...
+
+    async def finish(self, answer: Answer) -> None: ...
+
+    async def fail(self, message: str) -> None: ...
+
+
+def run_ask(runtime: Runtime, question: str, thread: str | None, as_json: bool) -> int:
+    ensure_indexed(runtime)
+    inquiry = console_inquiry(question, thread or f"ask-{uuid.uuid4().hex[:12]}")
+    reply = SilentReply() if as_json else ConsoleReply()
+    answer = asyncio.run(runtime.answerer.answer(inquiry, reply))
+    if as_json:
+        print(json.dumps(answer.to_dict(), ensure_ascii=False))
+    return 0 if answer.outcome.value != "error" else 1
+
+
+def run_chat(runtime: Runtime, thread: str | None) -> int:
+    ensure_indexed(runtime)
+    thread = thread or f"chat-{uuid.uuid4().hex[:12]}"
+    generator = runtime.settings.generator_kind
+    print(f"kbbot — {runtime.store.count_chunks()} chunks, knowledge version {runtime.store.knowledge_version}, "
+          f"generator: {generator}. Ask in English or Chinese; Ctrl-D to quit.")
+
+    async def loop() -> None:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "\nyou> ")
+            except EOFError:
+                print()
+                return
+            if line.strip() in {"/quit", "/exit"}:
+                return
+            if not line.strip():
+                continue
+            print("kbbot> ", end="", flush=True)
+            await runtime.answerer.answer(console_inquiry(line, thread), ConsoleReply())
+
+    try:
+        asyncio.run(loop())
+    except KeyboardInterrupt:
+        print()
+    return 0
+
+
+def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool) -> int:
+    from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
+    from pipelines.indexing import build_indexing_pipeline
+    from pipelines.query import build_retrieval_pipeline
+
+    path = Path(dataset)
+    if not path.is_dir():
+        raise UserError(f"no dataset folder at {dataset}")
+    try:
+        docs = corpus_documents(path)
+        queries = load_queries(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    name = path.resolve().name
+    store = make_store(settings, directory_name=f"eval/{name}", collection=f"Eval_{name}")
+    runtime = Runtime(settings=settings, store=store)
+    indexing = build_indexing_pipeline(store, runtime.document_embedder, chunk_chars=settings.indexing.chunk_chars,
+                                       overlap_sentences=settings.indexing.chunk_overlap_sentences,
+                                       from_documents=True)
+    indexed = index_corpus(store, indexing, docs, progress=tqdm_progress("embedding corpus"))
+    if indexed:
+        print(f"indexed {indexed} passages of {name}", file=sys.stderr)
+    retrieval = build_retrieval_pipeline(store, runtime.text_embedder, mode=mode,
+                                         candidates=max(settings.retrieval.candidates, k * 3),
+                                         ranker=make_ranker(settings))
+    result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+    if as_json:
+        print(json.dumps(result, ensure_ascii=False))
+    else:
+        for key, value in result.items():
+            print(f"{key:>8}: {value}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kbbot", description="Answers questions from a knowledge base.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO) to stderr")
+    p.add_argument("--config", help="settings file (default: $KBBOT_CONFIG or config/kbbot.yaml)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ix = sub.add_parser("index", help="index files and folders (default: the configured default sources)")
+    ix.add_argument("paths", nargs="*")
+    ix.add_argument("--space", default="default", help="knowledge space of these documents")
+
+    chat = sub.add_parser("chat", help="talk to kbbot in the terminal")
+    chat.add_argument("--thread", help="continue a named conversation")
+
+    ask = sub.add_parser("ask", help="ask one question")
+    ask.add_argument("question")
+    ask.add_argument("--thread", help="conversation key; turns persist between invocations")
+    ask.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+    ev = sub.add_parser("eval", help="score retrieval on a dataset folder (corpus.jsonl, queries.jsonl)")
+    ev.add_argument("dataset")
+    ev.add_argument("--k", type=int, default=10)
+    ev.add_argument("--mode", choices=["bm25", "vector", "hybrid"], default="hybrid")
+    ev.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    try:
+        settings = load_settings(args.config)
+        if args.command == "eval":
+            return run_eval(settings, args.dataset, args.k, args.mode, args.json)
+        runtime = build_runtime(settings)
+        if args.command == "index":
+            return run_index(runtime, args.paths or settings.default_sources, args.space)
+        if args.command == "ask":
+            return run_ask(runtime, args.question, args.thread, args.json)
+        if args.command == "chat":
+            return run_chat(runtime, args.thread)
+    except (SettingsError, UserError) as exc:
+        print(f"kbbot: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The composition root: settings in, a ready store, indexer, pipeline and answerer out.
+
+Only this module (and the adapters) read settings; pipeline builders get explicit values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from bot.answering import Answerer
+from bot.history import HistoryStore, SqliteHistory
+from bot.settings import Settings
+from pipelines.components.embedders import make_embedders
+from pipelines.components.ranker import DiversityRanker, HttpReranker
+from pipelines.generators import make_generator
+from pipelines.indexing import Indexer, build_indexing_pipeline
+from pipelines.query import build_query_pipeline
+from pipelines.store import KnowledgeStore, open_store
+
+
+def make_store(settings: Settings, *, directory_name: str = "store", collection: str | None = None) -> KnowledgeStore:
+    if settings.store_kind == "weaviate":
+        return open_store("weaviate", url=settings.store.weaviate_url,
+                          collection=collection or settings.store.collection)
+    return open_store("memory", directory=settings.data_dir / directory_name)
+
+
+def make_ranker(settings: Settings) -> Any:
+    r = settings.retrieval
+    if settings.ranker.kind == "rerank_http":
+        return HttpReranker(settings.ranker.url or "", top_k=r.top_k, max_chunks_per_doc=r.max_chunks_per_doc,
+                            timeout_s=settings.ranker.timeout_s)
+    return DiversityRanker(top_k=r.top_k, max_chunks_per_doc=r.max_chunks_per_doc)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: KnowledgeStore
+    _embedders: tuple[Any, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        e = self.settings.embedder
+        self._embedders = make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
+                                         query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
+
+    @property
+    def text_embedder(self) -> Any:
+        return self._embedders[0]
+
+    @property
+    def document_embedder(self) -> Any:
+        return self._embedders[1]
+
+    @cached_property
+    def indexer(self) -> Indexer:
+        i = self.settings.indexing
+        pipeline = build_indexing_pipeline(self.store, self.document_embedder, chunk_chars=i.chunk_chars,
+                                           overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb)
+        return Indexer(self.store, pipeline, suffixes=i.extensions)
+
+    @cached_property
+    def history(self) -> HistoryStore:
+        h = self.settings.history
+        return SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
+                             max_chars=h.max_chars, ttl_days=h.ttl_days)
+
+    @cached_property
+    def answerer(self) -> Answerer:
+        s = self.settings
+        g = s.generator
+        generator = make_generator(s.generator_kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
+                                   max_retries=g.max_retries, base_url=g.base_url)
+        pipeline = build_query_pipeline(
+            self.store, self.text_embedder, make_ranker(s), generator,
+            system_template=s.template("system_template"), user_template=s.template("user_template"),
+            mode=s.retrieval.mode, candidates=s.retrieval.candidates, budget_chars=s.prompt.budget_chars,
+            min_similarity=s.retrieval.min_similarity,
+        )
+        return Answerer(pipeline, self.history, mode=s.retrieval.mode,
+                        turn_timeout_s=g.timeout_s * (g.max_retries + 1) + 30)
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    return Runtime(settings=settings, store=make_store(settings))

@@ -1,0 +1,98 @@
+"""The core types every adapter and the turn service share."""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+class Outcome(str, enum.Enum):
+    ANSWERED = "answered"
+    NOT_FOUND = "not_found"
+    OFF_TOPIC = "off_topic"
+    CACHED = "cached"
+    CLARIFY = "clarify"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Inquiry:
+    """One question as it arrived, whatever the platform.
+
+    ``thread_key`` is stable per conversation: ``slack:{team}:{channel}:{thread_ts}``,
+    ``telegram:{bot}:{chat_id}``, ``console:{name}``.
+    """
+
+    platform: str
+    tenant: str
+    channel: str
+    thread_key: str
+    user_id: str
+    text: str
+    received_at: float = field(default_factory=time.time)
+    spaces: tuple[str, ...] = ("default",)
+
+
+@dataclass(frozen=True)
+class Citation:
+    index: int
+    doc_id: str
+    version: int
+    position: int
+    title: str
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Trace:
+    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    stages: dict[str, float] = field(default_factory=dict)
+    first_token_ms: float | None = None
+    history_turns: int = 0
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "stages": {k: round(v, 1) for k, v in self.stages.items()},
+            "first_token_ms": None if self.first_token_ms is None else round(self.first_token_ms, 1),
+            "history_turns": self.history_turns,
+        }
+
+
+@dataclass
+class Answer:
+    text: str
+    outcome: Outcome
+    citations: list[Citation] = field(default_factory=list)
+    trace: Trace = field(default_factory=Trace)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.text,
+            "outcome": self.outcome.value,
+            "citations": [c.to_dict() for c in self.citations],
+            "trace": self.trace.to_dict(),
+        }
+
+
+class Reply(Protocol):
+    """How an adapter shows one answer as it is produced."""
+
+    async def start(self) -> None:
+        """The turn began (show a status or typing indicator)."""
+
+    async def push(self, delta: str) -> None:
+        """More answer text arrived; render it (adapters throttle as their platform requires)."""
+
+    async def finish(self, answer: Answer) -> None:
+        """The final answer with its sources; must never be lost."""
+
+    async def fail(self, message: str) -> None:
+        """The turn failed; show the user ``message`` (never a stack trace)."""

@@ -1,0 +1,95 @@
+"""Fills the prompt's context within a character budget, in priority order.
+
+Retrieved chunks come first (best first, never cut mid-chunk: a chunk that does not fit is
+left out whole), then thread history (newest turns first, shown in chronological order), then
+structured facts. An empty block says so in words, so the model never mistakes a missing
+block for a formatting accident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from haystack import Document, component
+from haystack.dataclasses import ChatMessage
+
+from pipelines.text import LANGUAGE_NAMES, detect_language
+
+NO_SOURCES = "(no knowledge-base passages were retrieved)"
+NO_HISTORY = "(this is the first message of the conversation)"
+NO_FACTS = "(no structured facts apply)"
+
+
+def format_source(number: int, doc: Document) -> str:
+    meta = doc.meta or {}
+    title = meta.get("title") or meta.get("source") or "untitled"
+    header = meta.get("header")
+    label = f"{title} — {header}" if header and header != title else title
+    return f'<source id="{number}" title="{label}">\n{(doc.content or "").strip()}\n</source>'
+
+
+def format_turn(message: ChatMessage) -> str:
+    role = "User" if message.role.value == "user" else "kbbot"
+    return f"{role}: {(message.text or '').strip()}"
+
+
+@component
+class ContextBudget:
+    """Chooses what goes into the prompt; outputs the blocks for ``ChatPromptBuilder``.
+
+    ``sources`` are the chunks given to the model, in the order of their ``[n]`` numbers.
+    """
+
+    def __init__(self, budget_chars: int = 12000):
+        if budget_chars <= 0:
+            raise ValueError("budget_chars must be positive")
+        self.budget_chars = budget_chars
+
+    @component.output_types(
+        sources=list[Document], sources_block=str, history_block=str, facts_block=str,
+        question=str, language=str, language_name=str,
+    )
+    def run(
+        self,
+        question: str,
+        documents: list[Document],
+        history: list[ChatMessage] | None = None,
+        facts: list[str] | None = None,
+    ) -> dict[str, Any]:
+        remaining = self.budget_chars
+        sources: list[Document] = []
+        source_parts: list[str] = []
+        for doc in documents:
+            part = format_source(len(sources) + 1, doc)
+            if len(part) + 1 > remaining:
+                continue
+            remaining -= len(part) + 1
+            sources.append(doc)
+            source_parts.append(part)
+
+        turns: list[str] = []
+        for message in reversed(history or []):
+            part = format_turn(message)
+            if len(part) + 1 > remaining:
+                break
+            remaining -= len(part) + 1
+            turns.append(part)
+        turns.reverse()
+
+        fact_parts: list[str] = []
+        for fact in facts or []:
+            if len(fact) + 3 > remaining:
+                break
+            remaining -= len(fact) + 3
+            fact_parts.append(f"- {fact}")
+
+        language = detect_language(question)
+        return {
+            "sources": sources,
+            "sources_block": "\n".join(source_parts) or NO_SOURCES,
+            "history_block": "\n".join(turns) or NO_HISTORY,
+            "facts_block": "\n".join(fact_parts) or NO_FACTS,
+            "question": question,
+            "language": language,
+            "language_name": LANGUAGE_NAMES[language],
+        }

@@ -1,0 +1,103 @@
+"""Hybrid retrieval over the in-memory store, and the current-version filter.
+
+Hybrid is BM25 plus vectors, fused with reciprocal rank fusion. The multilingual e5 model
+scores any same-language passage above the right passage in the other language, so the vector
+side is asked once per language: the ranker can then give each language its best candidates
+even when the other language fills the top of the list (see ``components/ranker.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from haystack import Document, component
+from haystack.components.joiners import DocumentJoiner
+from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever
+
+from pipelines.store import KnowledgeStore
+
+LANGUAGES = ("zh", "en")
+MODES = ("hybrid", "bm25", "vector")
+
+
+def and_filters(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    present = [f for f in filters if f]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else {"operator": "AND", "conditions": present}
+
+
+def language_filter(language: str) -> dict[str, Any]:
+    return {"field": "meta.language", "operator": "==", "value": language}
+
+
+def rrf(lists: list[list[Document]]) -> list[Document]:
+    """Reciprocal rank fusion (Haystack's joiner); the fused score replaces the list scores."""
+    lists = [docs for docs in lists if docs]
+    if len(lists) <= 1:
+        return lists[0] if lists else []
+    return DocumentJoiner(join_mode="reciprocal_rank_fusion").run(documents=lists)["documents"]
+
+
+def merged_dense(per_language: dict[str, list[Document]]) -> list[Document]:
+    """One vector list from the per-language lists, by raw cosine (kept in ``meta.similarity``)."""
+    merged = [replace(d, meta={**d.meta, "similarity": d.score}) for docs in per_language.values() for d in docs]
+    merged.sort(key=lambda d: -(d.score or 0.0))
+    return merged
+
+
+@component
+class InMemoryHybridRetriever:
+    """BM25 and per-language vector retrieval over the in-memory store, fused.
+
+    ``documents`` are in final order; ``dense_documents`` are the vector candidates with their
+    raw cosine as ``score``.
+    """
+
+    def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30):
+        if mode not in MODES:
+            raise ValueError(f"unknown retrieval mode {mode!r} (expected one of {', '.join(MODES)})")
+        self.mode = mode
+        self.candidates = candidates
+        self.bm25 = InMemoryBM25Retriever(document_store=store.document_store, top_k=candidates)
+        self.dense = InMemoryEmbeddingRetriever(document_store=store.document_store, top_k=candidates)
+
+    @component.output_types(documents=list[Document], dense_documents=list[Document])
+    def run(self, query: str, query_embedding: list[float] | None = None,
+            filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
+        k = top_k or self.candidates
+        lists: list[list[Document]] = []
+        dense: list[Document] = []
+        if self.mode in ("hybrid", "bm25") and query.strip():
+            lists.append(self.bm25.run(query=query, filters=filters, top_k=k)["documents"])
+        if self.mode in ("hybrid", "vector"):
+            if query_embedding is None:
+                raise ValueError(f"{self.mode} retrieval needs a query embedding")
+            per_language = {
+                lang: self.dense.run(query_embedding=query_embedding, filters=and_filters(filters, language_filter(lang)),
+                                     top_k=k)["documents"]
+                for lang in LANGUAGES
+            }
+            dense = merged_dense(per_language)
+            lists.append(dense)
+        return {"documents": rrf(lists)[:k], "dense_documents": dense}
+
+
+@component
+class CurrentKnowledge:
+    """Drops chunks whose document version is no longer the current one (or was revoked)."""
+
+    def __init__(self, store: KnowledgeStore):
+        self.store = store
+
+    def _current(self, documents: list[Document]) -> list[Document]:
+        records = self.store.records()
+        return [
+            d for d in documents
+            if (rec := records.get(d.meta.get("doc_id"))) is not None and rec.version == d.meta.get("version")
+        ]
+
+    @component.output_types(documents=list[Document], dense_documents=list[Document])
+    def run(self, documents: list[Document], dense_documents: list[Document] | None = None) -> dict[str, Any]:
+        return {"documents": self._current(documents), "dense_documents": self._current(dense_documents or [])}

@@ -1,0 +1,43 @@
+"""Publishes the chunks of each document as its new current version in the knowledge store."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from haystack import Document, component
+
+from pipelines.store import DocRecord, KnowledgeStore
+
+
+@component
+class KnowledgeWriter:
+    """Groups chunks by ``meta.doc_id`` and publishes each group as one new document version.
+
+    Publishing (not a plain write) is what keeps a query from ever seeing two versions of a
+    document at once; see ``pipelines.store``.
+    """
+
+    def __init__(self, store: KnowledgeStore):
+        self.store = store
+
+    @component.output_types(published=list[DocRecord])
+    def run(self, documents: list[Document]) -> dict[str, Any]:
+        groups: dict[str, list[Document]] = defaultdict(list)
+        for chunk in documents:
+            groups[chunk.meta["doc_id"]].append(chunk)
+        published = []
+        for doc_id, chunks in groups.items():
+            meta = chunks[0].meta
+            record = DocRecord(
+                doc_id=doc_id,
+                version=0,
+                content_hash=meta["content_hash"],
+                title=meta.get("title") or doc_id,
+                source=meta.get("source") or doc_id,
+                space=meta.get("space") or "default",
+                language=meta.get("language") or "en",
+                root=meta.get("root"),
+            )
+            published.append(self.store.publish(record, chunks))
+        return {"published": published}

@@ -1,0 +1,257 @@
+"""The knowledge store: chunks in a Haystack document store plus a manifest of current versions.
+
+Every chunk carries ``doc_id``, ``version`` and ``position``. The manifest maps each document
+to its one current version; publishing writes the new chunks first, then switches the manifest
+entry (the moment the new version becomes visible and the old one invisible), then deletes the
+old chunks. Retrieval drops any chunk whose version is not the manifest's, so a query never
+sees a mix of two versions of a document, and a revoked document disappears at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from haystack import Document
+from haystack.document_stores.in_memory import InMemoryDocumentStore
+from haystack.document_stores.types import DuplicatePolicy
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+# Overlapping CJK character bigrams plus whole Latin words and numbers: the default in-memory
+# tokenizer makes every Chinese character a token, which matches 的/是 everywhere.
+# Hyphenated codes (e-004, hl-m200, 6309-2z) are also kept whole, so an exact code outscores its parts.
+CJK_BIGRAM_BM25_REGEX = (
+    rf"(?=((?<![^\W{_CJK}-])[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)+"
+    rf"|[{_CJK}]{{2}}|(?<![{_CJK}])[{_CJK}](?![{_CJK}])|(?<![^\W{_CJK}])[^\W{_CJK}]+))"
+)
+
+DEFAULT_SPACE = "default"
+
+
+@dataclass
+class DocRecord:
+    """What the store knows of one document's current version."""
+
+    doc_id: str
+    version: int
+    content_hash: str
+    title: str
+    source: str
+    space: str = DEFAULT_SPACE
+    language: str = "en"
+    chunks: int = 0
+    root: str | None = None
+    indexed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def chunk_id(doc_id: str, version: int, position: int) -> str:
+    """Deterministic chunk id, so re-writing a version overwrites instead of duplicating."""
+    return hashlib.sha256(f"{doc_id}\x00{version}\x00{position}".encode()).hexdigest()
+
+
+def space_filter(spaces: list[str] | None) -> dict[str, Any] | None:
+    """The Haystack filter that keeps retrieval inside the spaces a conversation may see."""
+    if not spaces:
+        return None
+    return {"field": "meta.space", "operator": "in", "value": list(spaces)}
+
+
+class KnowledgeStore(Protocol):
+    """What indexing and querying need from a store, whatever holds the chunks."""
+
+    document_store: Any
+
+    @property
+    def knowledge_version(self) -> int: ...
+
+    def records(self) -> dict[str, DocRecord]: ...
+
+    def record(self, doc_id: str) -> DocRecord | None: ...
+
+    def publish(self, record: DocRecord, chunks: list[Document]) -> DocRecord: ...
+
+    def revoke(self, doc_id: str) -> bool: ...
+
+    def commit(self) -> int: ...
+
+    def is_current(self, doc_id: str, version: int) -> bool: ...
+
+    def count_chunks(self) -> int: ...
+
+    def retriever(self, *, mode: str, candidates: int) -> Any:
+        """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
+        ...
+
+
+def prepare_chunks(record: DocRecord, chunks: list[Document]) -> list[Document]:
+    """Stamp chunks with the record's identity and version, and give them deterministic ids."""
+    out = []
+    for position, chunk in enumerate(chunks):
+        meta = {
+            **(chunk.meta or {}),
+            "doc_id": record.doc_id,
+            "version": record.version,
+            "position": position,
+            "title": record.title,
+            "source": record.source,
+            "space": record.space,
+            "content_hash": record.content_hash,
+        }
+        meta.setdefault("language", record.language)
+        out.append(
+            Document(
+                id=chunk_id(record.doc_id, record.version, position),
+                content=chunk.content,
+                meta=meta,
+                embedding=chunk.embedding,
+            )
+        )
+    return out
+
+
+class InMemoryKnowledgeStore:
+    """Haystack's in-memory store, saved as JSON under a directory (the embedded default)."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None):
+        self.directory = Path(directory) if directory else None
+        self._lock = threading.RLock()
+        self._records: dict[str, DocRecord] = {}
+        self._knowledge_version = 0
+        self._dirty = False
+        self.document_store = self._new_document_store()
+        if self.directory and (self.directory / "manifest.json").exists():
+            self._load()
+
+    @staticmethod
+    def _new_document_store() -> InMemoryDocumentStore:
+        return InMemoryDocumentStore(
+            bm25_tokenization_regex=CJK_BIGRAM_BM25_REGEX,
+            bm25_algorithm="BM25Plus",
+            embedding_similarity_function="cosine",
+            shared=False,
+        )
+
+    # --- reading -------------------------------------------------------------------------
+    @property
+    def knowledge_version(self) -> int:
+        return self._knowledge_version
+
+    def records(self) -> dict[str, DocRecord]:
+        with self._lock:
+            return dict(self._records)
+
+    def record(self, doc_id: str) -> DocRecord | None:
+        with self._lock:
+            return self._records.get(doc_id)
+
+    def is_current(self, doc_id: str, version: int) -> bool:
+        rec = self.record(doc_id)
+        return rec is not None and rec.version == version
+
+    def count_chunks(self) -> int:
+        return self.document_store.count_documents()
+
+    def retriever(self, *, mode: str, candidates: int) -> Any:
+        from pipelines.components.retrievers import InMemoryHybridRetriever
+
+        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates)
+
+    # --- writing -------------------------------------------------------------------------
+    def publish(self, record: DocRecord, chunks: list[Document]) -> DocRecord:
+        """Make ``chunks`` the current version of ``record.doc_id``; returns the new record."""
+        with self._lock:
+            previous = self._records.get(record.doc_id)
+            record.version = (previous.version + 1) if previous else 1
+            record.chunks = len(chunks)
+            prepared = prepare_chunks(record, chunks)
+            self.document_store.write_documents(prepared, policy=DuplicatePolicy.OVERWRITE)
+            self._records[record.doc_id] = record
+            if previous:
+                self._delete_version(previous.doc_id, previous.version)
+            self._dirty = True
+            return record
+
+    def revoke(self, doc_id: str) -> bool:
+        with self._lock:
+            previous = self._records.pop(doc_id, None)
+            if previous is None:
+                return False
+            self._delete_version(doc_id, previous.version)
+            self._dirty = True
+            return True
+
+    def _delete_version(self, doc_id: str, version: int) -> None:
+        self.document_store.delete_by_filter(
+            {
+                "operator": "AND",
+                "conditions": [
+                    {"field": "meta.doc_id", "operator": "==", "value": doc_id},
+                    {"field": "meta.version", "operator": "==", "value": version},
+                ],
+            }
+        )
+
+    def commit(self) -> int:
+        """Advance the knowledge version if anything changed since the last commit, and save."""
+        with self._lock:
+            if self._dirty:
+                self._knowledge_version += 1
+                self._dirty = False
+                self._save()
+            return self._knowledge_version
+
+    # --- persistence ---------------------------------------------------------------------
+    def _save(self) -> None:
+        if not self.directory:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.directory / "chunks.json", lambda p: self.document_store.save_to_disk(str(p)))
+        manifest = {
+            "knowledge_version": self._knowledge_version,
+            "documents": [asdict(r) for r in self._records.values()],
+        }
+        _atomic_write(
+            self.directory / "manifest.json",
+            lambda p: p.write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8"),
+        )
+
+    def _load(self) -> None:
+        assert self.directory is not None
+        manifest = json.loads((self.directory / "manifest.json").read_text(encoding="utf-8"))
+        self._knowledge_version = int(manifest.get("knowledge_version", 0))
+        self._records = {d["doc_id"]: DocRecord(**d) for d in manifest.get("documents", [])}
+        chunks_file = self.directory / "chunks.json"
+        if chunks_file.exists():
+            loaded = InMemoryDocumentStore.load_from_disk(str(chunks_file))
+            docs = loaded.filter_documents()
+            self.document_store.write_documents(docs, policy=DuplicatePolicy.OVERWRITE)
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    """Write through a temporary file and rename, so a crash never leaves half a store."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_store(kind: str, *, directory: str | os.PathLike[str] | None = None, **options: Any) -> KnowledgeStore:
+    """The store factory: ``memory`` (saved under ``directory``) or ``weaviate`` (``url=``)."""
+    if kind == "memory":
+        return InMemoryKnowledgeStore(directory)
+    if kind == "weaviate":
+        from pipelines.weaviate_store import WeaviateKnowledgeStore
+
+        return WeaviateKnowledgeStore(**options)
+    raise ValueError(f"unknown store kind {kind!r} (expected memory or weaviate)")

@@ -1,0 +1,79 @@
+"""Language-aware text helpers shared by the splitter, the ranker and the extractive answerer.
+
+Chinese has no spaces, so word-based tools see a whole paragraph as one token; these helpers
+treat CJK characters (and their bigrams) as terms and split sentences on both 。！？ and .!?.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
+# A sentence ends after 。！？；!? (CJK may be followed directly by text), or after . when
+# whitespace follows (so "1.5" stays whole) and the period does not end "e.g.", "vs." or "No.".
+_SENTENCE_END = re.compile(r"(?<=[。！？；!?])(?![”」』）)])\s*|(?<=[.])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bE\.g\.)(?<!\bvs\.)(?<!\bNo\.)\s+(?=\S)")
+_TERM = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+", re.UNICODE)
+
+LANGUAGE_NAMES = {"zh": "Chinese (简体中文)", "en": "English"}
+
+_EN_STOPWORDS = frozenset(
+    "a an and are as at be by can do does for from how i in is it its my of on or should that the this to "
+    "what when where which who why will with you your we our me was were has have had if not no".split()
+)
+_ZH_STOPWORDS = frozenset("的 了 吗 呢 是 在 和 与 怎 么 什 如 何 哪 个 我 你 请 要 有 吧 啊 就 都 也 把 被 这 那".split())
+
+
+def cjk_ratio(text: str) -> float:
+    """Share of letters in ``text`` that are CJK characters (0.0 when there are no letters)."""
+    letters = _LETTER.findall(text)
+    if not letters:
+        return 0.0
+    return sum(1 for ch in letters if _CJK_CHAR.match(ch)) / len(letters)
+
+
+def detect_language(text: str) -> str:
+    """``zh`` when a meaningful share of the letters is CJK, else ``en``.
+
+    CJK characters carry far more meaning per character than Latin letters, so a text that is
+    30% CJK by letter count is mostly Chinese by content (model numbers are Latin in both).
+    """
+    return "zh" if cjk_ratio(text) > 0.3 else "en"
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split into sentences on Chinese and English boundaries, keeping punctuation attached.
+
+    Line breaks are boundaries too: list items, table rows and headings are units of their own,
+    and a table row is never cut inside.
+    """
+    sentences: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("|"):
+            sentences.append(line.strip())
+            continue
+        for part in _SENTENCE_END.split(line):
+            if part and part.strip():
+                sentences.append(part.strip())
+    return sentences
+
+
+def terms(text: str) -> list[str]:
+    """Content terms for lexical overlap: lower-cased words, CJK characters and CJK bigrams."""
+    out: list[str] = []
+    prev_cjk = ""
+    for tok in _TERM.findall(text.lower()):
+        if _CJK_CHAR.match(tok):
+            if tok not in _ZH_STOPWORDS:
+                out.append(tok)
+            if prev_cjk:
+                out.append(prev_cjk + tok)
+            prev_cjk = tok
+        else:
+            prev_cjk = ""
+            if tok not in _EN_STOPWORDS:
+                out.append(tok)
+    return out

@@ -1,0 +1,43 @@
+"""Shared fixtures: settings on a temporary data directory, and one indexed sample KB per session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from bot.runtime import Runtime, build_runtime  # noqa: E402
+from bot.settings import Settings, load_settings  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "kb"
+SHARED_EVAL = REPO.parent / "shared" / "eval"
+
+
+def make_settings(data_dir: Path, **env: str) -> Settings:
+    """Settings from the repository's config file, isolated from the caller's environment."""
+    base = {"KBBOT_DATA_DIR": str(data_dir)}
+    return load_settings(REPO / "config" / "kbbot.yaml", env={**base, **env})
+
+
+@pytest.fixture(scope="session")
+def kb_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data directory holding the sample knowledge base, indexed once per test session."""
+    data_dir = tmp_path_factory.mktemp("kb")
+    runtime = build_runtime(make_settings(data_dir))
+    report = runtime.indexer.index([EXAMPLES])
+    assert not report.failed, report.failed
+    return data_dir
+
+
+@pytest.fixture
+def kb_runtime(kb_data_dir: Path, tmp_path: Path) -> Runtime:
+    """The indexed sample KB with a history file of this test's own."""
+    settings = make_settings(kb_data_dir)
+    runtime = build_runtime(settings)
+    runtime.settings.data_dir = tmp_path  # history goes to this test's folder; the store is already open
+    return runtime

@@ -1,0 +1,114 @@
+"""The Claude path: the real anthropic SDK (through anthropic-haystack) against a local fake of the
+Messages API, streaming over SSE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.runtime import build_runtime
+from bot.types import Inquiry, Outcome
+from tests.conftest import make_settings
+from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.replies import RecordingReply
+
+
+def inquiry(text: str, thread: str = "t1") -> Inquiry:
+    return Inquiry(platform="test", tenant="t", channel="c", thread_key=f"test:{thread}", user_id="u", text=text)
+
+
+@pytest.fixture
+async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    async with FakeAnthropic() as fake:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
+        settings.generator.max_retries = 0
+        settings.generator.timeout_s = 10
+        runtime = build_runtime(settings)
+        runtime.settings.data_dir = tmp_path
+        yield fake, runtime
+
+
+async def test_streams_a_cited_answer_in_the_question_language(claude):
+    fake, runtime = claude
+    fake.responder = lambda req: Script("清理散热片，并检查风扇 [1]。环境温度不得超过 40 °C [2]。", tokens_per_second=200)
+    reply = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("电机过热怎么办？"), reply)
+
+    assert answer.outcome is Outcome.ANSWERED
+    assert len(reply.deltas) > 3 and reply.streamed == answer.text  # streamed, then the same final text
+    assert reply.final is answer
+    assert [c.index for c in answer.citations] == [1, 2]
+    assert Path(answer.citations[0].doc_id).name == "overheating-zh.md"
+    assert answer.trace.first_token_ms is not None
+
+    request = fake.last_request
+    assert request.stream
+    assert "answer ONLY from the" in request.system and "Chinese" in request.system
+    user = request.last_user_text
+    assert user.count("<source id=") >= 4 and "电机过热" in user
+    assert "Question: 电机过热怎么办？" in user
+    assert "(this is the first message of the conversation)" in user
+
+
+async def test_history_reaches_the_model_on_the_next_turn(claude):
+    fake, runtime = claude
+    fake.enqueue(Script("E-004 means drive overheat [1]."), Script("Clean the heatsink [1]."))
+    await runtime.answerer.answer(inquiry("What does fault E-004 mean?", "hist"), RecordingReply())
+    answer = await runtime.answerer.answer(inquiry("How do I fix it?", "hist"), RecordingReply())
+    assert answer.trace.history_turns == 1
+    assert "User: What does fault E-004 mean?" in fake.last_request.last_user_text
+    assert "kbbot: E-004 means drive overheat [1]." in fake.last_request.last_user_text
+
+
+async def test_empty_model_reply_is_an_error_not_an_empty_message(claude):
+    fake, runtime = claude
+    fake.responder = lambda req: Script("", empty=True)
+    reply = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "empty"), reply)
+    assert answer.outcome is Outcome.ERROR
+    assert reply.final is None
+    assert reply.failure == "The language model returned an empty answer. Please try again."
+    assert await runtime.history.load("test:empty") == []  # no half turn in history
+
+
+async def test_stream_cut_mid_answer_fails_visibly_and_the_next_turn_works(claude):
+    fake, runtime = claude
+    fake.enqueue(Script("Grease the bearings every 4,000 hours with 15 g of grease [1].", cut_after_tokens=3))
+    reply = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "cut"), reply)
+    assert answer.outcome is Outcome.ERROR
+    assert reply.deltas  # part of the answer was shown before the cut
+    assert reply.failure.startswith("The language model is not answering right now (connection lost)")
+    assert await runtime.history.load("test:cut") == []
+
+    fake.enqueue(Script("Every 4,000 operating hours [1]."))
+    again = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "cut"), again)
+    assert answer.outcome is Outcome.ANSWERED and again.final is answer
+
+
+async def test_overloaded_model_is_reported_plainly(claude):
+    fake, runtime = claude
+    fake.responder = lambda req: Script("", status=529)
+    reply = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("What does fault E-004 mean?", "busy"), reply)
+    assert answer.outcome is Outcome.ERROR
+    assert reply.failure == "The language model is not answering right now (overloaded). Please try again in a minute."
+
+
+async def test_invented_source_numbers_are_removed(claude):
+    fake, runtime = claude
+    fake.responder = lambda req: Script("Warranty is 24 months [1][42].")
+    answer = await runtime.answerer.answer(inquiry("How long is the warranty?", "inv"), RecordingReply())
+    assert answer.text == "Warranty is 24 months [1]."
+    assert [c.index for c in answer.citations] == [1]
+
+
+async def test_off_scope_question_never_reaches_the_model(claude):
+    fake, runtime = claude
+    answer = await runtime.answerer.answer(inquiry("What's the weather in Paris tomorrow?", "w"), RecordingReply())
+    assert answer.outcome is Outcome.NOT_FOUND
+    assert fake.requests == []

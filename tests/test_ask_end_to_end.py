@@ -1,0 +1,76 @@
+"""`kbbot ask` over the sample knowledge base, on embedded defaults (no model configured)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adapters.cli import main
+
+
+@pytest.fixture
+def cli_env(kb_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KBBOT_DATA_DIR", str(kb_data_dir))
+    for name in ("ANTHROPIC_API_KEY", "WEAVIATE_URL", "REDIS_URL", "KBBOT_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    return kb_data_dir
+
+
+def ask(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["ask", *args, "--json"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0, "--json prints exactly one JSON object"
+    return json.loads(out)
+
+
+def cited_files(result: dict) -> list[str]:
+    return [Path(c["doc_id"]).name for c in result["citations"]]
+
+
+def test_chinese_question_is_answered_from_the_overheating_guide(cli_env, capsys):
+    result = ask(capsys, "电机过热怎么办？")
+    assert result["outcome"] == "answered"
+    assert cited_files(result)[0] == "overheating-zh.md"
+    assert result["answer"].startswith("未配置语言模型")
+    assert set(result["trace"]) == {"turn_id", "stages", "first_token_ms", "history_turns"}
+    assert {"embed", "retrieve", "rank", "generate"} <= set(result["trace"]["stages"])
+    for c in result["citations"]:
+        assert set(c) == {"index", "doc_id", "version", "position", "title", "source"}
+        assert f"[{c['index']}]" in result["answer"]
+
+
+def test_english_question_is_answered_from_the_maintenance_schedule(cli_env, capsys):
+    result = ask(capsys, "How often should the bearings be greased?")
+    assert result["outcome"] == "answered"
+    assert "maintenance-schedule.md" in cited_files(result)
+    assert "4,000 operating hours" in result["answer"]
+
+
+def test_unrelated_question_is_not_found_without_citations(cli_env, capsys):
+    result = ask(capsys, "What's the weather in Paris tomorrow?")
+    assert result["outcome"] in ("not_found", "off_topic")
+    assert result["citations"] == []
+
+
+def test_thread_history_persists_between_invocations(cli_env, capsys):
+    first = ask(capsys, "What does fault E-004 mean?", "--thread", "t-e2e")
+    second = ask(capsys, "And how do I fix it?", "--thread", "t-e2e")
+    assert first["trace"]["history_turns"] == 0
+    assert second["trace"]["history_turns"] == 1
+    fresh = ask(capsys, "What does fault E-004 mean?")
+    assert fresh["trace"]["history_turns"] == 0
+
+
+def test_empty_question_gets_a_clear_message(cli_env, capsys):
+    assert main(["ask", "   ", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["outcome"] == "error"
+    assert "Please type a question" in result["answer"]
+
+
+def test_bad_settings_are_one_clear_line(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "kbbot.yaml"
+    bad.write_text("retrieval:\n  mode: psychic\n", encoding="utf-8")
+    assert main(["--config", str(bad), "ask", "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kbbot: retrieval.mode is 'psychic'; expected one of hybrid, bm25, vector"
