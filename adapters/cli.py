@@ -16,6 +16,7 @@ from adapters.console import ConsoleReply, console_inquiry
 from bot.runtime import Runtime, build_runtime, make_ranker, make_store
 from bot.settings import Settings, SettingsError, load_settings
 from bot.types import Answer
+from pipelines.errors import ServiceUnavailable
 
 
 class UserError(Exception):
@@ -70,11 +71,20 @@ class SilentReply:
     async def fail(self, message: str) -> None: ...
 
 
+async def started(runtime: Runtime, work: Any) -> Any:
+    """Runs ``work(runtime)`` between ``runtime.start()`` and ``runtime.close()`` in one event loop."""
+    await runtime.start()
+    try:
+        return await work(runtime)
+    finally:
+        await runtime.close()
+
+
 def run_ask(runtime: Runtime, question: str, thread: str | None, as_json: bool) -> int:
     ensure_indexed(runtime)
     inquiry = console_inquiry(question, thread or f"ask-{uuid.uuid4().hex[:12]}")
     reply = SilentReply() if as_json else ConsoleReply()
-    answer = asyncio.run(runtime.answerer.answer(inquiry, reply))
+    answer = asyncio.run(started(runtime, lambda rt: rt.answerer.answer(inquiry, reply)))
     if as_json:
         print(json.dumps(answer.to_dict(), ensure_ascii=False))
     return 0 if answer.outcome.value != "error" else 1
@@ -87,7 +97,7 @@ def run_chat(runtime: Runtime, thread: str | None) -> int:
     print(f"kbbot — {runtime.store.count_chunks()} chunks, knowledge version {runtime.store.knowledge_version}, "
           f"generator: {generator}. Ask in English or Chinese; Ctrl-D to quit.")
 
-    async def loop() -> None:
+    async def loop(rt: Runtime) -> None:
         while True:
             try:
                 line = await asyncio.to_thread(input, "\nyou> ")
@@ -99,10 +109,10 @@ def run_chat(runtime: Runtime, thread: str | None) -> int:
             if not line.strip():
                 continue
             print("kbbot> ", end="", flush=True)
-            await runtime.answerer.answer(console_inquiry(line, thread), ConsoleReply())
+            await rt.answerer.answer(console_inquiry(line, thread), ConsoleReply())
 
     try:
-        asyncio.run(loop())
+        asyncio.run(started(runtime, loop))
     except KeyboardInterrupt:
         print()
     return 0
@@ -187,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, UserError) as exc:
         print(f"kbbot: {exc}", file=sys.stderr)
         return 2
+    except ServiceUnavailable as exc:
+        print(f"kbbot: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -90,8 +90,8 @@ class Answerer:
             diagnosis = diagnose(exc)
             log.error("turn %s failed: %s (%s)", trace.turn_id, diagnosis.kind, diagnosis.reason,
                       exc_info=diagnosis.kind == "internal")
-            key = {"model": "model_unavailable", "model_empty": "model_empty", "store": "store_unavailable"}.get(
-                diagnosis.kind, "internal")
+            key = {"model": "model_unavailable", "model_empty": "model_empty", "store": "store_unavailable",
+                   "state": "state_unavailable"}.get(diagnosis.kind, "internal")
             return await self._refuse(reply, trace, say(key, language, reason=diagnosis.reason,
                                                         turn_id=trace.turn_id))
 

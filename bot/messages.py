@@ -29,6 +29,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "The knowledge base cannot be reached right now ({reason}). Please try again shortly.",
         "zh": "暂时无法访问知识库（{reason}）。请稍后再试。",
     },
+    "state_unavailable": {
+        "en": "kbbot cannot reach its conversation store right now ({reason}). Please try again shortly.",
+        "zh": "暂时无法访问会话存储（{reason}）。请稍后再试。",
+    },
     "internal": {
         "en": "Something went wrong while answering (reference {turn_id}). Please try again.",
         "zh": "回答时出现错误（编号 {turn_id}）。请重试。",

@@ -12,6 +12,7 @@ from typing import Any
 from bot.answering import Answerer
 from bot.history import HistoryStore, SqliteHistory
 from bot.settings import Settings
+from bot.state import Idempotency, MemoryIdempotency
 from pipelines.components.embedders import make_embedders
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.generators import make_generator
@@ -37,9 +38,15 @@ def make_ranker(settings: Settings) -> Any:
 
 @dataclass
 class Runtime:
+    """Everything a process of kbbot needs. ``await start()`` connects the state services
+    inside the event loop that will use them (redis.asyncio connections belong to one loop)."""
+
     settings: Settings
     store: KnowledgeStore
     _embedders: tuple[Any, Any] = field(init=False, repr=False)
+    _history: HistoryStore | None = field(default=None, init=False, repr=False)
+    _idempotency: Idempotency | None = field(default=None, init=False, repr=False)
+    _redis: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         e = self.settings.embedder
@@ -61,11 +68,41 @@ class Runtime:
                                            overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb)
         return Indexer(self.store, pipeline, suffixes=i.extensions)
 
-    @cached_property
-    def history(self) -> HistoryStore:
+    async def start(self) -> None:
+        """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""
+        if self._history is not None:
+            return
         h = self.settings.history
-        return SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
-                             max_chars=h.max_chars, ttl_days=h.ttl_days)
+        if self.settings.redis_url:
+            from bot.redis_state import RedisHistory, RedisIdempotency, connect_redis
+
+            self._redis = await connect_redis(self.settings.redis_url)
+            prefix = self.settings.redis_prefix
+            self._history = RedisHistory(self._redis, prefix=prefix, max_turns=h.max_turns,
+                                         max_chars=h.max_chars, ttl_days=h.ttl_days)
+            self._idempotency = RedisIdempotency(self._redis, prefix)
+        else:
+            self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
+                                          max_chars=h.max_chars, ttl_days=h.ttl_days)
+            self._idempotency = MemoryIdempotency()
+
+    async def close(self) -> None:
+        if self._history is not None:
+            await self._history.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    @property
+    def history(self) -> HistoryStore:
+        if self._history is None:
+            raise RuntimeError("Runtime.start() has not been awaited")
+        return self._history
+
+    @property
+    def idempotency(self) -> Idempotency:
+        if self._idempotency is None:
+            raise RuntimeError("Runtime.start() has not been awaited")
+        return self._idempotency
 
     @cached_property
     def answerer(self) -> Answerer:

@@ -101,6 +101,7 @@ class Settings:
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     redis_url: str | None = field(default=None, repr=False)
+    redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
 
     # --- derived ---------------------------------------------------------------------------

@@ -7,13 +7,17 @@ from dataclasses import dataclass
 from haystack.core.errors import PipelineRuntimeError
 
 
+class ServiceUnavailable(RuntimeError):
+    """A store the process needs cannot be reached at start; the message names its URL and the error."""
+
+
 class EmptyModelReply(RuntimeError):
     """The model finished without any text: an error, never an empty message."""
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    kind: str  # "model" | "model_empty" | "store" | "internal"
+    kind: str  # "model" | "model_empty" | "store" (documents) | "state" (history, locks) | "internal"
     reason: str
 
 
@@ -43,20 +47,19 @@ def _model_errors() -> tuple[type[BaseException], ...]:
 
 
 def _store_errors() -> tuple[type[BaseException], ...]:
-    kinds: list[type[BaseException]] = []
     try:
         from weaviate.exceptions import WeaviateBaseError
-
-        kinds.append(WeaviateBaseError)
     except ImportError:
-        pass
+        return ()
+    return (WeaviateBaseError,)
+
+
+def _state_errors() -> tuple[type[BaseException], ...]:
     try:
         from redis.exceptions import RedisError
-
-        kinds.append(RedisError)
     except ImportError:
-        pass
-    return tuple(kinds)
+        return ()
+    return (RedisError,)
 
 
 def _describe(exc: BaseException) -> str:
@@ -81,7 +84,8 @@ def diagnose(exc: BaseException) -> Diagnosis:
         return Diagnosis("model_empty", "empty reply")
     if isinstance(cause, _model_errors()):
         return Diagnosis("model", _describe(cause))
-    store_errors = _store_errors()
-    if store_errors and isinstance(cause, store_errors):
+    if isinstance(cause, _store_errors()):
         return Diagnosis("store", _describe(cause))
+    if isinstance(cause, _state_errors()):
+        return Diagnosis("state", _describe(cause))
     return Diagnosis("internal", type(cause).__name__)

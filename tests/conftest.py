@@ -10,7 +10,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from bot.runtime import Runtime, build_runtime  # noqa: E402
+from bot.runtime import build_runtime  # noqa: E402
 from bot.settings import Settings, load_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,9 +35,11 @@ def kb_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def kb_runtime(kb_data_dir: Path, tmp_path: Path) -> Runtime:
-    """The indexed sample KB with a history file of this test's own."""
+async def kb_runtime(kb_data_dir: Path, tmp_path: Path):
+    """The indexed sample KB, started, with a history file of this test's own."""
     settings = make_settings(kb_data_dir)
     runtime = build_runtime(settings)
     runtime.settings.data_dir = tmp_path  # history goes to this test's folder; the store is already open
-    return runtime
+    await runtime.start()
+    yield runtime
+    await runtime.close()

@@ -28,7 +28,9 @@ async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         settings.generator.timeout_s = 10
         runtime = build_runtime(settings)
         runtime.settings.data_dir = tmp_path
+        await runtime.start()
         yield fake, runtime
+        await runtime.close()
 
 
 async def test_streams_a_cited_answer_in_the_question_language(claude):

@@ -1,9 +1,12 @@
 """`kbbot ask` over the sample knowledge base, on embedded defaults (no model configured)."""
 
 import json
+import os
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from adapters.cli import main
 
@@ -74,3 +77,28 @@ def test_bad_settings_are_one_clear_line(tmp_path, capsys, monkeypatch):
     assert main(["--config", str(bad), "ask", "hello"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "kbbot: retrieval.mode is 'psychic'; expected one of hybrid, bm25, vector"
+
+
+REDIS_URL = os.environ.get("REDIS_URL")
+needs_redis = pytest.mark.skipif(not REDIS_URL, reason="REDIS_URL is not set (make test starts Redis)")
+
+
+@needs_redis
+def test_thread_history_lives_in_redis_when_configured(cli_env, capsys, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", REDIS_URL)
+    thread = f"t-redis-{uuid.uuid4().hex[:8]}"
+    first = ask(capsys, "What does fault E-004 mean?", "--thread", thread)
+    second = ask(capsys, "And how do I fix it?", "--thread", thread)
+    assert (first["trace"]["history_turns"], second["trace"]["history_turns"]) == (0, 1)
+    client = redis.Redis.from_url(REDIS_URL)
+    key = f"kbbot:history:console:{thread}"
+    assert client.llen(key) == 4 and 0 < client.ttl(key) <= 30 * 86400
+    client.delete(key)
+
+
+def test_unreachable_redis_at_start_is_one_clear_line(cli_env, capsys, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
+    assert main(["ask", "How long is the warranty?"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("kbbot: cannot reach Redis at redis://:***@127.0.0.1:1/0: ")
+    assert err.count("\n") == 1 and "hunter2" not in err

@@ -1,0 +1,9 @@
+"""`make bench`: runs every benchmark of this folder and prints its table."""
+
+import runpy
+import sys
+
+for name in ("bench.indexing",):
+    print(f"== {name}", flush=True)
+    sys.argv = [name]
+    runpy.run_module(name, run_name="__main__")

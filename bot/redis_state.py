@@ -1,0 +1,233 @@
+"""Thread history, idempotency claims and locks in Redis, shared by every replica.
+
+Keys (``prefix`` defaults to ``kbbot:`` and is configurable, e.g. per deployment):
+
+=================================  ======  =====================================================
+key                                type    contents and lifetime
+=================================  ======  =====================================================
+``{prefix}history:{thread_key}``   list    one Haystack ``ChatMessage`` JSON per item, oldest
+                                           first; trimmed to ``max_items`` on each append;
+                                           expires ``ttl_days`` after the thread's last append
+``{prefix}dedupe:{key}``           string  ``"1"`` while an event is claimed; expires after the
+                                           ``ttl_s`` given to ``claim`` (deleted by ``release``)
+``{prefix}lock:{name}``            string  the holder's random token; expires ``ttl_s`` after the
+                                           last renewal (renewed every ``ttl_s / 3``)
+=================================  ======  =====================================================
+
+The client comes from ``connect_redis``: bounded socket timeouts (a dead server is an error,
+not a hang) and a bounded retry with backoff, after which the ``redis.exceptions`` error
+propagates; the pool reconnects by itself once the server is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from haystack.dataclasses import ChatMessage
+from redis.asyncio import Redis
+from redis.asyncio.lock import Lock as _RedisPyLock
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import LockError, RedisError
+
+from bot.history import cap_messages
+from bot.state import RenewingLock
+from pipelines.errors import ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "kbbot:"
+
+
+class RedisUnavailable(ServiceUnavailable):
+    """Redis could not be reached (or refused us) when connecting."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the authority or a ``password=`` query) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{host}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+        # Built by hand: urlunsplit drops the empty authority of ``unix:///path``.
+        shown = f"{parts.scheme}://{netloc}{parts.path}"
+        return shown + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    except ValueError:
+        return "<unparseable Redis URL>"
+
+
+def _secrets_of(url: str) -> list[str]:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [parts.password] if parts.password else []
+    found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
+    return found
+
+
+async def connect_redis(
+    url: str,
+    *,
+    socket_timeout: float = 5.0,
+    connect_timeout: float = 3.0,
+    retries: int = 3,
+    health_check_interval: int = 30,
+    **options: object,
+) -> Redis:
+    """A client for ``url`` that answered one PING, or ``RedisUnavailable``.
+
+    Each command is retried ``retries`` times on connection errors and timeouts (with jittered
+    backoff, reconnecting in between), then the error is raised: an outage costs a turn at most
+    a few seconds, and the first command after the server returns reconnects. Idle pooled
+    connections are checked with a PING after ``health_check_interval`` seconds.
+    """
+    shown = redact_url(url)
+    try:
+        client = Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries),
+            health_check_interval=health_check_interval,
+            **options,
+        )
+    except ValueError as error:
+        raise RedisUnavailable(f"cannot reach Redis at {shown}: invalid URL: {_scrub(str(error), url)}") from None
+    try:
+        await client.ping()
+    except (RedisError, OSError) as error:
+        await client.aclose()
+        reason = _scrub(str(error) or type(error).__name__, url)
+        raise RedisUnavailable(f"cannot reach Redis at {shown}: {reason}") from None
+    return client
+
+
+def _scrub(text: str, url: str) -> str:
+    for secret in _secrets_of(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+class RedisHistory:
+    """``HistoryStore`` on Redis lists: one list per thread, one turn per MULTI/EXEC.
+
+    The client belongs to the caller (usually shared with ``RedisIdempotency`` and locks), so
+    ``close`` leaves it open.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_turns: int = 20,
+        max_chars: int = 20000,
+        ttl_days: float = 30,
+        max_items: int | None = None,
+    ):
+        self.client = client
+        self.prefix = prefix
+        self.max_turns = max_turns
+        self.max_chars = max_chars
+        self.ttl_s = max(1, int(ttl_days * 86400))
+        # A turn is usually a question and an answer; the slack keeps turns that carry more
+        # messages. ``load`` applies the exact caps; this only bounds the list.
+        self.max_items = max_items if max_items is not None else max(4 * max_turns, 8)
+
+    def key(self, thread_key: str) -> str:
+        return f"{self.prefix}history:{thread_key}"
+
+    async def load(self, thread_key: str) -> list[ChatMessage]:
+        raw = await self.client.lrange(self.key(thread_key), 0, -1)
+        messages: list[ChatMessage] = []
+        for item in raw:
+            try:
+                messages.append(ChatMessage.from_dict(json.loads(item)))
+            except (ValueError, TypeError, KeyError) as error:
+                logger.warning("skipping an unreadable history item of thread %r: %s", thread_key, error)
+        return cap_messages(messages, self.max_turns, self.max_chars)
+
+    async def append(self, thread_key: str, messages: list[ChatMessage]) -> None:
+        if not messages:
+            return
+        key = self.key(thread_key)
+        payloads = [json.dumps(m.to_dict(), ensure_ascii=False) for m in messages]
+        keep = max(self.max_items, len(payloads))
+        # MULTI/EXEC: the turn lands whole and contiguous, or not at all. (If the reply to EXEC
+        # is lost after the server applied it, the client's retry can write the turn twice.)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, *payloads)
+            pipe.ltrim(key, -keep, -1)
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def clear(self, thread_key: str) -> None:
+        await self.client.delete(self.key(thread_key))
+
+    async def close(self) -> None:
+        """Nothing to do: the shared client is closed by whoever created it."""
+
+
+class RedisIdempotency:
+    """``Idempotency`` with ``SET key 1 NX PX ttl``: exactly one claim wins across replicas."""
+
+    def __init__(self, client: Redis, prefix: str = DEFAULT_PREFIX):
+        self.client = client
+        self.prefix = prefix
+
+    def key(self, key: str) -> str:
+        return f"{self.prefix}dedupe:{key}"
+
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return bool(await self.client.set(self.key(key), 1, nx=True, px=ttl_ms))
+
+    async def release(self, key: str) -> None:
+        await self.client.delete(self.key(key))
+
+
+class RedisLock(RenewingLock):
+    """``Lock`` across replicas: redis-py's token-owned ``Lock`` plus background renewal.
+
+    Acquire is ``SET NX PX``; renewal and release are redis-py's Lua scripts, which act only
+    when the stored token is this holder's, so an expired holder cannot free a successor's lock.
+    """
+
+    def __init__(self, client: Redis, name: str, *, ttl_s: float = 30.0, prefix: str = DEFAULT_PREFIX,
+                 wait_s: float = 0.0, poll_s: float = 0.1):
+        super().__init__(name, ttl_s=ttl_s, wait_s=wait_s, poll_s=poll_s)
+        self.client = client
+        self.key = f"{prefix}lock:{name}"
+        # thread_local=False: the token belongs to this object, whichever thread or task uses it.
+        self._lock = _RedisPyLock(client, self.key, timeout=self.ttl_s, blocking=False, thread_local=False)
+
+    async def _try_acquire(self) -> bool:
+        return await self._lock.acquire(blocking=False)
+
+    async def _renew(self) -> bool:
+        try:
+            return await self._lock.reacquire()
+        except LockError:  # LockNotOwnedError: expired, or someone else's token is stored
+            return False
+
+    async def _release(self) -> bool:
+        try:
+            await self._lock.release()
+        except LockError:
+            return False
+        return True
+
+    async def locked(self) -> bool:
+        """Someone (anyone) holds the lock right now."""
+        return await self._lock.locked()

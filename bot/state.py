@@ -1,0 +1,269 @@
+"""Shared turn state: idempotency claims (dedupe of redelivered events) and named locks.
+
+Two interfaces, two implementations each:
+
+- ``Idempotency``: ``claim(key, ttl_s)`` is true for exactly one caller per key until the
+  claim expires or is released; ``release(key)`` lets a failed turn's redelivery be answered.
+- ``Lock``: a named lock with a TTL that is renewed in the background while held (every
+  ``ttl_s / 3``), so a long job keeps it and a crashed holder loses it within ``ttl_s``.
+  Ownership is a random token: only the holder renews or releases.
+
+The in-process versions here (``MemoryIdempotency``, ``MemoryLock``) are the embedded default
+and only coordinate one process; ``bot.redis_state`` has the Redis versions for replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class LockNotAcquired(RuntimeError):
+    """``async with lock`` found the lock held elsewhere (within the lock's ``wait_s``)."""
+
+
+@runtime_checkable
+class Idempotency(Protocol):
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        """True if this call is the first to claim ``key`` within ``ttl_s`` seconds."""
+
+    async def release(self, key: str) -> None:
+        """Forget a claim so the same key can be claimed again (e.g. after a failed turn)."""
+
+
+@runtime_checkable
+class Lock(Protocol):
+    name: str
+    ttl_s: float
+
+    @property
+    def held(self) -> bool:
+        """This object acquired the lock and has not released it (it may have been lost since)."""
+
+    @property
+    def lost(self) -> bool:
+        """Renewal found the lock expired or owned by someone else while this object held it."""
+
+    async def acquire(self, blocking: bool = False, timeout: float | None = None) -> bool:
+        """Take the lock; with ``blocking``, wait up to ``timeout`` seconds (None: forever)."""
+
+    async def release(self) -> bool:
+        """Stop renewing and free the lock; False if it had already expired or changed owner."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None: ...
+
+
+class RenewingLock(ABC):
+    """Acquire/renew/release logic shared by the lock implementations.
+
+    Subclasses provide the three atomic primitives on a backend; this class adds blocking
+    acquisition, the background renewal task and the context manager.
+    """
+
+    def __init__(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0, poll_s: float = 0.1):
+        if ttl_s <= 0:
+            raise ValueError(f"lock ttl_s must be positive, got {ttl_s}")
+        self.name = name
+        self.ttl_s = float(ttl_s)
+        self.wait_s = wait_s
+        self.poll_s = poll_s
+        self._held = False
+        self._lost = False
+        self._renewal: asyncio.Task[None] | None = None
+
+    # --- backend primitives ----------------------------------------------------------------
+    @abstractmethod
+    async def _try_acquire(self) -> bool:
+        """Take the lock if free, with a TTL of ``ttl_s``; never waits."""
+
+    @abstractmethod
+    async def _renew(self) -> bool:
+        """Reset the TTL to ``ttl_s`` if this object still owns the lock."""
+
+    @abstractmethod
+    async def _release(self) -> bool:
+        """Free the lock if this object still owns it."""
+
+    # --- public API ------------------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+    async def acquire(self, blocking: bool = False, timeout: float | None = None) -> bool:
+        if self._held:
+            raise RuntimeError(f"lock {self.name!r} is already held by this object")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if await self._try_acquire():
+                self._held = True
+                self._lost = False
+                self._renewal = asyncio.create_task(self._renew_forever(), name=f"renew lock {self.name}")
+                return True
+            if not blocking or (deadline is not None and loop.time() + self.poll_s > deadline):
+                return False
+            await asyncio.sleep(self.poll_s)
+
+    async def release(self) -> bool:
+        if not self._held:
+            raise RuntimeError(f"lock {self.name!r} is not held by this object")
+        await self._stop_renewal()
+        self._held = False
+        released = await self._release()
+        if not released:
+            logger.warning("lock %r had expired or changed owner before it was released", self.name)
+        return released
+
+    async def __aenter__(self) -> Self:
+        if await self.acquire(blocking=self.wait_s > 0, timeout=self.wait_s):
+            return self
+        raise LockNotAcquired(f"lock {self.name!r} is held elsewhere (waited {self.wait_s:g} s)")
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if not self._held:
+            return
+        try:
+            await self.release()
+        except Exception:
+            # Raising here would hide the body's own outcome; the TTL frees the lock anyway.
+            logger.exception("could not release lock %r; it expires within %g s", self.name, self.ttl_s)
+
+    # --- renewal ---------------------------------------------------------------------------
+    async def _renew_forever(self) -> None:
+        interval = self.ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                still_owned = await self._renew()
+            except Exception:
+                # A backend hiccup: keep trying; if it lasts past the TTL the lock expires and
+                # the next renewal reports it lost.
+                logger.warning("renewing lock %r failed; retrying in %g s", self.name, interval, exc_info=True)
+                continue
+            if not still_owned:
+                self._lost = True
+                logger.error("lock %r expired or was taken over while held", self.name)
+                return
+
+    async def _stop_renewal(self) -> None:
+        task, self._renewal = self._renewal, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+
+
+class MemoryIdempotency:
+    """Claims in a dict with expiry; expired claims are swept as new ones arrive."""
+
+    def __init__(self, *, clock: Clock = time.monotonic, sweep_every: int = 1024):
+        self._clock = clock
+        self._expires: dict[str, float] = {}
+        self._mutex = threading.Lock()
+        self._sweep_every = sweep_every
+        self._since_sweep = 0
+
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        now = self._clock()
+        with self._mutex:
+            self._since_sweep += 1
+            if self._since_sweep >= self._sweep_every:
+                self._since_sweep = 0
+                self._expires = {k: t for k, t in self._expires.items() if t > now}
+            expires = self._expires.get(key)
+            if expires is not None and expires > now:
+                return False
+            self._expires[key] = now + ttl_s
+            return True
+
+    async def release(self, key: str) -> None:
+        with self._mutex:
+            self._expires.pop(key, None)
+
+
+class MemoryLockTable:
+    """The locks of one process: name -> (owner token, expiry)."""
+
+    def __init__(self, *, clock: Clock = time.monotonic):
+        self._clock = clock
+        self._locks: dict[str, tuple[str, float]] = {}
+        self._mutex = threading.Lock()
+
+    def try_acquire(self, name: str, token: str, ttl_s: float) -> bool:
+        now = self._clock()
+        with self._mutex:
+            current = self._locks.get(name)
+            if current is not None and current[1] > now:
+                return False
+            self._locks[name] = (token, now + ttl_s)
+            return True
+
+    def renew(self, name: str, token: str, ttl_s: float) -> bool:
+        now = self._clock()
+        with self._mutex:
+            current = self._locks.get(name)
+            if current is None or current[0] != token or current[1] <= now:
+                return False
+            self._locks[name] = (token, now + ttl_s)
+            return True
+
+    def release(self, name: str, token: str) -> bool:
+        now = self._clock()
+        with self._mutex:
+            current = self._locks.get(name)
+            if current is None or current[0] != token:
+                return False
+            del self._locks[name]
+            return current[1] > now
+
+    def locked(self, name: str) -> bool:
+        with self._mutex:
+            current = self._locks.get(name)
+            return current is not None and current[1] > self._clock()
+
+
+#: The process-wide table ``MemoryLock`` uses unless given another one.
+PROCESS_LOCKS = MemoryLockTable()
+
+
+class MemoryLock(RenewingLock):
+    """A named lock of this process with the same TTL and renewal semantics as ``RedisLock``."""
+
+    def __init__(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0, poll_s: float = 0.05,
+                 table: MemoryLockTable | None = None):
+        super().__init__(name, ttl_s=ttl_s, wait_s=wait_s, poll_s=poll_s)
+        self.table = PROCESS_LOCKS if table is None else table
+        self._token = uuid.uuid4().hex
+
+    async def _try_acquire(self) -> bool:
+        return self.table.try_acquire(self.name, self._token, self.ttl_s)
+
+    async def _renew(self) -> bool:
+        return self.table.renew(self.name, self._token, self.ttl_s)
+
+    async def _release(self) -> bool:
+        return self.table.release(self.name, self._token)

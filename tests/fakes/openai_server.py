@@ -1,0 +1,78 @@
+"""A local stand-in for an OpenAI-compatible chat endpoint (Ollama, vLLM, DashScope) and for a
+text-embeddings-inference style ``/rerank`` endpoint, served on 127.0.0.1 for the real clients."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+
+class FakeOpenAI:
+    """``POST /v1/chat/completions`` (JSON or SSE stream) and ``POST /rerank``.
+
+    ``reply(request_json) -> str`` chooses the answer; ``rerank(query, texts) -> scores``
+    scores passages. Every request body is kept in ``requests``.
+    """
+
+    def __init__(self, reply: Callable[[dict[str, Any]], str] | None = None,
+                 rerank: Callable[[str, list[str]], list[float]] | None = None):
+        self.reply = reply or (lambda req: "ok")
+        self.rerank = rerank or (lambda query, texts: [float(len(t)) for t in texts])
+        self.requests: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def __aenter__(self) -> FakeOpenAI:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/rerank", self._rerank)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def _rerank(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        scores = self.rerank(body["query"], body["texts"])
+        ranked = sorted(({"index": i, "score": s} for i, s in enumerate(scores)), key=lambda r: -r["score"])
+        return web.json_response(ranked)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        text = self.reply(body)
+        created = int(time.time())
+        base = {"id": "chatcmpl-fake", "created": created, "model": body.get("model", "fake")}
+        if not body.get("stream"):
+            return web.json_response({
+                **base, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()), "total_tokens": 10},
+            })
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        pieces = [w + " " for w in text.split(" ")] if text else []
+        if pieces:
+            pieces[-1] = pieces[-1][:-1]
+        for i, piece in enumerate(pieces):
+            delta = {"role": "assistant", "content": piece} if i == 0 else {"content": piece}
+            chunk = {**base, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        end = {**base, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        await response.write(f"data: {json.dumps(end)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
