@@ -170,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--thread", help="conversation key; turns persist between invocations")
     ask.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
+    srv = sub.add_parser("serve", help="run the chat adapters and HTTP endpoints (KBBOT_PORT, default 3000)")
+    srv.add_argument("--port", type=int, help="HTTP port (default: $KBBOT_PORT or 3000)")
+
     ev = sub.add_parser("eval", help="score retrieval on a dataset folder (corpus.jsonl, queries.jsonl)")
     ev.add_argument("dataset")
     ev.add_argument("--k", type=int, default=10)
@@ -180,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+    verbose = args.verbose or args.command == "serve"
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
@@ -194,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_ask(runtime, args.question, args.thread, args.json)
         if args.command == "chat":
             return run_chat(runtime, args.thread)
+        if args.command == "serve":
+            from adapters.server import run_serve
+
+            ensure_indexed(runtime)
+            return run_serve(runtime, port=args.port)
     except (SettingsError, UserError) as exc:
         print(f"kbbot: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import pipelines  # noqa: F401  (telemetry off)
 from bot.runtime import build_runtime
@@ -27,7 +26,7 @@ def measure(paths: list[str], threads: int = 2) -> dict[str, float]:
         load_e5(threads)  # model load is paid before either side is timed
 
         started = time.perf_counter()
-        full = runtime.indexer.index(paths)
+        runtime.indexer.index(paths)
         full_s = time.perf_counter() - started
 
         chunks = runtime.store.document_store.filter_documents()

@@ -99,6 +99,11 @@ class Runtime:
         return self._history
 
     @property
+    def redis(self) -> Any:
+        """The shared ``redis.asyncio`` client, or None on embedded defaults."""
+        return self._redis
+
+    @property
     def idempotency(self) -> Idempotency:
         if self._idempotency is None:
             raise RuntimeError("Runtime.start() has not been awaited")

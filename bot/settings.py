@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from bot.platform_settings import SlackSettings
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("config/kbbot.yaml")
 
@@ -100,6 +102,7 @@ class Settings:
     prompt: PromptSettings = field(default_factory=PromptSettings)
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+    slack: SlackSettings = field(default_factory=SlackSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
@@ -168,6 +171,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
         settings.store.weaviate_url = env["WEAVIATE_URL"]
     settings.redis_url = env.get("REDIS_URL") or None
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
+    settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     _validate(settings)
     return settings
 
@@ -191,3 +195,5 @@ def _validate(s: Settings) -> None:
         raise SettingsError("prompt.budget_chars must be at least 1000")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
+    for problem in s.slack.problems(serving=False):
+        raise SettingsError(problem)

@@ -100,9 +100,15 @@ class HttpReranker:
         self.max_chunks_per_doc = max_chunks_per_doc
         self.timeout_s = timeout_s
 
-    def _reorder(self, documents: list[Document], scores: list[dict[str, Any]]) -> list[Document]:
+    def _body(self, query: str, documents: list[Document]) -> dict[str, Any]:
+        return {"query": query, "texts": [d.content or "" for d in documents], "truncate": True}
+
+    def _ranked(self, documents: list[Document], scores: list[dict[str, Any]], dense: list[Document] | None,
+                top_k: int | None) -> dict[str, Any]:
         order = sorted(scores, key=lambda s: -float(s["score"]))
-        return [replace(documents[int(s["index"])], score=float(s["score"])) for s in order]
+        reordered = [replace(documents[int(s["index"])], score=float(s["score"])) for s in order]
+        ranked = cap_per_document(reordered, self.max_chunks_per_doc, top_k or self.top_k)
+        return {"documents": with_similarity(ranked, dense)}
 
     @component.output_types(documents=list[Document])
     def run(
@@ -111,12 +117,9 @@ class HttpReranker:
     ) -> dict[str, Any]:
         if not documents:
             return {"documents": []}
-        body = {"query": query, "texts": [d.content or "" for d in documents], "truncate": True}
-        response = httpx.post(f"{self.url}/rerank", json=body, timeout=self.timeout_s)
+        response = httpx.post(f"{self.url}/rerank", json=self._body(query, documents), timeout=self.timeout_s)
         response.raise_for_status()
-        ranked = cap_per_document(self._reorder(documents, response.json()), self.max_chunks_per_doc,
-                                  top_k or self.top_k)
-        return {"documents": with_similarity(ranked, dense_documents)}
+        return self._ranked(documents, response.json(), dense_documents, top_k)
 
     @component.output_types(documents=list[Document])
     async def run_async(
@@ -125,10 +128,7 @@ class HttpReranker:
     ) -> dict[str, Any]:
         if not documents:
             return {"documents": []}
-        body = {"query": query, "texts": [d.content or "" for d in documents], "truncate": True}
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            response = await client.post(f"{self.url}/rerank", json=body)
+            response = await client.post(f"{self.url}/rerank", json=self._body(query, documents))
         response.raise_for_status()
-        ranked = cap_per_document(self._reorder(documents, response.json()), self.max_chunks_per_doc,
-                                  top_k or self.top_k)
-        return {"documents": with_similarity(ranked, dense_documents)}
+        return self._ranked(documents, response.json(), dense_documents, top_k)

@@ -60,8 +60,20 @@ class InMemoryHybridRetriever:
             raise ValueError(f"unknown retrieval mode {mode!r} (expected one of {', '.join(MODES)})")
         self.mode = mode
         self.candidates = candidates
+        self.store = store
         self.bm25 = InMemoryBM25Retriever(document_store=store.document_store, top_k=candidates)
         self.dense = InMemoryEmbeddingRetriever(document_store=store.document_store, top_k=candidates)
+        self._languages: tuple[int, list[str]] | None = None
+
+    def languages(self) -> list[str]:
+        """Languages that have chunks, re-checked when the knowledge version moves: asking for a
+        language with no chunks is wasted work (and Haystack warns about it on every query)."""
+        version = self.store.knowledge_version
+        if self._languages is None or self._languages[0] != version:
+            present = [lang for lang in LANGUAGES
+                       if self.store.document_store.count_documents_by_filter(language_filter(lang))]
+            self._languages = (version, present)
+        return self._languages[1]
 
     @component.output_types(documents=list[Document], dense_documents=list[Document])
     def run(self, query: str, query_embedding: list[float] | None = None,
@@ -77,7 +89,7 @@ class InMemoryHybridRetriever:
             per_language = {
                 lang: self.dense.run(query_embedding=query_embedding, filters=and_filters(filters, language_filter(lang)),
                                      top_k=k)["documents"]
-                for lang in LANGUAGES
+                for lang in self.languages()
             }
             dense = merged_dense(per_language)
             lists.append(dense)

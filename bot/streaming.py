@@ -1,0 +1,338 @@
+"""Throttled delivery of a growing answer to a chat platform, shared by every adapter.
+
+Two pieces, neither of which knows a platform:
+
+- ``StreamWriter``: one ordered writer per answer. Deltas are coalesced into the latest text;
+  the writer hands the platform ``Sink`` the *whole* latest text at most every
+  ``Cadence.min_interval_s`` and only when it grew. When the platform says "retry after N s"
+  (``RetryAfter``), the writer sleeps N s and then sends the *latest* text, so intermediate
+  states are dropped but the final text never is. Sends never overlap and never reorder,
+  unlike updates fired from a new task per delta.
+- ``RateBudget``: token buckets per ``(scope, method)``, shared by all answers in the process,
+  so that every concurrent answer of one workspace (the scope) stays inside a method's rate
+  tier together. A 429 on one answer ``hold``s the bucket for everyone.
+
+A Slack sink calls ``chat.appendStream`` or ``chat.update``; a Telegram sink would call
+``sendMessageDraft`` or ``editMessageText`` with the same writer and budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+log = logging.getLogger("kbbot.streaming")
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class RetryAfter(Exception):
+    """The platform refused a send for now; try again (with the latest text) after ``seconds``."""
+
+    def __init__(self, seconds: float, reason: str = "rate limited"):
+        super().__init__(f"{reason}; retry after {seconds:g} s")
+        self.seconds = max(0.0, float(seconds))
+        self.reason = reason
+
+
+class DeliveryFailed(RuntimeError):
+    """The final text could not be delivered (the platform kept refusing past the writer's bound)."""
+
+
+class Sink(Protocol):
+    """Where a writer's text goes; one sink per answer, called by one writer only (never concurrently)."""
+
+    async def send(self, text: str, final: bool) -> bool:
+        """Show ``text``, the whole answer so far (``final``: the last call, with the final text).
+
+        Return ``False`` when nothing needed sending (the visible text did not change), so the
+        writer does not count it against the cadence. Raise ``RetryAfter`` to be called again
+        later; the writer then passes the latest text, which may be longer.
+
+        A sink may also define ``async ready(final: bool)``: the writer awaits it *before* it takes
+        the text, so a wait for a shared rate budget ends with the latest text being sent.
+        """
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a writer may send."""
+
+    #: Minimum time between two sends of one answer (the final send included).
+    min_interval_s: float = 1.0
+    #: An intermediate send needs at least this many new characters since the last one.
+    min_growth: int = 1
+    #: Characters needed before the first send; 1 shows the first token at once.
+    first_growth: int = 1
+    #: Total ``RetryAfter`` sleeping accepted before the final text is given up as undeliverable.
+    max_retry_wait_s: float = 300.0
+
+
+@dataclass
+class WriterStats:
+    pushes: int = 0
+    sends: int = 0
+    retry_waits: int = 0
+    retry_wait_s: float = 0.0
+    #: Sends that raised something other than ``RetryAfter``.
+    errors: int = 0
+    #: ``clock()`` of the first send that showed text.
+    first_send_at: float | None = None
+
+
+class StreamWriter:
+    """The single ordered writer of one answer.
+
+    ``push`` is cheap and never waits for the platform; ``finish`` delivers the final text and
+    returns once it is shown (or raises ``DeliveryFailed`` / the sink's error); ``close`` stops
+    without a final text, after any send in flight (so a failure message posted next cannot be
+    overwritten by a late update).
+    """
+
+    def __init__(self, sink: Sink, cadence: Cadence | None = None, *, name: str = "",
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
+        self.sink = sink
+        self.cadence = cadence or Cadence()
+        self.name = name
+        self.stats = WriterStats()
+        self._clock = clock
+        self._sleep = sleep
+        self._text = ""
+        self._final: str | None = None
+        self._sent: str | None = None  # the text of the last successful send
+        self._next_allowed = float("-inf")
+        self._intermediate_off = False
+        self._closed = False
+        self._sending = False
+        self._retry_waited = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def sent_text(self) -> str | None:
+        return self._sent
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    def push(self, delta: str) -> None:
+        if self._closed or self._final is not None or not delta:
+            return
+        self._text += delta
+        self.stats.pushes += 1
+        self._ensure_task()
+        self._wake.set()
+
+    async def finish(self, text: str | None = None) -> None:
+        """Deliver ``text`` (default: everything pushed) as the final text; wait until it is shown."""
+        if self._closed:
+            raise RuntimeError(f"writer {self.name!r} is closed")
+        if self._final is None:
+            self._final = self._text if text is None else text
+        self._ensure_task()
+        self._wake.set()
+        assert self._task is not None
+        await asyncio.shield(self._task)
+        if self._error is not None:
+            raise self._error
+
+    async def close(self) -> None:
+        """Stop sending; an intermediate send in flight completes first, nothing is sent after it."""
+        self._closed = True
+        self._wake.set()
+        task = self._task
+        if task is None or task.done():
+            return
+        if not self._sending:
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        except Exception:  # noqa: BLE001 - the error was logged by the loop; closing is best effort
+            pass
+
+    # --- the loop --------------------------------------------------------------------------
+    def _ensure_task(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"stream writer {self.name}")
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            if self._final is None and self._intermediate_off:
+                continue
+            delay = self._next_allowed - self._clock()
+            if delay > 0:
+                await self._sleep(delay)
+                if self._closed:
+                    return
+            if self._final is None and not self._grew_enough(self._text):
+                continue
+            ready = getattr(self.sink, "ready", None)
+            if ready is not None:
+                await ready(self._final is not None)
+                if self._closed:
+                    return
+            final = self._final is not None
+            text = self._final if final else self._text
+            assert text is not None
+            try:
+                self._sending = True
+                sent = await self.sink.send(text, final)
+            except RetryAfter as exc:
+                self.stats.retry_waits += 1
+                self.stats.retry_wait_s += exc.seconds
+                self._retry_waited += exc.seconds
+                if final and self._retry_waited > self.cadence.max_retry_wait_s:
+                    self._error = DeliveryFailed(
+                        f"the final text was refused for {self._retry_waited:.0f} s ({exc.reason})")
+                    return
+                log.info("writer %s: %s", self.name, exc)
+                # Sleep it out, then send whatever is latest by then.
+                self._next_allowed = max(self._next_allowed, self._clock() + exc.seconds)
+                self._wake.set()
+                continue
+            except Exception as exc:
+                self.stats.errors += 1
+                if final:
+                    self._error = exc
+                    return
+                # Intermediate states are optional: stop them, the final send tries again.
+                log.warning("writer %s: an intermediate send failed (%s); only the final text follows",
+                            self.name, exc)
+                self._intermediate_off = True
+                continue
+            finally:
+                self._sending = False
+            if sent:
+                self.stats.sends += 1
+                if self.stats.first_send_at is None:
+                    self.stats.first_send_at = self._clock()
+                self._next_allowed = self._clock() + self.cadence.min_interval_s
+                self._sent = text
+            if final:
+                return
+
+    def _grew_enough(self, text: str) -> bool:
+        if self._sent is None:
+            return len(text) >= self.cadence.first_growth
+        return len(text) - len(self._sent) >= self.cadence.min_growth
+
+
+# --- rate budget ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rate:
+    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once."""
+
+    per_minute: float
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        if self.per_minute <= 0 or self.burst < 1:
+            raise ValueError(f"a rate needs per_minute > 0 and burst >= 1, got {self}")
+
+
+class TokenBucket:
+    """``burst`` tokens refilled at ``per_minute / 60`` per second; waiters are served in order."""
+
+    def __init__(self, rate: Rate, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
+        self.rate = rate
+        self._per_s = rate.per_minute / 60.0
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = float(rate.burst)
+        self._stamp = clock()
+        self._held_until = float("-inf")
+        self._lock = asyncio.Lock()
+
+    @property
+    def tokens(self) -> float:
+        self._refill(self._clock())
+        return self._tokens
+
+    def _refill(self, now: float) -> None:
+        if now > self._stamp:
+            self._tokens = min(float(self.rate.burst), self._tokens + (now - self._stamp) * self._per_s)
+            self._stamp = now
+
+    async def acquire(self) -> float:
+        """Take one token, waiting as needed; returns the seconds waited."""
+        waited = 0.0
+        async with self._lock:
+            while True:
+                now = self._clock()
+                if now < self._held_until:
+                    delay = self._held_until - now
+                else:
+                    self._refill(now)
+                    if self._tokens >= 1.0:
+                        self._tokens -= 1.0
+                        return waited
+                    delay = (1.0 - self._tokens) / self._per_s
+                await self._sleep(delay)
+                waited += delay
+
+    def hold(self, seconds: float) -> None:
+        """Let nothing through for ``seconds`` (the platform answered 429 with this Retry-After);
+        afterwards one call may go at once and the rest follow at the normal rate."""
+        now = self._clock()
+        self._held_until = max(self._held_until, now + seconds)
+        self._refill(now)
+        self._tokens = min(self._tokens, 1.0)
+        self._stamp = max(self._stamp, self._held_until)  # nothing accrues while held
+
+
+@dataclass
+class RateBudget:
+    """Token buckets by ``(scope, method)``: every answer with the same scope shares them.
+
+    ``rates`` maps a method name to its allowance; methods without one use ``default``, or are
+    not limited when ``default`` is ``None``.
+    """
+
+    rates: Mapping[str, Rate] = field(default_factory=dict)
+    default: Rate | None = None
+    clock: Clock = time.monotonic
+    sleep: Sleep = asyncio.sleep
+    _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict, init=False, repr=False)
+
+    def bucket(self, scope: str, method: str) -> TokenBucket | None:
+        key = (scope, method)
+        found = self._buckets.get(key)
+        if found is None:
+            rate = self.rates.get(method, self.default)
+            if rate is None:
+                return None
+            found = self._buckets[key] = TokenBucket(rate, clock=self.clock, sleep=self.sleep)
+        return found
+
+    async def acquire(self, scope: str, method: str) -> float:
+        bucket = self.bucket(scope, method)
+        if bucket is None:
+            return 0.0
+        waited = await bucket.acquire()
+        if waited > 0.05:
+            log.debug("rate budget: %s %s waited %.2f s", scope, method, waited)
+        return waited
+
+    def hold(self, scope: str, method: str, seconds: float) -> None:
+        bucket = self.bucket(scope, method)
+        if bucket is not None:
+            bucket.hold(seconds)

@@ -1,0 +1,446 @@
+"""A local stand-in for the Slack Web API, for tests and benchmarks.
+
+The bot talks to Slack through the real ``slack_sdk`` ``AsyncWebClient`` (inside bolt's ``AsyncApp``),
+pointed at this server with ``base_url``; it serves the methods kbbot uses, keeps the messages they
+create, and records every call (rate-limited and failed ones included) with its ``time.monotonic()``.
+
+It can misbehave the ways Slack does::
+
+    async with FakeSlack() as slack:
+        client = AsyncWebClient(token="xoxb-test", base_url=slack.base_url)
+        slack.rate_limit("chat.appendStream", times=3, retry_after=1)  # 429 + Retry-After
+        slack.refuse_streaming()                                        # {"ok": false, "error": "unknown_method"}
+        slack.expire_streams_after(2)                                   # message_not_in_streaming_state
+        slack.fail("chat.update", error="internal_error")
+        slack.limit("chat.update", calls=3, per_s=1.0)                  # a rate tier, enforced with 429s
+
+Checks follow Slack's documented limits: ``markdown_text`` at most 12,000 characters and never with
+``text``/``blocks``; at most 50 blocks; a ``markdown`` block at most 12,000 characters (12,000 in total per
+message); section text at most 3,000; streams need ``thread_ts`` and, in channels, the recipient ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+__all__ = ["Call", "FakeSlack", "Message", "STREAM_METHODS"]
+
+STREAM_METHODS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
+MARKDOWN_LIMIT = 12000
+MAX_BLOCKS = 50
+SECTION_LIMIT = 3000
+
+
+@dataclass
+class Call:
+    """One Web API request as the fake saw it."""
+
+    method: str
+    args: dict[str, Any]
+    at: float
+    token: str | None
+    status: int = 200
+    response: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and bool(self.response.get("ok"))
+
+    @property
+    def error(self) -> str | None:
+        return self.response.get("error")
+
+    @property
+    def text_sent(self) -> str:
+        """The message text this call carried (markdown_text, stream chunks, markdown blocks, text)."""
+        return _text_of(self.args)
+
+
+@dataclass
+class Message:
+    """A message kbbot created, as Slack would now show it."""
+
+    channel: str
+    ts: str
+    thread_ts: str | None
+    markdown: str = ""
+    text: str | None = None
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    streaming: bool = False
+    deleted: bool = False
+    #: (method, monotonic time) of every successful call that changed this message.
+    changes: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def body(self) -> str:
+        """The Markdown a reader sees: streamed/markdown_text text, else markdown blocks, else ``text``."""
+        if self.markdown:
+            return self.markdown
+        blocks = "".join(b.get("text", "") for b in self.blocks if b.get("type") == "markdown")
+        return blocks or (self.text or "")
+
+    def blocks_of(self, kind: str) -> list[dict[str, Any]]:
+        return [b for b in self.blocks if b.get("type") == kind]
+
+
+def _chunk_text(chunks: Any) -> str:
+    if isinstance(chunks, str):
+        try:
+            chunks = json.loads(chunks)
+        except ValueError:
+            return ""
+    return "".join(str(c.get("text", "")) for c in chunks or [] if isinstance(c, dict)
+                   and c.get("type") == "markdown_text")
+
+
+def _blocks(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return list(value or [])
+
+
+def _text_of(args: dict[str, Any]) -> str:
+    parts = [str(args.get("markdown_text") or ""), _chunk_text(args.get("chunks"))]
+    parts += [str(b.get("text", "")) for b in _blocks(args.get("blocks")) if b.get("type") == "markdown"]
+    if not any(parts):
+        parts.append(str(args.get("text") or ""))
+    return "".join(parts)
+
+
+class SlackError(Exception):
+    def __init__(self, error: str):
+        super().__init__(error)
+        self.error = error
+
+
+class FakeSlack:
+    """An aiohttp server speaking the parts of the Slack Web API kbbot uses (``/api/{method}``)."""
+
+    def __init__(self, *, team_id: str = "T0KBBOT", bot_user_id: str = "UKBBOT", bot_id: str = "BKBBOT",
+                 token: str = "xoxb-test", latency_s: float = 0.0):
+        self.team_id = team_id
+        self.bot_user_id = bot_user_id
+        self.bot_id = bot_id
+        self.token = token
+        #: Seconds every call takes before it is answered (a rough network round trip).
+        self.latency_s = latency_s
+        self.calls: list[Call] = []
+        self.messages: dict[tuple[str, str], Message] = {}
+        #: channel_id -> thread_ts -> statuses set with assistant.threads.setStatus, in order.
+        self.statuses: dict[tuple[str, str], list[str]] = defaultdict(list)
+        self._ts = itertools.count(1)
+        self._rate_limited: dict[str, deque[float]] = defaultdict(deque)
+        self._failures: dict[str, deque[tuple[str, int]]] = defaultdict(deque)
+        self._refused: str | None = None
+        self._expire_after: int | None = None
+        self._appends: dict[tuple[str, str], int] = defaultdict(int)
+        self._limits: dict[str, tuple[int, float]] = {}
+        self._window: dict[str, deque[float]] = defaultdict(deque)
+        self._runner: web.AppRunner | None = None
+        self._base_url: str | None = None
+
+    # ------------------------------------------------------------------ scripting
+    def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
+        """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After``."""
+        self._rate_limited[method].extend([retry_after] * times)
+
+    def refuse_streaming(self, error: str | None = "unknown_method") -> None:
+        """Answer every streaming method with ``{"ok": false, "error": error}`` (``None`` stops refusing)."""
+        self._refused = error
+
+    def expire_streams_after(self, appends: int | None) -> None:
+        """Streams end server-side after ``appends`` appendStream calls: later calls get
+        ``message_not_in_streaming_state`` (as when a stream times out)."""
+        self._expire_after = appends
+
+    def fail(self, method: str, *, error: str = "internal_error", times: int = 1, status: int = 200) -> None:
+        """Answer the next ``times`` calls of ``method`` with ``error`` (HTTP ``status``)."""
+        self._failures[method].extend([(error, status)] * times)
+
+    def limit(self, method: str, *, calls: int, per_s: float) -> None:
+        """Enforce a rate tier: more than ``calls`` successful calls within ``per_s`` seconds get 429."""
+        self._limits[method] = (calls, per_s)
+
+    # ------------------------------------------------------------------ queries
+    def calls_to(self, *methods: str) -> list[Call]:
+        return [c for c in self.calls if c.method in methods]
+
+    def ok_calls(self, *methods: str) -> list[Call]:
+        return [c for c in self.calls_to(*methods) if c.ok]
+
+    def thread(self, channel: str, thread_ts: str) -> list[Message]:
+        """kbbot's live messages in a thread, oldest first."""
+        found = [m for m in self.messages.values()
+                 if m.channel == channel and m.thread_ts == thread_ts and not m.deleted]
+        return sorted(found, key=lambda m: float(m.ts))
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/api/``, the ``base_url`` for ``AsyncWebClient`` (``SLACK_API_URL``)."""
+        if self._base_url is None:
+            raise RuntimeError("FakeSlack is not running; call start() first")
+        return self._base_url
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> str:
+        if self._runner is not None:
+            return self.base_url
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._handle)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        self._runner = runner
+        self._base_url = f"http://127.0.0.1:{port}/api/"
+        return self._base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        self._base_url = None
+
+    async def __aenter__(self) -> FakeSlack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ the wire
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        args = await self._args(request)
+        token = self._token(request, args)
+        call = Call(method=method, args=args, at=time.monotonic(), token=token)
+        self.calls.append(call)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        headers: dict[str, str] = {}
+        if self._rate_limited[method]:
+            retry_after = self._rate_limited[method].popleft()
+            call.status, call.response = 429, {"ok": False, "error": "ratelimited"}
+            headers["Retry-After"] = str(int(math.ceil(retry_after)))
+        elif (wait := self._over_limit(method, call.at)) is not None:
+            call.status, call.response = 429, {"ok": False, "error": "ratelimited"}
+            headers["Retry-After"] = str(max(1, int(math.ceil(wait))))
+        elif self._failures[method]:
+            error, status = self._failures[method].popleft()
+            call.status, call.response = status, {"ok": False, "error": error}
+        elif token != self.token:
+            call.response = {"ok": False, "error": "not_authed" if not token else "invalid_auth"}
+        else:
+            try:
+                call.response = {"ok": True, **self._apply(method, args, call.at)}
+            except SlackError as exc:
+                call.response = {"ok": False, "error": exc.error}
+            if call.ok and method in self._limits:
+                self._window[method].append(call.at)
+        return web.json_response(call.response, status=call.status, headers=headers)
+
+    @staticmethod
+    async def _args(request: web.Request) -> dict[str, Any]:
+        args: dict[str, Any] = dict(request.query)
+        raw = await request.read()
+        if not raw:
+            return args
+        if request.content_type == "application/json":
+            args.update(json.loads(raw))
+        else:
+            args.update(parse_qsl(raw.decode(), keep_blank_values=True))
+        return args
+
+    @staticmethod
+    def _token(request: web.Request, args: dict[str, Any]) -> str | None:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and value:
+            return value.strip()
+        return args.get("token")
+
+    def _over_limit(self, method: str, now: float) -> float | None:
+        if method not in self._limits:
+            return None
+        calls, per_s = self._limits[method]
+        window = self._window[method]
+        while window and window[0] <= now - per_s:
+            window.popleft()
+        if len(window) < calls:
+            return None
+        return window[0] + per_s - now
+
+    # ------------------------------------------------------------------ the methods
+    def _apply(self, method: str, args: dict[str, Any], now: float) -> dict[str, Any]:
+        if method in STREAM_METHODS and self._refused:
+            raise SlackError(self._refused)
+        handler = {
+            "auth.test": self._auth_test,
+            "chat.postMessage": self._post,
+            "chat.update": self._update,
+            "chat.delete": self._delete,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
+            "assistant.threads.setStatus": self._set_status,
+        }.get(method)
+        if handler is None:
+            raise SlackError("unknown_method")
+        return handler(args, now)
+
+    def _auth_test(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        return {"url": "https://fake.slack.test/", "team": "Fake Workspace", "user": "kbbot",
+                "team_id": self.team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id,
+                "is_enterprise_install": False}
+
+    def _new_ts(self) -> str:
+        return f"{1_700_000_000 + next(self._ts)}.000100"
+
+    def _message(self, args: dict[str, Any]) -> Message:
+        channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
+        if not channel:
+            raise SlackError("channel_not_found")
+        message = self.messages.get((channel, ts))
+        if message is None or message.deleted:
+            raise SlackError("message_not_found")
+        return message
+
+    @staticmethod
+    def _content(args: dict[str, Any]) -> tuple[str | None, str | None, list[dict[str, Any]] | None]:
+        markdown = args.get("markdown_text")
+        text = args.get("text")
+        blocks = _blocks(args.get("blocks")) if args.get("blocks") is not None else None
+        if markdown is not None and (text or blocks):
+            raise SlackError("invalid_arguments")  # markdown_text cannot be combined with text or blocks
+        if markdown is None and not text and not blocks:
+            raise SlackError("no_text")
+        if markdown is not None and len(markdown) > MARKDOWN_LIMIT:
+            raise SlackError("msg_too_long")
+        if blocks is not None:
+            FakeSlack._check_blocks(blocks)
+        return markdown, text, blocks
+
+    @staticmethod
+    def _check_blocks(blocks: list[dict[str, Any]]) -> None:
+        if len(blocks) > MAX_BLOCKS:
+            raise SlackError("invalid_blocks")
+        markdown_total = 0
+        for block in blocks:
+            kind = block.get("type")
+            if kind == "markdown":
+                length = len(block.get("text") or "")
+                if length > MARKDOWN_LIMIT:
+                    raise SlackError("invalid_blocks")
+                markdown_total += length
+            elif kind == "section" and len((block.get("text") or {}).get("text", "")) > SECTION_LIMIT:
+                raise SlackError("invalid_blocks")
+            elif kind == "context":
+                elements = block.get("elements") or []
+                if not elements or len(elements) > 10:
+                    raise SlackError("invalid_blocks")
+                if any(len(e.get("text", "")) > SECTION_LIMIT for e in elements):
+                    raise SlackError("invalid_blocks")
+            elif kind == "context_actions":
+                if not 1 <= len(block.get("elements") or []) <= 5:
+                    raise SlackError("invalid_blocks")
+        if markdown_total > MARKDOWN_LIMIT:
+            raise SlackError("msg_blocks_too_long")
+
+    def _post(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        channel = str(args.get("channel") or "")
+        if not channel:
+            raise SlackError("channel_not_found")
+        markdown, text, blocks = self._content(args)
+        ts = self._new_ts()
+        message = Message(channel=channel, ts=ts, thread_ts=args.get("thread_ts"), markdown=markdown or "",
+                          text=text, blocks=blocks or [], changes=[("chat.postMessage", now)])
+        self.messages[(channel, ts)] = message
+        return {"channel": channel, "ts": ts, "message": {"ts": ts, "text": text or markdown or ""}}
+
+    def _update(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        message = self._message(args)
+        markdown, text, blocks = self._content(args)
+        message.markdown = markdown or ""
+        message.text = text
+        message.blocks = blocks or []
+        message.streaming = False
+        message.changes.append(("chat.update", now))
+        return {"channel": message.channel, "ts": message.ts, "text": text or markdown or ""}
+
+    def _delete(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        message = self._message(args)
+        message.deleted = True
+        message.changes.append(("chat.delete", now))
+        return {"channel": message.channel, "ts": message.ts}
+
+    @staticmethod
+    def _stream_text(args: dict[str, Any]) -> str:
+        text = str(args.get("markdown_text") or "") + _chunk_text(args.get("chunks"))
+        if len(text) > MARKDOWN_LIMIT:
+            raise SlackError("msg_too_long")
+        return text
+
+    def _start_stream(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        channel = str(args.get("channel") or "")
+        if not channel:
+            raise SlackError("channel_not_found")
+        if not args.get("thread_ts"):
+            raise SlackError("invalid_arguments")
+        if channel[:1] in ("C", "G"):
+            if not args.get("recipient_team_id"):
+                raise SlackError("missing_recipient_team_id")
+            if not args.get("recipient_user_id"):
+                raise SlackError("missing_recipient_user_id")
+        text = self._stream_text(args)
+        ts = self._new_ts()
+        self.messages[(channel, ts)] = Message(channel=channel, ts=ts, thread_ts=str(args["thread_ts"]),
+                                               markdown=text, streaming=True, changes=[("chat.startStream", now)])
+        return {"channel": channel, "ts": ts}
+
+    def _streaming_message(self, args: dict[str, Any]) -> Message:
+        message = self._message(args)
+        if not message.streaming:
+            raise SlackError("message_not_in_streaming_state")
+        return message
+
+    def _append_stream(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        message = self._streaming_message(args)
+        key = (message.channel, message.ts)
+        if self._expire_after is not None and self._appends[key] >= self._expire_after:
+            message.streaming = False
+            raise SlackError("message_not_in_streaming_state")
+        self._appends[key] += 1
+        message.markdown += self._stream_text(args)
+        message.changes.append(("chat.appendStream", now))
+        return {"channel": message.channel, "ts": message.ts}
+
+    def _stop_stream(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        message = self._streaming_message(args)
+        text = self._stream_text(args)
+        blocks = _blocks(args.get("blocks"))
+        self._check_blocks(blocks)
+        message.markdown += text
+        message.blocks = blocks
+        message.streaming = False
+        message.changes.append(("chat.stopStream", now))
+        return {"channel": message.channel, "ts": message.ts, "message": {"ts": message.ts}}
+
+    def _set_status(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        channel, thread_ts = args.get("channel_id"), args.get("thread_ts")
+        if not channel or not thread_ts:
+            raise SlackError("invalid_arguments")
+        self.statuses[(str(channel), str(thread_ts))].append(str(args.get("status", "")))
+        return {}

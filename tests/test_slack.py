@@ -1,0 +1,527 @@
+"""The Slack adapter end to end: the real bolt ``AsyncApp`` behind ``kbbot serve``'s web app, signed
+Events API requests over HTTP, the real slack-sdk client against a local fake of the Slack Web API,
+and the answerer on the indexed sample knowledge base (extractive, or the fake Anthropic model)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+from uuid import uuid4
+
+import aiohttp
+import pytest
+from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
+
+from adapters.server import build_web_app
+from adapters.slack import (
+    Feedback,
+    MemoryFeedback,
+    RedisFeedback,
+    SlackAdapter,
+    TurnRecord,
+    make_budget,
+    neutralise,
+    question_text,
+    split_message,
+    stable_prefix,
+)
+from bot.platform_settings import SlackSettings
+from bot.runtime import Runtime, build_runtime
+from bot.streaming import Rate, RateBudget
+from bot.types import Outcome
+from tests.conftest import make_settings
+from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.slack_server import STREAM_METHODS, FakeSlack, Message
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+TEAM = "T0KBBOT"
+BOT = "UKBBOT"
+QUESTION = "How often should the bearings be greased?"
+_ts = itertools.count(1)
+
+
+def new_ts() -> str:
+    return f"{1_800_000_000 + next(_ts)}.000200"
+
+
+class Slack:
+    """One adapter behind a real HTTP server, a fake Slack Web API, and helpers to send events."""
+
+    def __init__(self, fake: FakeSlack, adapter: SlackAdapter, url: str, session: aiohttp.ClientSession,
+                 turns: list[TurnRecord]):
+        self.fake = fake
+        self.adapter = adapter
+        self.url = url
+        self.session = session
+        self.turns = turns
+        self._events = itertools.count(1)
+
+    def event_body(self, event: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+        return {"token": "legacy", "team_id": TEAM, "api_app_id": "AKBBOT", "type": "event_callback",
+                "event_id": event_id or f"Ev{next(self._events):08d}", "event_time": int(time.time()),
+                "authorizations": [{"team_id": TEAM, "user_id": BOT, "is_bot": True}],
+                "event": {"team": TEAM, "event_ts": event.get("ts"), **event}}
+
+    async def post(self, raw: str, *, content_type: str = "application/json", signed: bool = True,
+                   timestamp: int | None = None, headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        ts = str(timestamp if timestamp is not None else int(time.time()))
+        all_headers = {"Content-Type": content_type, **(headers or {})}
+        if signed:
+            all_headers["X-Slack-Request-Timestamp"] = ts
+            all_headers["X-Slack-Signature"] = SignatureVerifier(SECRET).generate_signature(timestamp=ts, body=raw)
+        async with self.session.post(f"{self.url}/slack/events", data=raw.encode(), headers=all_headers) as resp:
+            await resp.read()
+            return resp
+
+    async def send(self, event: dict[str, Any], *, event_id: str | None = None, retry: int | None = None,
+                   settle: bool = True) -> dict[str, Any]:
+        body = self.event_body(event, event_id)
+        headers = {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"} if retry else None
+        started = time.monotonic()
+        resp = await self.post(json.dumps(body), headers=headers)
+        assert resp.status == 200
+        assert time.monotonic() - started < 3, "Slack needs its ack within 3 s"
+        if settle:
+            await self.adapter.settle()
+        return body
+
+    @staticmethod
+    def mention(text: str = QUESTION, *, channel: str = "C0SUPPORT", ts: str | None = None,
+                thread_ts: str | None = None, user: str = "U0ALICE") -> dict[str, Any]:
+        event = {"type": "app_mention", "user": user, "text": f"<@{BOT}> {text}", "ts": ts or new_ts(),
+                 "channel": channel}
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        return event
+
+    @staticmethod
+    def message(text: str, *, channel: str = "C0SUPPORT", thread_ts: str | None = None, user: str = "U0ALICE",
+                channel_type: str = "channel", **extra: Any) -> dict[str, Any]:
+        event = {"type": "message", "user": user, "text": text, "ts": new_ts(), "channel": channel,
+                 "channel_type": channel_type, **extra}
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        return event
+
+    def thread(self, event: dict[str, Any]) -> list[Message]:
+        return self.fake.thread(event["channel"], event.get("thread_ts") or event["ts"])
+
+    def only_turn(self) -> TurnRecord:
+        assert len(self.turns) == 1, [t.kind for t in self.turns]
+        return self.turns[0]
+
+
+@contextlib.asynccontextmanager
+async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | None = None,
+                    idempotency: Any = None, **overrides: Any) -> AsyncIterator[Slack]:
+    options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
+    settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
+    turns: list[TurnRecord] = []
+    adapter = SlackAdapter(runtime.answerer, settings, idempotency=idempotency or runtime.idempotency,
+                           feedback=MemoryFeedback(),
+                           history=runtime.history, budget=budget, on_turn=turns.append)
+    runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Slack(fake, adapter, f"http://127.0.0.1:{port}", session, turns)
+    finally:
+        await adapter.drain(10)
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack(team_id=TEAM, bot_user_id=BOT) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
+        tuple[FakeAnthropic, Runtime]]:
+    async with FakeAnthropic() as fake:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
+        settings.generator.max_retries = 0
+        settings.generator.timeout_s = 30
+        settings.generator.max_tokens = 8192  # the fake stops at max_tokens like the real API
+        runtime = build_runtime(settings)
+        runtime.settings.data_dir = tmp_path
+        await runtime.start()
+        yield fake, runtime
+        await runtime.close()
+
+
+def stream_calls(fake: FakeSlack) -> list[Any]:
+    return fake.calls_to(*STREAM_METHODS)
+
+
+def feedback_values(message: Message) -> list[str]:
+    values = []
+    for block in message.blocks_of("context_actions"):
+        for element in block["elements"]:
+            values += [element["positive_button"]["value"], element["negative_button"]["value"]]
+    return values
+
+
+def sources_text(message: Message) -> str:
+    return " ".join(e["text"] for b in message.blocks_of("context") for e in b["elements"])
+
+
+# --- the tests -------------------------------------------------------------------------------
+async def test_mention_becomes_a_streamed_threaded_answer_with_sources_and_buttons(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        event = await slack.send(slack.mention())
+        turn = slack.only_turn()
+
+    answer = turn.answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    mention = event["event"]
+    assert turn.inquiry.text == QUESTION and turn.inquiry.thread_key == f"slack:{TEAM}:C0SUPPORT:{mention['ts']}"
+
+    methods = [c.method for c in fake_slack.calls if c.method != "auth.test"]
+    assert methods[0] == "assistant.threads.setStatus"
+    assert fake_slack.statuses[("C0SUPPORT", mention["ts"])][0] == "Searching the knowledge base…"
+    start = fake_slack.ok_calls("chat.startStream")[0]
+    assert start.args["thread_ts"] == mention["ts"], "the answer goes into the mention's thread"
+    assert start.args["recipient_team_id"] == TEAM and start.args["recipient_user_id"] == "U0ALICE"
+    assert methods[-1] == "chat.stopStream" and "chat.postMessage" not in methods
+
+    [message] = slack.thread(mention)
+    assert message.body == answer.text, "the streamed pieces add up to the final answer"
+    cited = sources_text(message)
+    for citation in answer.citations:
+        assert f"[{citation.index}] {citation.title}" in cited
+    assert feedback_values(message) == [f"up:{answer.trace.turn_id}", f"down:{answer.trace.turn_id}"]
+
+
+async def test_follow_ups_in_the_answered_thread_use_its_history_other_threads_are_ignored(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        first = (await slack.send(slack.mention("What does fault E-004 mean?")))["event"]
+        await slack.send(slack.message("And how do I fix it?", thread_ts=first["ts"]))
+        unrelated = await slack.send(slack.message("What does fault E-004 mean?", thread_ts=new_ts()))
+        top_level = await slack.send(slack.message("Anyone around?"))
+        parent = new_ts()
+        in_thread_mention = (await slack.send(slack.mention("Grease interval?", thread_ts=parent)))["event"]
+
+    kinds = [(t.kind, t.answer.trace.history_turns) for t in slack.turns]
+    assert kinds == [("mention", 0), ("follow_up", 1), ("mention", 0)]
+    assert len(slack.thread(first)) == 2
+    assert slack.thread(unrelated["event"]) == [] and slack.thread(top_level["event"]) == []
+    assert slack.turns[2].inquiry.thread_key.endswith(f":{parent}")
+    assert len(fake_slack.thread("C0SUPPORT", parent)) == 1, "a mention inside a thread is answered there"
+    assert in_thread_mention["thread_ts"] == parent
+
+
+async def test_a_redelivered_event_gets_no_second_answer(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        mention = slack.mention()
+        first = await slack.send(mention, settle=False)
+        await slack.send(mention, event_id=first["event_id"], retry=1, settle=False)
+        await slack.adapter.settle()
+        await slack.send(mention, event_id=first["event_id"], retry=2)
+        slack.only_turn()
+    assert len(slack.thread(mention)) == 1
+    assert len(fake_slack.ok_calls("chat.startStream")) == 1
+
+
+async def test_a_429_storm_delays_but_loses_nothing(claude, fake_slack):
+    model, runtime = claude
+    text = " ".join(f"Step {i}: check the bearing seal and regrease if needed [1]." for i in range(12))
+    model.responder = lambda req: Script(text, tokens_per_second=150)
+    fake_slack.rate_limit("chat.appendStream", times=2, retry_after=1)
+    fake_slack.rate_limit("chat.stopStream", times=2, retry_after=1)
+    async with slack_app(runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    answer = slack.only_turn().answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    [message] = slack.thread(mention)
+    assert message.body == answer.text
+    limited = [c for c in fake_slack.calls if c.status == 429]
+    assert {c.method for c in limited} == {"chat.appendStream", "chat.stopStream"} and len(limited) >= 4
+    assert fake_slack.ok_calls("chat.stopStream")[0].at - limited[0].at >= 3, "each Retry-After was waited out"
+    assert message.blocks_of("context_actions"), "the final blocks arrived too"
+
+
+async def test_refused_streaming_falls_back_to_chat_update_with_the_same_final_text(claude, fake_slack):
+    model, runtime = claude
+    text = ("Grease the HL-M200 bearings every 4,000 operating hours [1]. Use 15 g of lithium-complex grease "
+            "per bearing [1]. " * 6).strip()
+    model.responder = lambda req: Script(text, tokens_per_second=120)
+    async with slack_app(runtime, fake_slack) as slack:
+        native = (await slack.send(slack.mention()))["event"]
+        fake_slack.refuse_streaming("unknown_method")
+        refused_from = len(fake_slack.calls)
+        edited = (await slack.send(slack.mention()))["event"]
+        again_from = len(fake_slack.calls)
+        again = (await slack.send(slack.mention()))["event"]
+
+    [streamed], [updated], [later] = slack.thread(native), slack.thread(edited), slack.thread(again)
+    assert updated.body == streamed.body == neutralise(slack.turns[0].answer.text)
+    assert sources_text(updated) == sources_text(streamed)
+    refused_calls = fake_slack.calls[refused_from:again_from]
+    assert [c.error for c in refused_calls if c.method in STREAM_METHODS] == ["unknown_method"]
+    posts = [c for c in refused_calls if c.method == "chat.postMessage"]
+    updates = [c for c in refused_calls if c.method == "chat.update"]
+    assert len(posts) == 1 and len(updates) >= 2, "one message, updated while the answer grows"
+    gaps = [b.at - a.at for a, b in zip(updates, updates[1:])]
+    assert min(gaps) >= 0.3 - 0.01, "updates keep the configured interval"
+    assert not [c for c in fake_slack.calls[again_from:] if c.method in STREAM_METHODS], \
+        "the workspace's refusal is remembered"
+    assert later.body == streamed.body
+
+
+async def test_a_stream_that_expires_mid_answer_is_finished_with_chat_update(claude, fake_slack):
+    model, runtime = claude
+    text = " ".join(f"Check item {i} of the maintenance list [1]." for i in range(60))
+    model.responder = lambda req: Script(text, tokens_per_second=200)
+    fake_slack.expire_streams_after(1)
+    async with slack_app(runtime, fake_slack, buffer_size=60) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    [message] = slack.thread(mention)
+    assert message.body == slack.only_turn().answer.text
+    assert "message_not_in_streaming_state" in [c.error for c in fake_slack.calls]
+    assert fake_slack.ok_calls("chat.update")
+
+
+async def test_a_15000_character_answer_arrives_complete_in_several_messages(claude, fake_slack):
+    model, runtime = claude
+    paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
+                 "seals must be inspected at the same time [1]. ")
+    text = "\n\n".join(paragraph * 3 for _ in range(40))[:15000].rstrip() + " [2]"
+    assert len(text) >= 14900
+    model.responder = lambda req: Script(text, tokens_per_second=None)
+    async with slack_app(runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    answer = slack.only_turn().answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    messages = slack.thread(mention)
+    assert len(messages) == 2
+    assert all(len(m.body) <= 12000 for m in messages)
+    assert "".join(m.body for m in messages) == answer.text
+    assert messages[0].body.endswith("\n\n"), "split at a paragraph boundary"
+    assert not messages[0].blocks_of("context_actions") and messages[-1].blocks_of("context_actions")
+    assert "[2]" in sources_text(messages[-1])
+
+
+async def test_mentions_written_by_the_model_are_defused(claude, fake_slack):
+    model, runtime = claude
+    model.responder = lambda req: Script(
+        "Attention <!channel>: grease the bearings every 4,000 hours [1]. <!here|here> ask <@U0BOSS> "
+        "or @everyone in <!subteam^S0TEAM|@maintenance>.", tokens_per_second=100)
+    async with slack_app(runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    [message] = slack.thread(mention)
+    sent = " ".join(c.text_sent for c in fake_slack.calls)
+    for raw in ("<!channel>", "<!here", "<@U0BOSS>", "<!subteam", "@everyone"):
+        assert raw not in sent and raw not in message.body
+    assert re.search(r"@\u2060channel: grease", message.body)
+    assert "ask @\u2060U0BOSS or @\u2060everyone in @\u2060maintenance" in message.body
+
+
+async def test_a_failing_retrieval_ends_with_the_friendly_message(kb_runtime, fake_slack, monkeypatch):
+    from weaviate.exceptions import WeaviateConnectionError
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise WeaviateConnectionError("connection refused")
+
+    retriever = kb_runtime.answerer.pipeline.get_component("retrieve")
+    monkeypatch.setattr(retriever, "run", unreachable)
+    if hasattr(retriever, "run_async"):
+        monkeypatch.setattr(retriever, "run_async", unreachable)
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    [message] = slack.thread(mention)
+    assert message.body.startswith("⚠️ The knowledge base cannot be reached right now")
+    assert "Traceback" not in message.body
+    assert fake_slack.statuses[("C0SUPPORT", mention["ts"])] == ["Searching the knowledge base…", ""]
+    assert slack.only_turn().answer.outcome is Outcome.ERROR
+
+
+async def test_unsigned_forged_or_stale_requests_are_refused(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        raw = json.dumps(slack.event_body(slack.mention()))
+        assert (await slack.post(raw, signed=False)).status == 401
+        forged = {"X-Slack-Request-Timestamp": str(int(time.time())), "X-Slack-Signature": "v0=" + "0" * 64}
+        assert (await slack.post(raw, signed=False, headers=forged)).status == 401
+        assert (await slack.post(raw, timestamp=int(time.time()) - 600)).status == 401
+        await slack.adapter.settle()
+        async with slack.session.get(f"{slack.url}/healthz") as health:
+            assert health.status == 200
+            assert (await health.json())["adapters"]["slack"]["mode"] == "events_api"
+    assert slack.turns == [] and fake_slack.calls == []
+
+
+async def test_dms_bots_edits_and_access_lists(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack, allowed_channels=["C0SUPPORT"],
+                         channel_spaces={"C0SUPPORT": ["default", "drives"]}) as slack:
+        dm = await slack.send(slack.message(QUESTION, channel="D0ALICE", channel_type="im"))
+        await slack.send(slack.message("hello from a bot", channel="D0ALICE", channel_type="im", bot_id="B0OTHER"))
+        await slack.send(slack.message("edited", channel="D0ALICE", channel_type="im", subtype="message_changed"))
+        await slack.send(slack.mention(channel="C0RANDOM"))
+        await slack.send(slack.mention(channel="C0SUPPORT"))
+    assert [(t.kind, t.inquiry.channel) for t in slack.turns] == [("dm", "D0ALICE"), ("mention", "C0SUPPORT")]
+    assert slack.turns[1].inquiry.spaces == ("default", "drives")
+    assert slack.turns[0].inquiry.spaces == ("default",)
+    assert len(slack.thread(dm["event"])) == 1
+    assert fake_slack.thread("C0RANDOM", "") == [] and not [c for c in fake_slack.calls
+                                                            if c.args.get("channel") == "C0RANDOM"]
+
+
+async def test_a_feedback_click_is_acknowledged_and_stored_with_the_turn(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+        [message] = slack.thread(mention)
+        down = feedback_values(message)[1]
+        payload = {"type": "block_actions", "team": {"id": TEAM}, "user": {"id": "U0BOB"}, "api_app_id": "AKBBOT",
+                   "container": {"type": "message", "message_ts": message.ts, "channel_id": "C0SUPPORT"},
+                   "channel": {"id": "C0SUPPORT"}, "trigger_id": "1.2.3",
+                   "actions": [{"type": "feedback_buttons", "action_id": "kbbot_feedback", "block_id": "fb",
+                                "value": down, "action_ts": str(time.time())}]}
+        resp = await slack.post(urlencode({"payload": json.dumps(payload)}),
+                                content_type="application/x-www-form-urlencoded")
+        assert resp.status == 200
+        stored = slack.adapter.feedback.items  # type: ignore[attr-defined]
+    turn_id = slack.only_turn().answer.trace.turn_id
+    assert [(f.turn_id, f.rating, f.user_id, f.message_ts) for f in stored] == [(turn_id, "down", "U0BOB", message.ts)]
+
+
+async def test_first_text_latency_and_call_count_for_a_1500_character_answer(claude, fake_slack, record_property):
+    """The figure for the issue's closing note: ~1,500 characters at 40 tokens/s, default cadence."""
+    model, runtime = claude
+    sentence = "Grease the HL-M200 bearings every 4,000 operating hours with 15 g of lithium-complex grease [1]. "
+    text = (sentence * 16)[:1500].rstrip()
+    model.responder = lambda req: Script(text, tokens_per_second=40)
+    async with slack_app(runtime, fake_slack, stream_interval_s=1.0, edit_interval_s=1.2) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    [message] = slack.thread(mention)
+    assert message.body == slack.only_turn().answer.text
+    request = model.last_request
+    first_text = next(c for c in fake_slack.calls if c.method in ("chat.startStream", "chat.postMessage")
+                      and c.text_sent)
+    calls = [c for c in fake_slack.calls if c.method != "auth.test"]
+    latency_ms = (first_text.at - request.first_token_at) * 1000
+    by_method: dict[str, int] = {}
+    for c in calls:
+        by_method[c.method] = by_method.get(c.method, 0) + 1
+    record_property("slack_calls", len(calls))
+    record_property("first_text_after_first_token_ms", round(latency_ms))
+    print(f"\n1,500-char answer at 40 tokens/s ({len(request.tokens_sent)} tokens, "
+          f"{request.last_token_at - request.first_token_at:.1f} s of generation): {len(calls)} Slack calls "
+          f"{by_method}; first text {latency_ms:.0f} ms after the model's first token")
+    assert len(calls) <= 15
+
+
+async def test_edit_mode_from_config_never_streams(kb_runtime, fake_slack):
+    async with slack_app(kb_runtime, fake_slack, stream_mode="edit") as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    [message] = slack.thread(mention)
+    assert message.body == slack.only_turn().answer.text
+    assert stream_calls(fake_slack) == []
+    assert [c.method for c in fake_slack.calls if c.method.startswith("chat.")][0] == "chat.postMessage"
+
+
+async def test_streamed_text_the_final_answer_changed_is_repaired(claude, fake_slack):
+    """An invented source number is removed from the final answer after it was already streamed."""
+    model, runtime = claude
+    model.responder = lambda req: Script("Grease every 4,000 hours [42]. " + "Use lithium-complex grease [1]. " * 12,
+                                         tokens_per_second=60)
+    async with slack_app(runtime, fake_slack, buffer_size=40) as slack:
+        mention = (await slack.send(slack.mention()))["event"]
+    answer = slack.only_turn().answer
+    [message] = slack.thread(mention)
+    assert "[42]" in " ".join(c.text_sent for c in stream_calls(fake_slack))
+    assert "[42]" not in answer.text and message.body == answer.text
+    assert message.blocks_of("context_actions")
+
+
+async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_slack):
+    """Three answers at once, edit mode: together they stay inside chat.update's (scaled) tier."""
+    model, runtime = claude
+    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(25))
+    model.responder = lambda req: Script(text, tokens_per_second=120)
+    fake_slack.limit("chat.update", calls=4, per_s=1.0)
+    budget = make_budget(SlackSettings())
+    budget.rates = {**budget.rates, "chat.update": Rate(per_minute=60, burst=3)}
+    async with slack_app(runtime, fake_slack, budget=budget, stream_mode="edit", edit_interval_s=0.2) as slack:
+        mentions = [slack.mention() for _ in range(3)]
+        for mention in mentions:
+            await slack.send(mention, settle=False)
+        await slack.adapter.settle()
+    assert len(slack.turns) == 3
+    for mention in mentions:
+        [message] = slack.thread(mention)
+        assert message.body == slack.turns[0].answer.text
+    updates = fake_slack.calls_to("chat.update")
+    assert len(updates) >= 4 and not [c for c in updates if c.status == 429]
+    assert len(updates) < 3 * 5, "waiting for the budget, each answer skipped stale states"
+
+
+@pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (scripts/services.sh start)")
+async def test_two_replicas_sharing_redis_answer_a_redelivered_event_once(kb_runtime, fake_slack):
+    from bot.redis_state import RedisIdempotency, connect_redis
+
+    client = await connect_redis(os.environ["REDIS_URL"])
+    prefix = f"kbbot-test:{uuid4().hex[:12]}:"
+    try:
+        shared = RedisIdempotency(client, prefix)
+        async with slack_app(kb_runtime, fake_slack, idempotency=shared) as one, \
+                slack_app(kb_runtime, fake_slack, idempotency=shared) as other:
+            body = json.dumps(one.event_body(one.mention()))
+            retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+            first, second = await asyncio.gather(one.post(body), other.post(body, headers=retry))
+            assert first.status == second.status == 200
+            await one.adapter.settle()
+            await other.adapter.settle()
+        assert len(one.turns) + len(other.turns) == 1
+        assert len(fake_slack.ok_calls("chat.startStream")) == 1
+
+        store = RedisFeedback(client, prefix)
+        await store.record(Feedback(turn_id="t1", rating="up", user_id="U0BOB", tenant=TEAM, channel="C0SUPPORT",
+                                    message_ts="1.2"))
+        stored = await client.hgetall(f"{prefix}feedback:t1")
+        assert json.loads(stored[b"U0BOB"])["rating"] == "up"
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.mark.parametrize("text", [
+    "Attention <!channel>: call <@U0BOSS|boss> or @here, then <!subteam^S1|@ops> <https://x.test|docs>.",
+    "电机过热时请联系 <@U0ZHANG> 和 @everyone，然后检查风扇。",
+])
+def test_defusing_is_stable_while_the_text_grows(text):
+    final = neutralise(text)
+    for end in range(len(text) + 1):
+        shown = neutralise(stable_prefix(text[:end]))
+        assert final.startswith(shown), (end, shown)
+    assert "<!" not in final and "<@" not in final and "@here" not in final
+
+
+def test_split_message_keeps_every_character_and_prefers_paragraphs():
+    text = ("A paragraph about grease. " * 30 + "\n\n") * 20
+    parts = split_message(text, 2000)
+    assert "".join(parts) == text and all(len(p) <= 2000 for p in parts)
+    assert all(p.endswith("\n\n") for p in parts[:-1])
+    assert split_message("x" * 5000, 2000) == ["x" * 2000, "x" * 2000, "x" * 1000]
+
+
+def test_question_text_drops_the_mention_and_slack_markup():
+    assert question_text(f"<@{BOT}> what is &lt;E-004&gt; in <https://kb.test/e4|the manual>?", BOT) == \
+        "what is <E-004> in the manual (https://kb.test/e4)?"
