@@ -142,6 +142,7 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool)
         print(f"indexed {indexed} passages of {name}", file=sys.stderr)
     retrieval = build_retrieval_pipeline(store, runtime.text_embedder, mode=mode,
                                          candidates=max(settings.retrieval.candidates, k * 3),
+                                         fusion=settings.retrieval.fusion,
                                          ranker=make_ranker(settings))
     result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
     if as_json:

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from adapters.slack import JsonlFeedback, RedisFeedback, SlackAdapter
+from adapters.slack import SlackAdapter
+from adapters.telegram import TelegramAdapter
+from bot.feedback import JsonlFeedback, RedisFeedback
 
 log = logging.getLogger("kbbot.server")
 
@@ -43,7 +45,7 @@ def feedback_store(runtime: Any) -> Any:
     """Feedback next to the other shared state: Redis when the runtime has it, else a file in the data dir."""
     redis = runtime.redis
     if redis is not None:
-        return RedisFeedback(redis, prefix=getattr(runtime.settings, "redis_prefix", "kbbot:"))
+        return RedisFeedback(redis, prefix=runtime.settings.redis_prefix)
     return JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
 
 
@@ -55,6 +57,11 @@ def build_adapters(runtime: Any) -> list[Adapter]:
         slack.validate()
         adapters.append(SlackAdapter(runtime.answerer, slack, idempotency=runtime.idempotency,
                                      feedback=feedback_store(runtime), history=runtime.history))
+    telegram = runtime.settings.telegram
+    if telegram.enabled:
+        telegram.validate()
+        adapters.append(TelegramAdapter(runtime.answerer, telegram, idempotency=runtime.idempotency,
+                                        feedback=feedback_store(runtime), history=runtime.history))
     return adapters
 
 
@@ -92,7 +99,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     await runtime.start()
     adapters = build_adapters(runtime)
     if not adapters:
-        log.warning("no chat platform is configured (set SLACK_BOT_TOKEN); serving /healthz only")
+        log.warning("no chat platform is configured (set SLACK_BOT_TOKEN or TELEGRAM_BOT_TOKEN); serving /healthz only")
     runner = web.AppRunner(build_web_app(adapters, runtime), access_log=None)
     await runner.setup()
     try:

@@ -20,14 +20,12 @@ message itself) in the shared ``Idempotency`` store makes sure one question gets
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -41,8 +39,9 @@ from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.platform_settings import SlackSettings
-from bot.state import Idempotency
-from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter
+from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.state import Idempotency, ThreadTurnLock
+from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
 from bot.types import Answer, Citation, Inquiry, Outcome
 
 log = logging.getLogger("kbbot.slack")
@@ -105,37 +104,6 @@ def stable_prefix(text: str) -> str:
         if cut == len(prefix):
             return prefix
         prefix = prefix[:cut]
-
-
-def cut_point(text: str, limit: int, not_before: int = 0) -> int:
-    """Where to end a message of at most ``limit`` characters: a paragraph break if one lies in the
-    second half, else a line break, a sentence end or a space; never before ``not_before``."""
-    if len(text) <= limit:
-        return len(text)
-    window = text[:limit]
-    floor = max(not_before, limit // 2)
-    for separator in ("\n\n", "\n", ". ", "。", "！", "？", "; ", " "):
-        found = window.rfind(separator)
-        if found >= 0 and found + len(separator) > floor:
-            return found + len(separator)
-    for separator in ("\n\n", "\n", " "):
-        found = window.rfind(separator)
-        if found >= 0 and found + len(separator) > not_before:
-            return found + len(separator)
-    return limit
-
-
-def split_message(text: str, limit: int, not_before: int = 0) -> list[str]:
-    """``text`` as consecutive parts of at most ``limit`` characters; ``"".join`` gives ``text`` back."""
-    parts = []
-    while len(text) > limit:
-        cut = cut_point(text, limit, not_before)
-        parts.append(text[:cut])
-        text = text[cut:]
-        not_before = 0
-    if text or not parts:
-        parts.append(text)
-    return parts
 
 
 def question_text(text: str, bot_user_id: str | None) -> str:
@@ -587,62 +555,6 @@ class SlackReply:
             await self._clear_status()
 
 
-# --- feedback --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Feedback:
-    turn_id: str
-    rating: str  # "up" | "down"
-    user_id: str
-    tenant: str
-    channel: str
-    message_ts: str
-    platform: str = "slack"
-    at: float = field(default_factory=time.time)
-
-
-class FeedbackStore(Protocol):
-    async def record(self, feedback: Feedback) -> None: ...
-
-
-class MemoryFeedback:
-    def __init__(self) -> None:
-        self.items: list[Feedback] = []
-
-    async def record(self, feedback: Feedback) -> None:
-        self.items.append(feedback)
-
-
-class JsonlFeedback:
-    """One JSON line per click in the data directory (the embedded default)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def _append(self, line: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
-
-    async def record(self, feedback: Feedback) -> None:
-        await asyncio.to_thread(self._append, json.dumps(asdict(feedback), ensure_ascii=False))
-
-
-class RedisFeedback:
-    """``{prefix}feedback:{turn_id}``: a hash of user id -> the user's latest click (JSON), kept 180 days."""
-
-    def __init__(self, client: Any, prefix: str = "kbbot:", ttl_s: int = 180 * 86400):
-        self.client = client
-        self.prefix = prefix
-        self.ttl_s = ttl_s
-
-    async def record(self, feedback: Feedback) -> None:
-        key = f"{self.prefix}feedback:{feedback.turn_id}"
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, feedback.user_id, json.dumps(asdict(feedback), ensure_ascii=False))
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
-
-
 # --- the adapter -----------------------------------------------------------------------------
 def make_client(settings: SlackSettings) -> AsyncWebClient:
     """The Web API client: ``SLACK_API_URL`` as base URL, 429s and 5xx retried (bolt copies the handlers)."""
@@ -804,7 +716,7 @@ class SlackAdapter:
         item = Feedback(turn_id=turn_id, rating=rating, user_id=str((body.get("user") or {}).get("id", "")),
                         tenant=str((body.get("team") or {}).get("id", "")),
                         channel=str((body.get("channel") or {}).get("id") or container.get("channel_id") or ""),
-                        message_ts=str(container.get("message_ts") or ""))
+                        message_id=str(container.get("message_ts") or ""))
         try:
             await self.feedback.record(item)
         except Exception:
@@ -918,26 +830,5 @@ class SlackAdapter:
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
 
-    def _thread_lock(self, key: str) -> _ThreadLock:
-        return _ThreadLock(self._thread_locks, key)
-
-
-class _ThreadLock:
-    """Turns of one thread run one after another (history order); the lock is dropped when unused."""
-
-    def __init__(self, table: dict[str, tuple[asyncio.Lock, int]], key: str):
-        self.table = table
-        self.key = key
-
-    async def __aenter__(self) -> None:
-        lock, users = self.table.get(self.key) or (asyncio.Lock(), 0)
-        self.table[self.key] = (lock, users + 1)
-        await lock.acquire()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        lock, users = self.table[self.key]
-        lock.release()
-        if users <= 1:
-            del self.table[self.key]
-        else:
-            self.table[self.key] = (lock, users - 1)
+    def _thread_lock(self, key: str) -> ThreadTurnLock:
+        return ThreadTurnLock(self._thread_locks, key)

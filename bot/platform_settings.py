@@ -1,4 +1,4 @@
-"""Settings of the chat platforms: the ``slack:`` section of ``config/kbbot.yaml`` plus environment.
+"""Settings of the chat platforms: the ``slack:`` and ``telegram:`` sections of ``config/kbbot.yaml`` plus environment.
 
 Tokens and the signing secret come only from the environment (``apply_env`` overwrites whatever
 a file said) and are kept out of ``repr``.
@@ -6,6 +6,7 @@ a file said) and are kept out of ``repr``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,111 @@ class SlackSettings:
 
     def validate(self, *, serving: bool = True) -> None:
         from bot.settings import SettingsError  # here, not at import: bot.settings imports this module
+
+        problems = self.problems(serving=serving)
+        if problems:
+            raise SettingsError(problems[0])
+
+
+TELEGRAM_STREAM_MODES = ("draft", "edit")
+_WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
+
+
+@dataclass
+class TelegramSettings:
+    #: draft: sendMessageDraft previews in private chats, then sendMessage; edit: sendMessage +
+    #: editMessageText. Groups (and chats that refuse drafts) always use edit.
+    stream_mode: str = "draft"
+    #: Answer in groups and supergroups (only when mentioned or replied to).
+    groups_enabled: bool = False
+    #: User ids allowed to ask (private chats and groups); empty = everyone.
+    allowed_users: list[str] = field(default_factory=list)
+    #: Group chat ids kbbot answers in; empty = every group (when groups_enabled).
+    allowed_chats: list[str] = field(default_factory=list)
+    #: Chat id -> knowledge spaces searched for questions asked there.
+    chat_spaces: dict[str, list[str]] = field(default_factory=dict)
+    #: Spaces for chats without a mapping.
+    default_spaces: list[str] = field(default_factory=lambda: ["default"])
+    #: Edit mode: minimum seconds between two editMessageText of one answer (Telegram: about 1/s per chat).
+    edit_interval_s: float = 1.0
+    #: Draft mode: minimum seconds between two sendMessageDraft of one answer.
+    draft_interval_s: float = 0.5
+    #: Longest message in UTF-16 code units after entity parsing (Telegram: 4096); longer answers are split.
+    max_message_units: int = 4096
+    #: How long a delivered update id is remembered.
+    dedupe_ttl_s: float = 86400
+    #: 👍/👎 buttons under each answer.
+    feedback: bool = True
+    #: getUpdates long-polling timeout in seconds.
+    polling_timeout_s: int = 30
+    #: Bot API server base URL (env TELEGRAM_API_URL), e.g. a self-hosted telegram-bot-api or a test server.
+    api_url: str | None = None
+    #: Public HTTPS URL of the webhook (env TELEGRAM_WEBHOOK_URL); its path is served by kbbot serve.
+    webhook_url: str | None = None
+    # Secrets: environment only.
+    token: str | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token)
+
+    @property
+    def webhook_mode(self) -> bool:
+        return bool(self.webhook_url)
+
+    @property
+    def webhook_path(self) -> str:
+        from urllib.parse import urlsplit
+
+        return urlsplit(self.webhook_url or "").path or "/telegram/webhook"
+
+    def spaces_for(self, chat_id: str) -> tuple[str, ...]:
+        return tuple(self.chat_spaces.get(str(chat_id)) or self.default_spaces)
+
+    def apply_env(self, env: Mapping[str, str]) -> TelegramSettings:
+        self.token = env.get("TELEGRAM_BOT_TOKEN") or None
+        self.webhook_secret = env.get("TELEGRAM_WEBHOOK_SECRET") or None
+        if env.get("TELEGRAM_API_URL"):
+            self.api_url = env["TELEGRAM_API_URL"]
+        if env.get("TELEGRAM_WEBHOOK_URL"):
+            self.webhook_url = env["TELEGRAM_WEBHOOK_URL"]
+        self.allowed_users = _str_list(self.allowed_users)
+        self.allowed_chats = _str_list(self.allowed_chats)
+        self.chat_spaces = {str(k): _str_list(v) for k, v in (self.chat_spaces or {}).items()}
+        return self
+
+    def problems(self, *, serving: bool = True) -> list[str]:
+        """What is wrong, one line each, naming the setting (empty when valid)."""
+        found = []
+        if self.stream_mode not in TELEGRAM_STREAM_MODES:
+            found.append(f"telegram.stream_mode is {self.stream_mode!r}; "
+                         f"expected one of {', '.join(TELEGRAM_STREAM_MODES)}")
+        if not 1 <= self.max_message_units <= 4096:
+            found.append("telegram.max_message_units must be between 1 and 4096")
+        if self.edit_interval_s < 0 or self.draft_interval_s < 0:
+            found.append("telegram.edit_interval_s and telegram.draft_interval_s must not be negative")
+        if self.dedupe_ttl_s <= 0:
+            found.append("telegram.dedupe_ttl_s must be positive")
+        if not 0 <= self.polling_timeout_s <= 50:
+            found.append("telegram.polling_timeout_s must be between 0 and 50")
+        if not serving:
+            return found
+        if self.token and not _BOT_TOKEN.match(self.token):
+            found.append("TELEGRAM_BOT_TOKEN does not look like a bot token (123456:ABC…)")
+        if self.webhook_url:
+            if not self.webhook_url.startswith("https://"):
+                found.append("TELEGRAM_WEBHOOK_URL must be an https:// URL (Telegram only calls HTTPS webhooks)")
+            if not self.webhook_secret:
+                found.append("TELEGRAM_WEBHOOK_URL is set but TELEGRAM_WEBHOOK_SECRET is not "
+                             "(every webhook request is checked against it)")
+        if self.webhook_secret and not _WEBHOOK_SECRET.match(self.webhook_secret):
+            found.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+        return found
+
+    def validate(self, *, serving: bool = True) -> None:
+        from bot.settings import SettingsError
 
         problems = self.problems(serving=serving)
         if problems:

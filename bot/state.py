@@ -267,3 +267,24 @@ class MemoryLock(RenewingLock):
 
     async def _release(self) -> bool:
         return self.table.release(self.name, self._token)
+
+
+class ThreadTurnLock:
+    """Turns of one thread run one after another (history order); the lock is dropped when unused."""
+
+    def __init__(self, table: dict[str, tuple[asyncio.Lock, int]], key: str):
+        self.table = table
+        self.key = key
+
+    async def __aenter__(self) -> None:
+        lock, users = self.table.get(self.key) or (asyncio.Lock(), 0)
+        self.table[self.key] = (lock, users + 1)
+        await lock.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        lock, users = self.table[self.key]
+        lock.release()
+        if users <= 1:
+            del self.table[self.key]
+        else:
+            self.table[self.key] = (lock, users - 1)

@@ -336,3 +336,35 @@ class RateBudget:
         bucket = self.bucket(scope, method)
         if bucket is not None:
             bucket.hold(seconds)
+
+
+# --- long answers ---------------------------------------------------------------------------
+def cut_point(text: str, limit: int, not_before: int = 0) -> int:
+    """Where to end a message of at most ``limit`` characters: a paragraph break if one lies in the
+    second half, else a line break, a sentence end or a space; never before ``not_before``."""
+    if len(text) <= limit:
+        return len(text)
+    window = text[:limit]
+    floor = max(not_before, limit // 2)
+    for separator in ("\n\n", "\n", ". ", "。", "！", "？", "; ", " "):
+        found = window.rfind(separator)
+        if found >= 0 and found + len(separator) > floor:
+            return found + len(separator)
+    for separator in ("\n\n", "\n", " "):
+        found = window.rfind(separator)
+        if found >= 0 and found + len(separator) > not_before:
+            return found + len(separator)
+    return limit
+
+
+def split_message(text: str, limit: int, not_before: int = 0) -> list[str]:
+    """``text`` as consecutive parts of at most ``limit`` characters; ``"".join`` gives ``text`` back."""
+    parts = []
+    while len(text) > limit:
+        cut = cut_point(text, limit, not_before)
+        parts.append(text[:cut])
+        text = text[cut:]
+        not_before = 0
+    if text or not parts:
+        parts.append(text)
+    return parts

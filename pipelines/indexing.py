@@ -76,8 +76,14 @@ class IndexReport:
         )
 
 
+# Bumped whenever conversion, cleaning or splitting changes what a file becomes, so the next
+# refresh re-indexes everything once instead of keeping chunks made the old way.
+INDEX_FORMAT = "3"
+
+
 def content_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """The content hash a document version is known by: its bytes and the index format."""
+    return hashlib.sha256(INDEX_FORMAT.encode() + b"\x00" + data).hexdigest()
 
 
 def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = SUPPORTED_SUFFIXES) -> list[Path]:

@@ -1,6 +1,6 @@
 """The query pipeline, declared in one place so it reads like the diagram in DESIGN.md:
 
-    embed -> retrieve (BM25 + vectors) -> current -> rank -> gate -+-> budget -> prompt -> generate
+    embed -> retrieve (BM25 + vectors, fused) -> current -> rank -> gate -+-> budget -> prompt -> generate
                                                                    +-> not_found (no generation)
 """
 
@@ -25,6 +25,7 @@ def build_retrieval_pipeline(
     *,
     mode: str = "hybrid",
     candidates: int = 30,
+    fusion: str = "dbsf",
     ranker: Any | None = None,
 ) -> Pipeline:
     """Retrieval alone (embed -> retrieve -> current [-> rank]), for evaluation and the full pipeline."""
@@ -33,7 +34,7 @@ def build_retrieval_pipeline(
         if text_embedder is None:
             raise ValueError(f"{mode} retrieval needs a text embedder")
         pipe.add_component("embed", text_embedder)
-    pipe.add_component("retrieve", store.retriever(mode=mode, candidates=candidates))
+    pipe.add_component("retrieve", store.retriever(mode=mode, candidates=candidates, fusion=fusion))
     pipe.add_component("current", CurrentKnowledge(store))
     if mode != "bm25":
         pipe.connect("embed.embedding", "retrieve.query_embedding")
@@ -56,12 +57,14 @@ def build_query_pipeline(
     user_template: str,
     mode: str = "hybrid",
     candidates: int = 30,
+    fusion: str = "dbsf",
     budget_chars: int = 12000,
     min_similarity: float = 0.8,
 ) -> Pipeline:
     """The answering pipeline. ``generator`` is a chat generator (``messages`` in, ``replies``
     out) or an ``ExtractiveAnswerer`` (question and sources in)."""
-    pipe = build_retrieval_pipeline(store, text_embedder, mode=mode, candidates=candidates, ranker=ranker)
+    pipe = build_retrieval_pipeline(store, text_embedder, mode=mode, candidates=candidates, fusion=fusion,
+                                    ranker=ranker)
     pipe.add_component("gate", RelevanceGate(min_similarity=min_similarity))
     pipe.add_component("budget", ContextBudget(budget_chars=budget_chars))
     pipe.add_component("generate", generator)

@@ -85,7 +85,7 @@ class KnowledgeStore(Protocol):
 
     def count_chunks(self) -> int: ...
 
-    def retriever(self, *, mode: str, candidates: int) -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
         """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
 
@@ -158,10 +158,10 @@ class InMemoryKnowledgeStore:
     def count_chunks(self) -> int:
         return self.document_store.count_documents()
 
-    def retriever(self, *, mode: str, candidates: int) -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
         from pipelines.components.retrievers import InMemoryHybridRetriever
 
-        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates)
+        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion)
 
     # --- writing -------------------------------------------------------------------------
     def publish(self, record: DocRecord, chunks: list[Document]) -> DocRecord:

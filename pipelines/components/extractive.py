@@ -16,7 +16,7 @@ from haystack import Document, component
 from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT, select_streaming_callback
 
-from pipelines.text import detect_language, split_sentences, terms
+from pipelines.text import breadcrumb, detect_language, split_sentences, terms
 
 HEADINGS = {
     "en": "No language model is configured, so here are the most relevant passages from the knowledge base:",
@@ -32,7 +32,9 @@ def _clean(sentence: str) -> str:
 
 def answer_sentences(doc: Document) -> list[str]:
     """Sentences that can stand as an answer: not headings, table header rows or questions."""
-    headings = set(((doc.meta or {}).get("header") or "").split(" > "))
+    meta = doc.meta or {}
+    path = [p for p in (meta.get("header") or "").split(" > ") if p]
+    headings = set(path) | {meta.get("title") or "", breadcrumb(meta.get("title"), path)}
     raw = split_sentences(doc.content or "")
     out = []
     for i, sentence in enumerate(raw):

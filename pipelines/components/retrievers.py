@@ -1,6 +1,7 @@
 """Hybrid retrieval over the in-memory store, and the current-version filter.
 
-Hybrid is BM25 plus vectors, fused with reciprocal rank fusion. The multilingual e5 model
+Hybrid is BM25 plus vectors, fused (distribution-based score fusion by default; measured
+against reciprocal rank fusion in the README). The multilingual e5 model
 scores any same-language passage above the right passage in the other language, so the vector
 side is asked once per language: the ranker can then give each language its best candidates
 even when the other language fills the top of the list (see ``components/ranker.py``).
@@ -19,6 +20,7 @@ from pipelines.store import KnowledgeStore
 
 LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")
+FUSIONS = {"dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
 
 
 def and_filters(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -32,12 +34,16 @@ def language_filter(language: str) -> dict[str, Any]:
     return {"field": "meta.language", "operator": "==", "value": language}
 
 
-def rrf(lists: list[list[Document]]) -> list[Document]:
-    """Reciprocal rank fusion (Haystack's joiner); the fused score replaces the list scores."""
+def fuse(lists: list[list[Document]], fusion: str = "dbsf") -> list[Document]:
+    """Fuses ranked lists with Haystack's joiner; the fused score replaces the list scores.
+
+    ``dbsf`` (distribution-based score fusion) scales each list's scores by its own spread,
+    so a confident vector hit is not outvoted by a weak keyword match; ``rrf`` uses ranks only.
+    """
     lists = [docs for docs in lists if docs]
     if len(lists) <= 1:
         return lists[0] if lists else []
-    return DocumentJoiner(join_mode="reciprocal_rank_fusion").run(documents=lists)["documents"]
+    return DocumentJoiner(join_mode=FUSIONS[fusion]).run(documents=lists)["documents"]
 
 
 def merged_dense(per_language: dict[str, list[Document]]) -> list[Document]:
@@ -55,10 +61,13 @@ class InMemoryHybridRetriever:
     raw cosine as ``score``.
     """
 
-    def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30):
+    def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30, fusion: str = "dbsf"):
         if mode not in MODES:
             raise ValueError(f"unknown retrieval mode {mode!r} (expected one of {', '.join(MODES)})")
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r} (expected one of {', '.join(FUSIONS)})")
         self.mode = mode
+        self.fusion = fusion
         self.candidates = candidates
         self.store = store
         self.bm25 = InMemoryBM25Retriever(document_store=store.document_store, top_k=candidates)
@@ -93,7 +102,7 @@ class InMemoryHybridRetriever:
             }
             dense = merged_dense(per_language)
             lists.append(dense)
-        return {"documents": rrf(lists)[:k], "dense_documents": dense}
+        return {"documents": fuse(lists, self.fusion)[:k], "dense_documents": dense}
 
 
 @component

@@ -4,8 +4,9 @@ Haystack's splitters either split on spaces (a Chinese paragraph stays one piece
 nltk models we cannot download; ``MarkdownHeaderSplitter`` knows sections but not CJK
 sentences. This splitter cuts at Markdown sections first, keeps paragraphs, list items and
 table rows whole, breaks over-long paragraphs at 。！？ / .!? sentence ends, repeats a table's
-header row in every chunk of the table, and starts each chunk with its section heading so a
-chunk read alone still says what it is about.
+header row in every chunk of the table, and starts each chunk with its breadcrumb (document
+title > section) so a chunk read alone still says what it is about; BM25 gains most from it,
+since questions name the product or topic that titles carry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from haystack import Document, component
 
-from pipelines.text import detect_language, split_sentences
+from pipelines.text import breadcrumb, detect_language, split_sentences
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -127,13 +128,16 @@ class SectionSplitter:
     def split(self, doc: Document) -> list[Document]:
         text = doc.content or ""
         markdown = (doc.meta or {}).get("format") in ("markdown", "html")
+        title = (doc.meta or {}).get("title") or ""
         out: list[Document] = []
         for section in parse_sections(text, markdown):
             header = " > ".join(section.path)
-            prefix = f"{'#' * min(len(section.path), 6)} {section.path[-1]}\n" if section.path else ""
+            crumb = breadcrumb(title, section.path)
+            prefix = f"{crumb}\n" if crumb else ""
             budget = max(self.chunk_chars - len(prefix), 50)
             for body in self._pack(section.lines, budget):
-                content = prefix + body
+                # A plain-text document's first line is its title: do not say it twice.
+                content = body if crumb and body.startswith(crumb) else prefix + body
                 meta = {**(doc.meta or {}), "header": header, "language": detect_language(content)}
                 out.append(Document(content=content, meta=meta))
         return out

@@ -1,0 +1,386 @@
+"""The Telegram adapter end to end: the real aiogram ``Dispatcher`` and ``Bot`` long polling (or behind
+``kbbot serve``'s web app as a webhook) against a local fake of the Bot API, and the answerer on the
+indexed sample knowledge base (extractive, or the fake Anthropic model for streaming)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from adapters.server import build_web_app
+from bot.feedback import MemoryFeedback
+from adapters.telegram import TelegramAdapter, TurnRecord, render, render_parts, utf16_len
+from bot.platform_settings import TelegramSettings
+from bot.runtime import Runtime, build_runtime
+from bot.types import Outcome
+from tests.conftest import make_settings
+from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update, user
+
+QUESTION = "How often should the bearings be greased?"
+SECRET = "s3cret-Webhook_42"
+GROUP = -100777
+
+
+class Tg:
+    def __init__(self, fake: FakeTelegram, adapter: TelegramAdapter, turns: list[TurnRecord]):
+        self.fake = fake
+        self.adapter = adapter
+        self.turns = turns
+
+    async def send(self, update: dict[str, Any], *, timeout_s: float = 30) -> dict[str, Any]:
+        """Queue ``update`` and wait until the poller confirmed it and its handler finished."""
+        update = self.fake.push(update)
+        deadline = time.monotonic() + timeout_s
+        while not any(c.method == "getUpdates" and int(c.args.get("offset") or 0) > update["update_id"]
+                      for c in self.fake.calls):
+            assert time.monotonic() < deadline, "the update was never fetched"
+            await asyncio.sleep(0.02)
+        await self.adapter.settle()
+        return update
+
+    def only_turn(self) -> TurnRecord:
+        assert len(self.turns) == 1, [t.kind for t in self.turns]
+        return self.turns[0]
+
+
+@contextlib.asynccontextmanager
+async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None,
+                       **overrides: Any) -> AsyncIterator[Tg]:
+    options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
+                               **overrides}
+    settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
+    turns: list[TurnRecord] = []
+    adapter = TelegramAdapter(runtime.answerer, settings, idempotency=idempotency or runtime.idempotency,
+                              feedback=MemoryFeedback(), history=runtime.history, on_turn=turns.append)
+    await adapter.start()
+    try:
+        yield Tg(fake, adapter, turns)
+    finally:
+        await adapter.stop(10)
+
+
+@pytest.fixture
+async def fake_tg() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
+        tuple[FakeAnthropic, Runtime]]:
+    async with FakeAnthropic() as fake:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
+        settings.generator.max_retries = 0
+        settings.generator.timeout_s = 30
+        settings.generator.max_tokens = 8192
+        runtime = build_runtime(settings)
+        runtime.settings.data_dir = tmp_path
+        await runtime.start()
+        yield fake, runtime
+        await runtime.close()
+
+
+def mention(text: str = QUESTION, **kwargs: Any) -> dict[str, Any]:
+    body = f"@kbbot_test_bot {text}"
+    return message_update(body, chat_id=GROUP, chat_type="supergroup",
+                          entities=[{"type": "mention", "offset": 0, "length": len("@kbbot_test_bot")}], **kwargs)
+
+
+def flat(text: str) -> str:
+    return "".join(text.split())
+
+
+STREAMED = ("Grease the HL-M200 bearings every **4,000 operating hours** [1]. Use 15 g of lithium-complex grease "
+            "per bearing and check the seals at the same time [1]. ") * 3
+
+
+# --- the tests -------------------------------------------------------------------------------------
+async def test_a_private_message_becomes_drafts_then_one_final_message_with_sources_and_buttons(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60)
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+        turn = tg.only_turn()
+        answer = turn.answer
+        assert answer is not None and answer.outcome is Outcome.ANSWERED
+        assert turn.inquiry.thread_key == f"telegram:{fake_tg.bot_id}:7001"
+
+        [message] = fake_tg.chat(7001)
+        drafts = fake_tg.drafts
+        assert len(drafts) >= 3 and len({d[1] for d in drafts}) == 1 and drafts[0][1] != 0
+        assert [len(d[2]) for d in drafts] == sorted(len(d[2]) for d in drafts), "previews only grow"
+        methods = [c.method for c in fake_tg.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
+        assert methods[0] == "sendChatAction" and methods[-1] == "sendMessage"
+        assert methods.count("sendMessage") == 1 and "editMessageText" not in methods
+        assert all(c.args.get("parse_mode") is None for c in fake_tg.calls)
+
+        expected = render(answer.text)
+        assert message.text.startswith(expected.text), "the final message holds the whole answer"
+        assert "**" not in message.text and {"type": "bold", "offset": expected.entities[0]["offset"],
+                                              "length": expected.entities[0]["length"]} in message.entities
+        for citation in answer.citations:
+            assert f"[{citation.index}] {citation.title}" in message.text
+        assert message.text.index("Sources") > len(expected.text) - 1
+        turn_id = answer.trace.turn_id
+        assert [b["callback_data"] for b in message.buttons()] == [f"kbfb:up:{turn_id}", f"kbfb:down:{turn_id}"]
+
+        await tg.send(callback_update(f"kbfb:down:{turn_id}", message=message, from_user=user(7002)))
+        stored = tg.adapter.feedback.items  # type: ignore[attr-defined]
+    assert [(f.turn_id, f.rating, f.user_id, f.platform) for f in stored] == [(turn_id, "down", "7002", "telegram")]
+    [ack] = fake_tg.ok_calls("answerCallbackQuery")
+    assert ack.args["text"] == "Thanks for the feedback!"
+
+
+async def test_groups_only_when_enabled_and_mentioned_then_answered_by_edits(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60)
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(mention())
+    assert tg.turns == [] and fake_tg.chat(GROUP) == [], "groups are off by default"
+
+    async with telegram_bot(runtime, fake_tg, groups_enabled=True) as tg:
+        await tg.send(message_update(QUESTION, chat_id=GROUP, chat_type="supergroup"))
+        assert tg.turns == [], "an unaddressed group message is ignored"
+        asked = await tg.send(mention(message_thread_id=12))
+        turn = tg.only_turn()
+    answer = turn.answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    assert turn.inquiry.text == QUESTION and turn.inquiry.thread_key == f"telegram:{fake_tg.bot_id}:{GROUP}:12"
+    assert fake_tg.drafts == []
+    [message] = fake_tg.chat(GROUP)
+    assert message.text.startswith(render(answer.text).text) and message.buttons()
+    assert message.message_thread_id == 12
+    posts, edits = fake_tg.ok_calls("sendMessage"), fake_tg.ok_calls("editMessageText")
+    assert len(posts) == 1 and len(edits) >= 2
+    assert json.loads(posts[0].args["reply_parameters"])["message_id"] == asked["message"]["message_id"]
+    gaps = [b.at - a.at for a, b in zip([posts[0], *edits], edits)]
+    assert min(gaps) >= 0.3 - 0.02, "edits keep the configured interval"
+
+
+async def test_a_429_storm_delays_but_loses_nothing(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=150)
+    fake_tg.rate_limit("sendMessageDraft", times=2, retry_after=1)
+    fake_tg.rate_limit("sendMessage", times=2, retry_after=1)
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+    answer = tg.only_turn().answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    [message] = fake_tg.chat(7001)
+    assert message.text.startswith(render(answer.text).text) and message.buttons()
+    limited = [c for c in fake_tg.calls if c.status == 429]
+    methods = [c.method for c in limited]
+    assert methods[0] == "sendMessageDraft" and methods.count("sendMessage") == 2
+    [final] = fake_tg.ok_calls("sendMessage")
+    assert final.at - limited[0].at >= len(limited) - 0.05, "each retry_after was waited out"
+
+
+async def test_edit_mode_survives_a_429_storm_on_edits(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=100)
+    fake_tg.rate_limit("editMessageText", times=3, retry_after=1)
+    async with telegram_bot(runtime, fake_tg, stream_mode="edit") as tg:
+        await tg.send(message_update(QUESTION))
+    answer = tg.only_turn().answer
+    [message] = fake_tg.chat(7001)
+    assert message.text.startswith(render(answer.text).text) and message.buttons()
+    assert len([c for c in fake_tg.calls if c.status == 429]) == 3 and fake_tg.drafts == []
+
+
+async def test_a_9000_character_answer_arrives_whole_split_at_paragraphs(claude, fake_tg):
+    model, runtime = claude
+    paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
+                 "seals must be inspected at the same time [1]. ") * 3
+    text = "\n\n".join(paragraph.strip() for _ in range(30))[:9000].rstrip() + " [2]"
+    assert len(text) >= 8900
+    model.responder = lambda req: Script(text, tokens_per_second=None)
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+    answer = tg.only_turn().answer
+    assert answer is not None and answer.outcome is Outcome.ANSWERED
+    messages = fake_tg.chat(7001)
+    assert len(messages) == 3
+    assert all(utf16_len(m.text) <= 4096 for m in messages)
+    body = "".join(m.text for m in messages)
+    assert flat(body).startswith(flat(render(answer.text).text))
+    assert all(m.text.endswith("[1].") for m in messages[:-1]), "split at a paragraph boundary"
+    assert not any(m.buttons() for m in messages[:-1]) and messages[-1].buttons()
+    assert "[2] " in messages[-1].text.split("Sources", 1)[1]
+
+
+async def test_new_drops_the_thread_history(kb_runtime, fake_tg):
+    key = f"telegram:{fake_tg.bot_id}:7001"
+    async with telegram_bot(kb_runtime, fake_tg) as tg:
+        await tg.send(message_update("What does fault E-004 mean?"))
+        await tg.send(message_update("And how do I fix it?"))
+        assert len(await kb_runtime.history.load(key)) == 4
+        await tg.send(message_update("/new", entities=[{"type": "bot_command", "offset": 0, "length": 4}]))
+        assert await kb_runtime.history.load(key) == []
+        await tg.send(message_update(QUESTION))
+    assert [t.answer.trace.history_turns for t in tg.turns] == [0, 1, 0]
+    assert "Started a new conversation" in fake_tg.chat(7001)[2].text
+
+
+async def test_start_and_help_speak_the_users_language(kb_runtime, fake_tg):
+    command = [{"type": "bot_command", "offset": 0, "length": 5}]
+    async with telegram_bot(kb_runtime, fake_tg, groups_enabled=True) as tg:
+        await tg.send(message_update("/help", entities=command))
+        await tg.send(message_update("/start", chat_id=7009, from_user=user(7009, language_code="zh-hans"),
+                                     entities=[{"type": "bot_command", "offset": 0, "length": 6}]))
+        await tg.send(message_update("/frobnicate", entities=[{"type": "bot_command", "offset": 0, "length": 11}]))
+        await tg.send(message_update("/new@other_bot", chat_id=GROUP, chat_type="supergroup",
+                                     entities=[{"type": "bot_command", "offset": 0, "length": 14}]))
+    assert tg.turns == []
+    assert len(fake_tg.chat(7001)) == 2 and fake_tg.chat(GROUP) == []
+    assert "knowledge base" in fake_tg.chat(7001)[0].text and "/new" in fake_tg.chat(7001)[0].text
+    assert "知识库" in fake_tg.chat(7009)[0].text
+
+
+async def test_a_duplicate_update_is_answered_once(kb_runtime, fake_tg):
+    update = message_update(QUESTION, update_id=fake_tg.new_update_id())
+    async with telegram_bot(kb_runtime, fake_tg) as tg:
+        await tg.send(update)
+    # A restart before Telegram saw the confirmation: the same update comes again.
+    async with telegram_bot(kb_runtime, fake_tg) as again:
+        await again.send(update)
+    assert len(tg.turns) == 1 and again.turns == []
+    assert len(fake_tg.chat(7001)) == 1
+
+
+async def test_webhook_checks_the_secret_and_answers_a_retried_update_once(kb_runtime, fake_tg):
+    settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url, webhook_secret=SECRET,
+                                webhook_url="https://kbbot.example/telegram/hook")
+    assert settings.problems() == []
+    turns: list[TurnRecord] = []
+    adapter = TelegramAdapter(kb_runtime.answerer, settings, idempotency=kb_runtime.idempotency,
+                              history=kb_runtime.history, on_turn=turns.append)
+    runner = web.AppRunner(build_web_app([adapter], kb_runtime), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/telegram/hook"
+    update = message_update(QUESTION, update_id=fake_tg.new_update_id())
+    try:
+        await adapter.start()
+        [hook] = fake_tg.ok_calls("setWebhook")
+        assert hook.args["url"] == settings.webhook_url and hook.args["secret_token"] == SECRET
+        assert not fake_tg.calls_to("getUpdates")
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"X-Telegram-Bot-Api-Secret-Token": "wrong"}):
+                async with session.post(url, json=update, headers=headers) as resp:
+                    assert resp.status == 401
+            await adapter.settle()
+            assert turns == []
+            for _ in range(2):  # Telegram retries when it did not see the 200
+                async with session.post(url, json=update,
+                                        headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}) as resp:
+                    assert resp.status == 200
+            await adapter.settle()
+            async with session.get(url.replace("/telegram/hook", "/healthz")) as health:
+                assert (await health.json())["adapters"]["telegram"]["mode"] == "webhook"
+    finally:
+        await adapter.stop(10)
+        await runner.cleanup()
+    assert len(turns) == 1 and len(fake_tg.chat(7001)) == 1
+
+
+async def test_a_failing_retrieval_ends_with_the_friendly_message(kb_runtime, fake_tg, monkeypatch):
+    from weaviate.exceptions import WeaviateConnectionError
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise WeaviateConnectionError("connection refused")
+
+    retriever = kb_runtime.answerer.pipeline.get_component("retrieve")
+    monkeypatch.setattr(retriever, "run", unreachable)
+    if hasattr(retriever, "run_async"):
+        monkeypatch.setattr(retriever, "run_async", unreachable)
+    async with telegram_bot(kb_runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+    [message] = fake_tg.chat(7001)
+    assert message.text.startswith("⚠️ The knowledge base cannot be reached right now")
+    assert "Traceback" not in message.text and not message.buttons()
+    assert tg.only_turn().answer.outcome is Outcome.ERROR
+    assert fake_tg.calls_to("sendChatAction")
+
+
+async def test_refused_users_get_one_polite_line_once_and_chats_map_to_spaces(kb_runtime, fake_tg):
+    async with telegram_bot(kb_runtime, fake_tg, allowed_users=["7001"], chat_spaces={"7001": ["default"]},
+                            default_spaces=["nowhere"]) as tg:
+        await tg.send(message_update(QUESTION, chat_id=7666))
+        await tg.send(message_update("hello?", chat_id=7666))
+        await tg.send(message_update(QUESTION))
+    assert [t.inquiry.user_id for t in tg.turns] == ["7001"]
+    assert tg.turns[0].inquiry.spaces == ("default",)
+    [refusal] = fake_tg.chat(7666)
+    assert refusal.text.startswith("Sorry, you are not on the list")
+
+
+async def test_refused_drafts_fall_back_to_one_edited_message(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=80)
+    fake_tg.refuse_drafts()
+    fake_tg.reject_entities("editMessageText", times=1)
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+    answer = tg.only_turn().answer
+    [message] = fake_tg.chat(7001)
+    assert message.text.startswith(render(answer.text).text) and message.buttons()
+    assert len(fake_tg.calls_to("sendMessageDraft")) == 1, "one refusal, then edits"
+    assert len(fake_tg.ok_calls("sendMessage")) == 1 and fake_tg.ok_calls("editMessageText")
+    assert "can't parse entities" in " ".join(c.description for c in fake_tg.calls), "and plain text after it"
+
+
+@pytest.mark.parametrize("mode", ["draft", "edit"])
+async def test_first_text_latency_and_call_count_for_a_1500_character_answer(claude, fake_tg, mode,
+                                                                             record_property):
+    """The figure for the issue's closing note: ~1,500 characters at 40 tokens/s, default cadence."""
+    model, runtime = claude
+    sentence = "Grease the HL-M200 bearings every 4,000 operating hours with 15 g of lithium-complex grease [1]. "
+    text = (sentence * 16)[:1500].rstrip()
+    model.responder = lambda req: Script(text, tokens_per_second=40)
+    async with telegram_bot(runtime, fake_tg, stream_mode=mode, edit_interval_s=1.0, draft_interval_s=0.5) as tg:
+        await tg.send(message_update(QUESTION), timeout_s=60)
+    answer = tg.only_turn().answer
+    [message] = fake_tg.chat(7001)
+    assert message.text.startswith(render(answer.text).text)
+    request = model.last_request
+    shown = ("sendMessageDraft", "sendMessage", "editMessageText")
+    first_text = next(c for c in fake_tg.calls if c.method in shown and c.text)
+    calls = [c for c in fake_tg.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
+    by_method: dict[str, int] = {}
+    for c in calls:
+        by_method[c.method] = by_method.get(c.method, 0) + 1
+    latency_ms = (first_text.at - request.first_token_at) * 1000
+    record_property(f"telegram_{mode}_calls", len(calls))
+    record_property(f"telegram_{mode}_first_text_after_first_token_ms", round(latency_ms))
+    print(f"\n[{mode}] 1,500-char answer at 40 tokens/s ({len(request.tokens_sent)} tokens, "
+          f"{request.last_token_at - request.first_token_at:.1f} s of generation): {len(calls)} Bot API calls "
+          f"{by_method}; first text {latency_ms:.0f} ms after the model's first token")
+    assert len(calls) <= 40
+
+
+def test_render_parts_split_at_paragraphs_by_utf16_units():
+    paragraph = "电机过热 🔥 **检查风扇** 和轴承。" * 30
+    markdown = "\n\n".join([paragraph] * 12)
+    parts = render_parts(markdown, 4096)
+    assert len(parts) > 1 and all(p.units <= 4096 for p in parts)
+    assert flat("".join(p.text for p in parts)) == flat(render(markdown).text)
+    assert all(p.entities for p in parts), "each part keeps its own entities"
+    long_line = "word " * 3000
+    pieces = render_parts(long_line, 4096)
+    assert all(p.units <= 4096 for p in pieces) and flat("".join(p.text for p in pieces)) == flat(long_line)
+    assert render("a partial **Refu").text == "a partial **Refu"
+    assert not re.search(r"\*\*", render("**done** now").text)
