@@ -144,7 +144,10 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool)
                                          candidates=max(settings.retrieval.candidates, k * 3),
                                          fusion=settings.retrieval.fusion,
                                          ranker=make_ranker(settings))
-    result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+    try:
+        result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+    finally:
+        store.close()
     if as_json:
         print(json.dumps(result, ensure_ascii=False))
     else:
@@ -194,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_eval(settings, args.dataset, args.k, args.mode, args.json)
         runtime = build_runtime(settings)
         if args.command == "index":
-            return run_index(runtime, args.paths or settings.default_sources, args.space)
+            try:
+                return run_index(runtime, args.paths or settings.default_sources, args.space)
+            finally:
+                runtime.store.close()
         if args.command == "ask":
             return run_ask(runtime, args.question, args.thread, args.json)
         if args.command == "chat":

@@ -91,6 +91,10 @@ class Runtime:
             await self._history.close()
         if self._redis is not None:
             await self._redis.aclose()
+        close_async = getattr(self.store, "close_async", None)
+        if close_async is not None:
+            await close_async()
+        self.store.close()
 
     @property
     def history(self) -> HistoryStore:

@@ -73,7 +73,7 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     if status:
         return f"HTTP {status}"
-    if "Connection" in name or "Protocol" in name or "Transport" in name:
+    if "Connection" in name or "Protocol" in name or "Transport" in name or "Unavailable" in name:
         return "connection lost"
     return name
 

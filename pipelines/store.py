@@ -85,6 +85,10 @@ class KnowledgeStore(Protocol):
 
     def count_chunks(self) -> int: ...
 
+    def close(self) -> None:
+        """Releases connections (a no-op for the in-memory store)."""
+        ...
+
     def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
         """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
@@ -157,6 +161,9 @@ class InMemoryKnowledgeStore:
 
     def count_chunks(self) -> int:
         return self.document_store.count_documents()
+
+    def close(self) -> None:
+        pass
 
     def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
         from pipelines.components.retrievers import InMemoryHybridRetriever

@@ -456,6 +456,8 @@ start_weaviate() {
     log "weaviate: starting $bin on $LOCAL_WEAVIATE_URL (grpc $WV_GRPC_PORT, data $data, log $WV_LOG)"
     (
         cd "$GSE_ROOT" # gse resolves its dictionaries relative to the cwd, see ensure_gse_dicts
+        # USE_BLOCKMAX_WAND=false: 1.35.2's BlockMax WAND drops unflushed objects from BM25 results
+        # for up to a minute after a write (weaviate/weaviate#11780); fresh chunks must be findable.
         export AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED=true \
             PERSISTENCE_DATA_PATH="$data" \
             DEFAULT_VECTORIZER_MODULE=none \
@@ -476,6 +478,7 @@ start_weaviate() {
             DISABLE_TELEMETRY=true \
             GO_PROFILING_DISABLE=true \
             PROMETHEUS_MONITORING_ENABLED=false \
+            USE_BLOCKMAX_WAND="${USE_BLOCKMAX_WAND:-false}" \
             LOG_LEVEL=warning
         unset CLUSTER_JOIN CLUSTER_ADVERTISE_ADDR CLUSTER_ADVERTISE_PORT
         exec 8>&- 9>&- # don't let the server inherit our lock fds
