@@ -40,7 +40,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.platform_settings import SlackSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
-from bot.state import Idempotency, ThreadTurnLock
+from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
 from bot.types import Answer, Citation, Inquiry, Outcome
 
@@ -760,26 +760,10 @@ class SlackAdapter:
         self._threads[thread_key] = now + self.settings.thread_memory_s
 
     async def _claim(self, keys: list[str]) -> list[str] | None:
-        """Claim every key, or none (a duplicate); ``None`` when the event was already handled."""
-        claimed: list[str] = []
-        try:
-            for key in keys:
-                if not await self.idempotency.claim(key, self.settings.dedupe_ttl_s):
-                    for done in claimed:
-                        await self.idempotency.release(done)
-                    return None
-                claimed.append(key)
-        except Exception:
-            # Without the store a duplicate is possible, but silence would be worse.
-            log.exception("the idempotency store failed; answering without dedupe")
-        return claimed
+        return await claim_all(self.idempotency, keys, self.settings.dedupe_ttl_s)
 
     async def _release(self, keys: list[str]) -> None:
-        for key in keys:
-            try:
-                await self.idempotency.release(key)
-            except Exception:
-                log.exception("could not release the claim %s", key)
+        await release_all(self.idempotency, keys)
 
     def _streaming_allowed(self, team: str) -> bool:
         if self.settings.stream_mode != "native":

@@ -56,7 +56,7 @@ from aiohttp import web
 
 from bot.platform_settings import TelegramSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
-from bot.state import Idempotency, ThreadTurnLock
+from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point
 from bot.types import Answer, Citation, Inquiry, Outcome
 from pipelines.text import detect_language
@@ -718,24 +718,10 @@ class TelegramAdapter:
             await self._say(message, text_for("refused", language))
 
     async def _claim(self, keys: list[str]) -> list[str] | None:
-        claimed: list[str] = []
-        try:
-            for key in keys:
-                if not await self.idempotency.claim(key, self.settings.dedupe_ttl_s):
-                    for done in claimed:
-                        await self.idempotency.release(done)
-                    return None
-                claimed.append(key)
-        except Exception:
-            log.exception("the idempotency store failed; answering without dedupe")
-        return claimed
+        return await claim_all(self.idempotency, keys, self.settings.dedupe_ttl_s)
 
     async def _release(self, keys: list[str]) -> None:
-        for key in keys:
-            try:
-                await self.idempotency.release(key)
-            except Exception:
-                log.exception("could not release the claim %s", key)
+        await release_all(self.idempotency, keys)
 
     async def _say(self, message: Message, text: str) -> None:
         where = self._where(message)

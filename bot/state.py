@@ -288,3 +288,31 @@ class ThreadTurnLock:
             del self.table[self.key]
         else:
             self.table[self.key] = (lock, users - 1)
+
+
+async def claim_all(idempotency: Idempotency, keys: list[str], ttl_s: float) -> list[str] | None:
+    """Claims every key, or none: ``None`` when one was already claimed (a duplicate delivery).
+
+    If the store itself fails, the event is answered without dedupe: a possible duplicate is
+    better than silence.
+    """
+    claimed: list[str] = []
+    try:
+        for key in keys:
+            if not await idempotency.claim(key, ttl_s):
+                for done in claimed:
+                    await idempotency.release(done)
+                return None
+            claimed.append(key)
+    except Exception:
+        logger.exception("the idempotency store failed; answering without dedupe")
+    return claimed
+
+
+async def release_all(idempotency: Idempotency, keys: list[str]) -> None:
+    """Releases claims (after a failed turn, so a redelivery can still be answered)."""
+    for key in keys:
+        try:
+            await idempotency.release(key)
+        except Exception:
+            logger.exception("could not release the claim %s", key)

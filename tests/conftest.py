@@ -35,6 +35,25 @@ def kb_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
+async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(fake Anthropic server, started runtime answering with Claude through it)."""
+    from tests.fakes.anthropic_server import FakeAnthropic
+
+    async with FakeAnthropic() as fake:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
+        settings.generator.max_retries = 0
+        settings.generator.timeout_s = 30
+        settings.generator.max_tokens = 8192  # the fake stops at max_tokens like the real API
+        runtime = build_runtime(settings)
+        runtime.settings.data_dir = tmp_path
+        await runtime.start()
+        yield fake, runtime
+        await runtime.close()
+
+
+@pytest.fixture
 async def kb_runtime(kb_data_dir: Path, tmp_path: Path):
     """The indexed sample KB, started, with a history file of this test's own."""
     settings = make_settings(kb_data_dir)

@@ -5,32 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
-from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
-from tests.conftest import make_settings
-from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.anthropic_server import Script
 from tests.replies import RecordingReply
 
 
 def inquiry(text: str, thread: str = "t1") -> Inquiry:
     return Inquiry(platform="test", tenant="t", channel="c", thread_key=f"test:{thread}", user_id="u", text=text)
-
-
-@pytest.fixture
-async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    async with FakeAnthropic() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
-        settings.generator.max_retries = 0
-        settings.generator.timeout_s = 10
-        runtime = build_runtime(settings)
-        runtime.settings.data_dir = tmp_path
-        await runtime.start()
-        yield fake, runtime
-        await runtime.close()
 
 
 async def test_streams_a_cited_answer_in_the_question_language(claude):

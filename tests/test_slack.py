@@ -12,7 +12,6 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 from uuid import uuid4
@@ -26,11 +25,10 @@ from adapters.server import build_web_app
 from adapters.slack import SlackAdapter, TurnRecord, make_budget, neutralise, question_text, stable_prefix
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
-from bot.runtime import Runtime, build_runtime
+from bot.runtime import Runtime
 from bot.streaming import Rate, RateBudget, split_message
 from bot.types import Outcome
-from tests.conftest import make_settings
-from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.anthropic_server import Script
 from tests.fakes.slack_server import STREAM_METHODS, FakeSlack, Message
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -137,23 +135,6 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | N
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     async with FakeSlack(team_id=TEAM, bot_user_id=BOT) as fake:
         yield fake
-
-
-@pytest.fixture
-async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
-        tuple[FakeAnthropic, Runtime]]:
-    async with FakeAnthropic() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
-        settings.generator.max_retries = 0
-        settings.generator.timeout_s = 30
-        settings.generator.max_tokens = 8192  # the fake stops at max_tokens like the real API
-        runtime = build_runtime(settings)
-        runtime.settings.data_dir = tmp_path
-        await runtime.start()
-        yield fake, runtime
-        await runtime.close()
 
 
 def stream_calls(fake: FakeSlack) -> list[Any]:

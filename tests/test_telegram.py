@@ -10,7 +10,6 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,10 +20,9 @@ from adapters.server import build_web_app
 from bot.feedback import MemoryFeedback
 from adapters.telegram import TelegramAdapter, TurnRecord, render, render_parts, utf16_len
 from bot.platform_settings import TelegramSettings
-from bot.runtime import Runtime, build_runtime
+from bot.runtime import Runtime
 from bot.types import Outcome
-from tests.conftest import make_settings
-from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update, user
 
 QUESTION = "How often should the bearings be greased?"
@@ -74,23 +72,6 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
 async def fake_tg() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as fake:
         yield fake
-
-
-@pytest.fixture
-async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
-        tuple[FakeAnthropic, Runtime]]:
-    async with FakeAnthropic() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-        settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
-        settings.generator.max_retries = 0
-        settings.generator.timeout_s = 30
-        settings.generator.max_tokens = 8192
-        runtime = build_runtime(settings)
-        runtime.settings.data_dir = tmp_path
-        await runtime.start()
-        yield fake, runtime
-        await runtime.close()
 
 
 def mention(text: str = QUESTION, **kwargs: Any) -> dict[str, Any]:
