@@ -7,7 +7,8 @@ SERVICES := scripts/services.sh
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
-	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || python3 -m pip install --user --quiet uv
+	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || python3 -m pip install --user --quiet uv \
+		|| python3 -m pip install --user --quiet --break-system-packages uv
 	@$(UV) sync --frozen --quiet
 
 # Chat with kbbot over examples/kb on embedded defaults (indexes on first run).
