@@ -15,6 +15,7 @@
 #   KBBOT_WEAVIATE_RAFT_PORT (8310, internal RPC port = +1)
 #   KBBOT_STATE_DIR (${XDG_CACHE_HOME:-$HOME/.cache}/kbbot/run)
 #   KBBOT_WEAVIATE_START_TIMEOUT (120 seconds)
+#   KBBOT_WEAVIATE_DATA_DIR (a fresh temp dir, removed on stop; a dir given here is kept)
 #   REDIS_URL / WEAVIATE_URL (+ WEAVIATE_GRPC_PORT): use an existing service, start nothing.
 #   Any other Weaviate setting in the environment is passed through when the
 #   server is (re)started, e.g. ENABLE_TOKENIZER_GSE_CH=true for the Chinese
@@ -450,7 +451,13 @@ start_weaviate() {
     mkdir -p "$GSE_ROOT"
 
     local data
-    data=$(mktemp -d "${TMPDIR:-/tmp}/kbbot-weaviate.XXXXXX")
+    if [[ -n ${KBBOT_WEAVIATE_DATA_DIR:-} ]]; then
+        # A data dir of the caller's survives `stop` (restart tests); temporary ones do not.
+        data=$KBBOT_WEAVIATE_DATA_DIR
+        mkdir -p "$data"
+    else
+        data=$(mktemp -d "${TMPDIR:-/tmp}/kbbot-weaviate.XXXXXX")
+    fi
     printf '%s\n' "$data" >"$WV_DIRFILE"
     : >"$WV_LOG"
     log "weaviate: starting $bin on $LOCAL_WEAVIATE_URL (grpc $WV_GRPC_PORT, data $data, log $WV_LOG)"
