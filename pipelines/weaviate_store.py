@@ -99,16 +99,13 @@ from weaviate.collections.classes.data import DataObject
 from weaviate.config import AdditionalConfig, Timeout
 from weaviate.util import generate_uuid5
 
+from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
 from pipelines.errors import ServiceUnavailable
 from pipelines.store import DocRecord, prepare_chunks
 
 DEFAULT_TOKENIZATION = "trigram"
 DEFAULT_FUSION = "relative_score"
 DEFAULT_ALPHA = 0.7
-# BM25 runs over these properties; the title gives a chunk its topic, as it does for the embedder.
-QUERY_PROPERTIES = ("content", "title", "header")
-LANGUAGES = ("zh", "en")
-MODES = ("hybrid", "bm25", "vector")
 DEFAULT_GRPC_PORT = 50051
 # A query reads the index, then (in CurrentKnowledge) the manifest. Were the manifest switched
 # between the two, before the query could see the new chunks, the query would keep neither
@@ -120,6 +117,8 @@ DEFAULT_QUERY_TIMEOUT_S = 10.0
 
 KEYWORD_PROPERTIES = ("doc_id", "space", "language", "source", "content_hash", "format", "root")
 SEARCHABLE_PROPERTIES = ("content", "title", "header")
+# BM25 runs over these properties; the title gives a chunk its topic, as it does for the embedder.
+QUERY_PROPERTIES = SEARCHABLE_PROPERTIES
 _NOT_META = {"_original_id", "content", "blob_data", "blob_mime_type", "score"}
 _RECORD_FIELDS = ("doc_id", "version", "content_hash", "title", "source", "space", "language", "chunks", "root",
                   "indexed_at")
@@ -587,10 +586,8 @@ class WeaviateHybridRetriever:
                  fusion: str = DEFAULT_FUSION, alpha: float = DEFAULT_ALPHA,
                  query_properties: tuple[str, ...] = QUERY_PROPERTIES, parallel: bool = True,
                  timeout_s: float = DEFAULT_QUERY_TIMEOUT_S):
-        if mode not in MODES:
-            raise ValueError(f"unknown retrieval mode {mode!r} (expected one of {', '.join(MODES)})")
-        if fusion not in _FUSIONS:
-            raise ValueError(f"unknown fusion {fusion!r} (expected one of {', '.join(_FUSIONS)})")
+        check_choice("retrieval mode", mode, MODES)
+        check_choice("fusion", fusion, _FUSIONS)
         self.store = store
         self.mode = mode
         self.candidates = candidates

@@ -24,6 +24,19 @@ def make_settings(data_dir: Path, **env: str) -> Settings:
     return load_settings(REPO / "config" / "kbbot.yaml", env={**base, **env})
 
 
+def break_retrieval(runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes the runtime's retriever fail as an unreachable Weaviate would."""
+    from weaviate.exceptions import WeaviateConnectionError
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise WeaviateConnectionError("connection refused")
+
+    retriever = runtime.answerer.pipeline.get_component("retrieve")
+    monkeypatch.setattr(retriever, "run", unreachable)
+    if hasattr(retriever, "run_async"):
+        monkeypatch.setattr(retriever, "run_async", unreachable)
+
+
 @pytest.fixture(scope="session")
 def kb_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data directory holding the sample knowledge base, indexed once per test session."""

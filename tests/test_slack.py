@@ -28,6 +28,7 @@ from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
 from bot.streaming import Rate, RateBudget, split_message
 from bot.types import Outcome
+from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
 from tests.fakes.slack_server import STREAM_METHODS, FakeSlack, Message
 
@@ -305,15 +306,7 @@ async def test_mentions_written_by_the_model_are_defused(claude, fake_slack):
 
 
 async def test_a_failing_retrieval_ends_with_the_friendly_message(kb_runtime, fake_slack, monkeypatch):
-    from weaviate.exceptions import WeaviateConnectionError
-
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise WeaviateConnectionError("connection refused")
-
-    retriever = kb_runtime.answerer.pipeline.get_component("retrieve")
-    monkeypatch.setattr(retriever, "run", unreachable)
-    if hasattr(retriever, "run_async"):
-        monkeypatch.setattr(retriever, "run_async", unreachable)
+    break_retrieval(kb_runtime, monkeypatch)
     async with slack_app(kb_runtime, fake_slack) as slack:
         mention = (await slack.send(slack.mention()))["event"]
     [message] = slack.thread(mention)

@@ -22,6 +22,7 @@ from adapters.telegram import TelegramAdapter, TurnRecord, render, render_parts,
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
 from bot.types import Outcome
+from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update, user
 
@@ -279,15 +280,7 @@ async def test_webhook_checks_the_secret_and_answers_a_retried_update_once(kb_ru
 
 
 async def test_a_failing_retrieval_ends_with_the_friendly_message(kb_runtime, fake_tg, monkeypatch):
-    from weaviate.exceptions import WeaviateConnectionError
-
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise WeaviateConnectionError("connection refused")
-
-    retriever = kb_runtime.answerer.pipeline.get_component("retrieve")
-    monkeypatch.setattr(retriever, "run", unreachable)
-    if hasattr(retriever, "run_async"):
-        monkeypatch.setattr(retriever, "run_async", unreachable)
+    break_retrieval(kb_runtime, monkeypatch)
     async with telegram_bot(kb_runtime, fake_tg) as tg:
         await tg.send(message_update(QUESTION))
     [message] = fake_tg.chat(7001)

@@ -23,6 +23,12 @@ MODES = ("hybrid", "bm25", "vector")
 FUSIONS = {"dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
 
 
+def check_choice(name: str, value: str, allowed: Any) -> None:
+    """A clear ``ValueError`` for an option outside ``allowed`` (shared by every store's retriever)."""
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r} (expected one of {', '.join(allowed)})")
+
+
 def and_filters(*filters: dict[str, Any] | None) -> dict[str, Any] | None:
     present = [f for f in filters if f]
     if not present:
@@ -62,10 +68,8 @@ class InMemoryHybridRetriever:
     """
 
     def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30, fusion: str = "dbsf"):
-        if mode not in MODES:
-            raise ValueError(f"unknown retrieval mode {mode!r} (expected one of {', '.join(MODES)})")
-        if fusion not in FUSIONS:
-            raise ValueError(f"unknown fusion {fusion!r} (expected one of {', '.join(FUSIONS)})")
+        check_choice("retrieval mode", mode, MODES)
+        check_choice("fusion", fusion, FUSIONS)
         self.mode = mode
         self.fusion = fusion
         self.candidates = candidates
