@@ -83,7 +83,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
@@ -96,7 +96,7 @@ from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
-from weaviate.config import AdditionalConfig, Timeout
+from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
 from weaviate.util import generate_uuid5
 
 from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
@@ -137,6 +137,12 @@ _UNREACHABLE = (
     ConnectionError,
     TimeoutError,
 )
+# gRPC shares subchannels (and their reconnect backoff, up to two minutes) between all channels to
+# one address, so even a new client keeps failing for a while after Weaviate comes back. A
+# subchannel pool of its own per client and a short backoff make a restarted server usable at once.
+_GRPC_CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 250),
+                         ("grpc.max_reconnect_backoff_ms", 2000)]
+
 _UNREACHABLE_MARKERS = ("unavailable", "connection refused", "failed to connect", "deadline exceeded",
                         "connect error", "connection reset", "socket closed")
 
@@ -311,7 +317,8 @@ class WeaviateKnowledgeStore:
         name = collection[:1].upper() + collection[1:]  # Weaviate capitalizes class names
         self.collection_name = name
         self.manifest_name = f"{name}Manifest"
-        self._config = AdditionalConfig(timeout=Timeout(init=5, query=timeout_s, insert=max(timeout_s, 60)))
+        self._config = AdditionalConfig(timeout=Timeout(init=5, query=timeout_s, insert=max(timeout_s, 60)),
+                                        grpc_config=GrpcConfig(channel_options=_GRPC_CHANNEL_OPTIONS))
         self.document_store = ChunkDocumentStore(
             url=self.url,
             collection_settings=chunk_collection_settings(name, tokenization),
@@ -324,8 +331,13 @@ class WeaviateKnowledgeStore:
         self._cache_seq = -1
         self._cache_full_at = 0.0
         self._async: tuple[asyncio.AbstractEventLoop, Any, Any] | None = None
+        # Set when a call found the server unreachable: the next call connects anew, because a gRPC
+        # channel that failed keeps answering "unavailable" for its reconnect backoff (up to two
+        # minutes) even once the server is back.
+        self._stale_sync = self._stale_async = False
+        self._connect_lock = threading.Lock()
         with self._guard():
-            self.collection = self.document_store.collection
+            self._collection = self.document_store.collection
             client = self.document_store.client
             if not client.collections.exists(self.manifest_name):
                 try:
@@ -333,10 +345,10 @@ class WeaviateKnowledgeStore:
                 except wexc.UnexpectedStatusCodeError:
                     if not client.collections.exists(self.manifest_name):  # else: another process made it
                         raise
-            self.manifest = client.collections.get(self.manifest_name)
-            if self.manifest.query.fetch_object_by_id(self._meta_uuid) is None:
+            self._manifest = client.collections.get(self.manifest_name)
+            if self._manifest.query.fetch_object_by_id(self._meta_uuid) is None:
                 try:
-                    self.manifest.data.insert({"doc_id": _META_OBJECT, "knowledge_version": 0, "seq": 0,
+                    self._manifest.data.insert({"doc_id": _META_OBJECT, "knowledge_version": 0, "seq": 0,
                                                "committed_seq": 0}, uuid=self._meta_uuid)
                 except wexc.UnexpectedStatusCodeError:
                     pass  # created concurrently by another process
@@ -352,20 +364,54 @@ class WeaviateKnowledgeStore:
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Turns 'cannot reach the server' into WeaviateUnavailable; other errors pass unchanged."""
+        """Turns 'cannot reach the server' into WeaviateUnavailable (and connects anew on the next
+        call); other errors pass unchanged."""
         try:
             yield
         except WeaviateUnavailable:
+            self._stale_sync = self._stale_async = True
             raise
         except Exception as exc:  # noqa: BLE001 - reclassified or re-raised below
             if _is_unreachable(exc) or _is_unreachable(exc.__cause__ or exc):
+                self._stale_sync = self._stale_async = True
                 raise WeaviateUnavailable(f"cannot reach Weaviate at {self.url}: {_reason(exc)}") from exc
             raise
+
+    def _reconnect_sync(self) -> None:
+        with self._connect_lock:
+            if not self._stale_sync:
+                return
+            self.document_store.close()  # the next .client / .collection opens a new connection
+            with self._guard():
+                self._collection = self.document_store.collection
+                self._manifest = self.document_store.client.collections.get(self.manifest_name)
+            self._stale_sync = False
+
+    @property
+    def collection(self) -> Any:
+        """The chunk collection (sync client)."""
+        if self._stale_sync:
+            self._reconnect_sync()
+        return self._collection
+
+    @property
+    def manifest(self) -> Any:
+        """The manifest collection (sync client)."""
+        if self._stale_sync:
+            self._reconnect_sync()
+        return self._manifest
 
     async def async_collection(self) -> Any:
         """The chunk collection on an async client bound to the running event loop."""
         loop = asyncio.get_running_loop()
         current = self._async
+        if current is not None and self._stale_async:
+            self._async = None
+            if current[0] is loop:
+                with suppress(Exception):  # the old channel is broken anyway
+                    await current[1].close()
+            current = None
+        self._stale_async = False
         if current is not None and current[0] is loop:
             return current[2]
         with self._guard():
