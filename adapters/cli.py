@@ -1,4 +1,4 @@
-"""The ``kbbot`` command: index, chat, ask, eval."""
+"""The ``kbbot`` command: index, refresh, status, chat, ask, serve, eval."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +24,53 @@ class UserError(Exception):
     """A problem the person at the terminal can fix; printed as one line, exit status 2."""
 
 
-def tqdm_progress(desc: str):
+def tqdm_progress(desc: str, unit: str | None = None):
     from tqdm import tqdm
 
     def wrap(items: Iterable[Any], total: int) -> Iterable[Any]:
-        return tqdm(items, total=total, desc=desc, unit="file" if desc == "indexing" else "batch",
+        return tqdm(items, total=total, desc=desc, unit=unit or ("file" if desc == "indexing" else "batch"),
                     file=sys.stderr, leave=False, dynamic_ncols=True)
 
     return wrap
 
 
-def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
+@asynccontextmanager
+async def refresher_of(runtime: Runtime) -> AsyncIterator[Any]:
+    """A ``Refresher`` on the runtime's store, with a Redis client of its own for this event loop."""
+    from bot.refresh import Refresher
+
+    redis = None
+    if runtime.settings.redis_url:
+        from bot.redis_state import connect_redis
+
+        redis = await connect_redis(runtime.settings.redis_url)
     try:
-        report = runtime.indexer.index(paths, space=space, progress=tqdm_progress("indexing"))
+        yield Refresher(runtime.settings, runtime.store, runtime.indexer, redis=redis)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+
+
+def _waiting() -> None:
+    print("Another refresh is running; waiting for it to finish…", file=sys.stderr)
+
+
+def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
+    """``kbbot index PATH…``: a refresh of those paths as an ad-hoc source."""
+    from bot.refresh import RefreshBusy
+    from pipelines.indexing import FolderSource
+
+    async def work() -> Any:
+        async with refresher_of(runtime) as refresher:
+            source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions)
+            return await refresher.run_source(source, space=space, progress=tqdm_progress("indexing"),
+                                              on_wait=_waiting)
+
+    try:
+        report = asyncio.run(work())
     except FileNotFoundError as exc:
+        raise UserError(str(exc)) from exc
+    except RefreshBusy as exc:
         raise UserError(str(exc)) from exc
     for failure in report.failed:
         print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
@@ -45,18 +79,85 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     return 1 if report.failed and nothing_indexed else 0
 
 
+def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", out: Any = None) -> int:
+    """``kbbot refresh [SOURCE]``: the configured sources now, with a progress bar and a summary line each.
+
+    Exit status 1 when a run failed as a whole (e.g. its folder is missing); documents that failed are
+    listed but do not fail the command.
+    """
+    from bot.refresh import RefreshBusy, UnknownSource
+
+    out = out or sys.stdout
+    settings = runtime.settings
+    if not settings.sources:
+        raise UserError("no sources are configured (sources: in the settings file)")
+    names = names or [s.name for s in settings.sources]
+
+    async def work() -> list[Any]:
+        records = []
+        async with refresher_of(runtime) as refresher:
+            for name in names:
+                refresher.source(name)  # unknown names fail before anything runs
+            for name in names:
+                records.append(await refresher.run(name, trigger=trigger, on_wait=_waiting,
+                                                   progress=tqdm_progress(f"refreshing {name}", "doc")))
+        return records
+
+    try:
+        records = asyncio.run(work())
+    except (UnknownSource, RefreshBusy) as exc:
+        raise UserError(str(exc)) from exc
+    for record in records:
+        for failure in record.failed:
+            print(f"failed: {failure['source']}: {failure['reason']}", file=sys.stderr)
+        print(record.summary(), file=out)
+    return 0 if all(r.ok for r in records) else 1
+
+
 def ensure_indexed(runtime: Runtime) -> None:
-    """An empty store gets the default sources, so ``kbbot chat`` works on a fresh clone."""
+    """An empty store gets the configured sources first, so ``kbbot chat`` works on a fresh clone."""
     if runtime.store.count_chunks() > 0:
         return
-    sources = [s for s in runtime.settings.default_sources if Path(s).exists()]
-    if not sources:
-        raise UserError("the knowledge base is empty: run `kbbot index PATH` first")
-    print(f"The knowledge base is empty; indexing {', '.join(sources)} first.", file=sys.stderr)
-    report = runtime.indexer.index(sources, progress=tqdm_progress("indexing"))
-    for failure in report.failed:
-        print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
-    print(report.summary(), file=sys.stderr)
+    if not runtime.settings.sources:
+        raise UserError("the knowledge base is empty and no sources are configured: run `kbbot index PATH` first")
+    names = ", ".join(s.name for s in runtime.settings.sources)
+    print(f"The knowledge base is empty; refreshing {names} first.", file=sys.stderr)
+    run_refresh(runtime, [], trigger="startup", out=sys.stderr)
+
+
+def run_status(settings: Settings, as_json: bool) -> int:
+    """``kbbot status [--json]``: knowledge version, sources, services; exit 3 when a service is down."""
+    from bot.refresh import FileRunLog, RedisRunLog, format_status, knowledge_status
+
+    async def work() -> dict[str, Any]:
+        store = redis = None
+        store_error = redis_error = None
+        try:
+            store = make_store(settings)
+        except ServiceUnavailable as exc:
+            store_error = str(exc)
+        if settings.redis_url:
+            from bot.redis_state import connect_redis
+
+            try:
+                redis = await connect_redis(settings.redis_url, retries=0)
+            except ServiceUnavailable as exc:
+                redis_error = str(exc)
+        runs = RedisRunLog(redis, settings.redis_prefix) if redis is not None else (
+            None if settings.redis_url else FileRunLog(settings.data_dir / "refresh.json"))
+        try:
+            return await knowledge_status(settings, store=store, runs=runs, redis=redis, store_error=store_error,
+                                          redis_error=redis_error)
+        finally:
+            if redis is not None:
+                await redis.aclose()
+            if store is not None:
+                store.close()
+
+    status = asyncio.run(work())
+    print(json.dumps(status, ensure_ascii=False) if as_json else format_status(status))
+    down = any(s["status"] == "down" for s in status["services"].values())
+    return 3 if down else 0
 
 
 class SilentReply:
@@ -162,9 +263,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="settings file (default: $KBBOT_CONFIG or config/kbbot.yaml)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    ix = sub.add_parser("index", help="index files and folders (default: the configured default sources)")
+    ix = sub.add_parser("index", help="refresh files and folders now as an ad-hoc source "
+                                      "(no PATH: the configured sources, like refresh)")
     ix.add_argument("paths", nargs="*")
     ix.add_argument("--space", default="default", help="knowledge space of these documents")
+
+    rf = sub.add_parser("refresh", help="refresh the configured sources now (all, or the one named)")
+    rf.add_argument("source", nargs="?", help="a source name from the settings file")
+
+    st = sub.add_parser("status", help="knowledge version, each source's documents, last and next run, services")
+    st.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
     chat = sub.add_parser("chat", help="talk to kbbot in the terminal")
     chat.add_argument("--thread", help="continue a named conversation")
@@ -195,10 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.config)
         if args.command == "eval":
             return run_eval(settings, args.dataset, args.k, args.mode, args.json)
+        if args.command == "status":
+            return run_status(settings, args.json)
         runtime = build_runtime(settings)
-        if args.command == "index":
+        if args.command in ("index", "refresh"):
             try:
-                return run_index(runtime, args.paths or settings.default_sources, args.space)
+                if args.command == "index" and args.paths:
+                    return run_index(runtime, args.paths, args.space)
+                return run_refresh(runtime, [args.source] if getattr(args, "source", None) else [])
             finally:
                 runtime.store.close()
         if args.command == "ask":

@@ -52,6 +52,8 @@ class SlackSettings:
     feedback: bool = True
     #: Web API base URL (env SLACK_API_URL), e.g. an Enterprise proxy or a test server.
     api_url: str | None = None
+    #: User ids allowed to run ``/kbbot status`` and ``/kbbot refresh [SOURCE]``.
+    admins: list[str] = field(default_factory=list)
     # Secrets: environment only.
     bot_token: str | None = field(default=None, repr=False)
     signing_secret: str | None = field(default=None, repr=False)
@@ -75,6 +77,7 @@ class SlackSettings:
         if env.get("SLACK_API_URL"):
             self.api_url = env["SLACK_API_URL"]
         self.channel_spaces = {str(k): _str_list(v) for k, v in (self.channel_spaces or {}).items()}
+        self.admins = _str_list(self.admins)
         return self
 
     def problems(self, *, serving: bool = True) -> list[str]:
@@ -148,6 +151,8 @@ class TelegramSettings:
     api_url: str | None = None
     #: Public HTTPS URL of the webhook (env TELEGRAM_WEBHOOK_URL); its path is served by kbbot serve.
     webhook_url: str | None = None
+    #: User ids allowed to run ``/status`` and ``/refresh [SOURCE]``.
+    admins: list[str] = field(default_factory=list)
     # Secrets: environment only.
     token: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
@@ -178,6 +183,7 @@ class TelegramSettings:
             self.webhook_url = env["TELEGRAM_WEBHOOK_URL"]
         self.allowed_users = _str_list(self.allowed_users)
         self.allowed_chats = _str_list(self.allowed_chats)
+        self.admins = _str_list(self.admins)
         self.chat_spaces = {str(k): _str_list(v) for k, v in (self.chat_spaces or {}).items()}
         return self
 

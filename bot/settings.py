@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,11 +91,79 @@ class HistorySettings:
     ttl_days: float = 30
 
 
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_INTERVAL = re.compile(r"^(?:\d+[smhd])+$")
+_INTERVAL_PART = re.compile(r"(\d+)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_interval(text: str) -> float:
+    """``"90s"``, ``"30m"``, ``"6h"``, ``"1d"``, ``"1h30m"`` in seconds; ``ValueError`` otherwise."""
+    compact = str(text).replace(" ", "").lower()
+    if not _INTERVAL.match(compact):
+        raise ValueError(f"{text!r} is not an interval like 90s, 30m, 6h, 1d or 1h30m")
+    seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _INTERVAL_PART.findall(compact))
+    if seconds < 1:
+        raise ValueError(f"interval {text!r} must be at least 1s")
+    return float(seconds)
+
+
+@dataclass
+class SourceSettings:
+    """One entry of ``sources:``: a local folder or a list of URLs, refreshed on a schedule."""
+
+    name: str = ""
+    space: str = "default"
+    #: A local folder (relative to the settings file's folder), or None for a URL source.
+    path: str | None = None
+    #: Globs relative to ``path``; without ``/`` a glob matches file names at any depth.
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    #: Pages and sitemaps (a URL ending in .xml or .xml.gz is read as a sitemap).
+    urls: list[str] = field(default_factory=list)
+    #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
+    interval: str | None = None
+    cron: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "path" if self.path else "urls"
+
+    @property
+    def interval_s(self) -> float | None:
+        return parse_interval(self.interval) if self.interval else None
+
+    @property
+    def schedule(self) -> str:
+        return f"every {self.interval}" if self.interval else f"cron {self.cron}"
+
+
+@dataclass
+class RefreshSettings:
+    #: Seconds one URL (page or sitemap) may take in all, and to connect.
+    fetch_timeout_s: float = 30
+    connect_timeout_s: float = 10
+    #: Largest download accepted per URL.
+    max_download_mb: float = 20
+    #: URLs fetched at once per source.
+    concurrency: int = 4
+    #: Most pages one source may list (sitemaps included).
+    max_urls: int = 10000
+    user_agent: str = "kbbot/0.1 (knowledge refresh)"
+    #: The refresh lock (one refresh at a time across replicas): its TTL, renewed every third of it,
+    #: and how long a run waits for another one to finish before it gives up until its next run.
+    lock_ttl_s: float = 60
+    lock_wait_s: float = 1800
+    #: Time zone of cron schedules (an IANA name); null: the machine's local zone.
+    timezone: str | None = None
+
+
 @dataclass
 class Settings:
     config_path: Path | None = None
     data_dir: Path = Path(".kbbot")
-    default_sources: list[str] = field(default_factory=lambda: ["examples/kb"])
+    sources: list[SourceSettings] = field(default_factory=list)
+    refresh: RefreshSettings = field(default_factory=RefreshSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
     indexing: IndexingSettings = field(default_factory=IndexingSettings)
@@ -166,8 +235,12 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
         raw = yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise SettingsError(f"{candidate} is not valid YAML: {exc}") from exc
+    if isinstance(raw, dict) and "default_sources" in raw:
+        raise SettingsError(f"{candidate}: default_sources was replaced by sources: (a name, a path or urls, "
+                            "and an interval or cron each); see config/kbbot.yaml")
     settings: Settings = _build(Settings, raw, "")
     settings.config_path = candidate.resolve()
+    settings.sources = _sources(settings.sources, settings)
     settings.data_dir = Path(env.get("KBBOT_DATA_DIR") or settings.data_dir)
     if env.get("WEAVIATE_URL"):
         settings.store.weaviate_url = env["WEAVIATE_URL"]
@@ -201,3 +274,95 @@ def _validate(s: Settings) -> None:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
         raise SettingsError(problem)
+    _validate_refresh(s)
+
+
+def _sources(raw: Any, s: Settings) -> list[SourceSettings]:
+    """``sources:`` entries as ``SourceSettings``, paths resolved against the settings file's folder."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SettingsError(f"sources must be a list of sources, got {type(raw).__name__}")
+    out: list[SourceSettings] = []
+    for i, entry in enumerate(raw):
+        if isinstance(entry, SourceSettings):
+            out.append(entry)
+            continue
+        where = f"sources[{i}]" + (f" ({entry.get('name')})" if isinstance(entry, dict) and entry.get("name") else "")
+        source = _build(SourceSettings, entry, where)
+        for key in ("include", "exclude", "urls"):
+            value = getattr(source, key)
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise SettingsError(f"{where}.{key} must be a list of non-empty strings")
+            setattr(source, key, [v.strip() for v in value])
+        if source.path is not None:
+            source.path = str(s.resolve(str(source.path)).resolve())
+        out.append(source)
+    return out
+
+
+def _validate_refresh(s: Settings) -> None:
+    r = s.refresh
+    if r.fetch_timeout_s <= 0 or r.connect_timeout_s <= 0:
+        raise SettingsError("refresh.fetch_timeout_s and refresh.connect_timeout_s must be positive")
+    if r.max_download_mb <= 0:
+        raise SettingsError("refresh.max_download_mb must be positive")
+    if not 1 <= r.concurrency <= 32:
+        raise SettingsError("refresh.concurrency must be between 1 and 32")
+    if r.max_urls < 1:
+        raise SettingsError("refresh.max_urls must be at least 1")
+    if r.lock_ttl_s < 3 or r.lock_wait_s < 0:
+        raise SettingsError("refresh.lock_ttl_s must be at least 3 and refresh.lock_wait_s not negative")
+    zone = None
+    if r.timezone:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            zone = ZoneInfo(r.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise SettingsError(f"refresh.timezone {r.timezone!r} is not a known time zone (e.g. Asia/Shanghai)") from None
+    names: set[str] = set()
+    folders: list[tuple[str, str]] = []
+    for i, src in enumerate(s.sources):
+        where = f"sources[{i}]" + (f" ({src.name})" if src.name else "")
+        if not isinstance(src.name, str) or not SOURCE_NAME.match(src.name):
+            raise SettingsError(f"{where}.name must be 1-64 letters, digits, '_', '.' or '-' (starting with a "
+                                f"letter or digit), got {src.name!r}")
+        if src.name in names:
+            raise SettingsError(f"{where}: two sources are named {src.name!r}; names must be unique")
+        names.add(src.name)
+        if not isinstance(src.space, str) or not src.space.strip():
+            raise SettingsError(f"{where}.space must be a knowledge space name")
+        if bool(src.path) == bool(src.urls):
+            raise SettingsError(f"{where} needs exactly one of path (a local folder) or urls (pages and sitemaps)")
+        if src.urls and (src.include or src.exclude):
+            raise SettingsError(f"{where}: include/exclude apply to folders; a URL source lists its urls")
+        for url in src.urls:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise SettingsError(f"{where}.urls: {url!r} is not an http:// or https:// URL")
+        if bool(src.interval) == bool(src.cron):
+            raise SettingsError(f"{where} needs exactly one schedule: interval (e.g. 30m, 6h) or cron (e.g. '0 3 * * *')")
+        if src.interval:
+            try:
+                src.interval_s
+            except ValueError as exc:
+                raise SettingsError(f"{where}.interval: {exc}") from None
+        if src.cron:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(str(src.cron), timezone=zone or "UTC")
+            except ValueError as exc:
+                raise SettingsError(f"{where}.cron {src.cron!r} is not a crontab line "
+                                    f"(minute hour day month weekday): {exc}") from None
+        if src.path:
+            for other_name, other in folders:
+                if src.path == other or src.path.startswith(other + os.sep) or other.startswith(src.path + os.sep):
+                    raise SettingsError(f"{where}.path overlaps the folder of source {other_name!r}; each file "
+                                        "must belong to one source")
+            folders.append((src.name, src.path))

@@ -1,27 +1,38 @@
 """The indexing pipeline: convert -> clean -> split -> embed -> write, and the incremental indexer.
 
-An unchanged file (same content hash as its current version) costs no conversion and no
-embedding; a changed one is published as a new version; a file gone from an indexed folder
-is revoked. Each run that changes anything advances the knowledge version.
+A refresh reads a *source* (a ``Source``: local folders and files here, URLs in
+``pipelines.sources``) as a sequence of ``SourceItem`` s and compares each with the store's current
+record: an unchanged item (same content hash, or a 304 from its server) costs no conversion and no
+embedding; a changed one is published as a new version (atomically: the previous version is served
+until the switch); an item the source could not read keeps its previous version; a document of the
+source's roots that the source no longer lists (or says is gone) is revoked. Each refresh that
+changes anything advances the knowledge version. ``Indexer.index(paths)`` is a refresh of those
+paths as an ad-hoc source.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from haystack import Pipeline
 from haystack.components.preprocessors import DocumentCleaner
+from haystack.dataclasses import ByteStream
 
 from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDocument
+from pipelines.errors import ServiceUnavailable, root_cause
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
-from pipelines.store import DEFAULT_SPACE, KnowledgeStore
+from pipelines.store import DEFAULT_SPACE, DocRecord, KnowledgeStore
+
+log = logging.getLogger(__name__)
 
 
 def build_indexing_pipeline(
@@ -33,7 +44,7 @@ def build_indexing_pipeline(
     max_file_mb: float = 20,
     from_documents: bool = False,
 ) -> Pipeline:
-    """Files in at ``convert.sources``; with ``from_documents``, Documents in at ``clean.documents``."""
+    """Files or ByteStreams in at ``convert.sources``; with ``from_documents``, Documents in at ``clean.documents``."""
     pipe = Pipeline()
     if not from_documents:
         pipe.add_component("convert", FileToDocument(max_file_mb=max_file_mb))
@@ -68,12 +79,21 @@ class IndexReport:
     knowledge_version: int = 0
     seconds: float = 0.0
 
+    @property
+    def changed_anything(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
     def summary(self) -> str:
         return (
             f"indexed {len(self.added)} new, {len(self.changed)} changed, {len(self.unchanged)} unchanged, "
             f"{len(self.removed)} removed, {len(self.failed)} failed; {self.chunks} chunks written; "
             f"knowledge version {self.knowledge_version} ({self.seconds:.1f} s)"
         )
+
+
+class RefreshAborted(RuntimeError):
+    """A refresh stopped before its end (``should_stop``); what was published stays, the rest keeps
+    its previous version."""
 
 
 # Bumped whenever conversion, cleaning or splitting changes what a file becomes, so the next
@@ -86,9 +106,85 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(INDEX_FORMAT.encode() + b"\x00" + data).hexdigest()
 
 
-def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = SUPPORTED_SUFFIXES) -> list[Path]:
-    """Supported files under ``paths`` (files given directly are kept whatever their type)."""
+@dataclass
+class SourceItem:
+    """One document as a source sees it during a refresh.
+
+    Exactly one of: ``data`` (its bytes), ``not_modified`` (the server answered 304: the current
+    version stands), ``error`` (it could not be read: the current version stands, the reason is
+    reported), ``gone`` (the source says it no longer exists: it is revoked).
+    """
+
+    doc_id: str
+    source: str  # as people see it: a path relative to the working directory, or the URL
+    root: str | None  # the source root it belongs to; documents of a refreshed root not seen are revoked
+    suffix: str = ""  # picks the converter: .md .txt .html .pdf
+    data: bytes | None = None
+    not_modified: bool = False
+    error: str | None = None
+    gone: bool = False
+    name: str = ""  # a file name for the title fallback
+
+
+class Scan(Protocol):
+    """What one refresh of a source yields: ``total`` items (for progress), then the items."""
+
+    total: int
+
+    def __iter__(self) -> Iterator[SourceItem]: ...
+
+
+class Source(Protocol):
+    """Anything a refresh can read: its roots (the revocation scope) and a scan of its items."""
+
+    @property
+    def roots(self) -> list[str]: ...
+
+    def scan(self, current: dict[str, DocRecord], space: str) -> Scan:
+        """The items; ``current`` (the store's records) lets a source skip downloads (conditional requests)."""
+        ...
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob over ``/``-separated relative paths: ``*`` and ``?`` stay within a folder, ``**``
+    spans folders (``**/`` also matches none), a glob without ``/`` matches file names at any depth."""
+    pattern = pattern.strip().removeprefix("./")
+    if "/" not in pattern.rstrip("/"):
+        pattern = "**/" + pattern
+    if pattern.endswith("/"):
+        pattern += "**"
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = SUPPORTED_SUFFIXES, *,
+             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> list[Path]:
+    """Supported files under ``paths`` (files given directly are kept whatever their type).
+
+    In folders, hidden files and folders are skipped, and ``include`` / ``exclude`` globs (relative to
+    the folder, see ``glob_regex``) select files: included when no include glob is given or one
+    matches, unless an exclude glob matches.
+    """
     wanted = {s.lower() for s in suffixes}
+    includes = [glob_regex(g) for g in include]
+    excludes = [glob_regex(g) for g in exclude]
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -99,8 +195,14 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
             continue
         for child in sorted(path.rglob("*")):
             rel = child.relative_to(path)
-            if child.is_file() and child.suffix.lower() in wanted and not any(p.startswith(".") for p in rel.parts):
-                found.append(child.resolve())
+            if not child.is_file() or child.suffix.lower() not in wanted or any(p.startswith(".") for p in rel.parts):
+                continue
+            posix = rel.as_posix()
+            if includes and not any(g.match(posix) for g in includes):
+                continue
+            if any(g.match(posix) for g in excludes):
+                continue
+            found.append(child.resolve())
     return found
 
 
@@ -112,11 +214,69 @@ def display_source(path: Path) -> str:
         return path.as_posix()
 
 
-Progress = Callable[[Iterable[Path], int], Iterable[Path]]
+@dataclass
+class _FileScan:
+    files: list[tuple[Path, str | None]]
+
+    @property
+    def total(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        for path, root in self.files:
+            item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
+                              name=path.stem)
+            try:
+                item.data = path.read_bytes()
+            except OSError as exc:
+                item.error = f"cannot read the file ({exc.strerror or exc})"
+            yield item
+
+
+class FolderSource:
+    """Local folders (and single files): every supported file, filtered by include/exclude globs.
+
+    A folder is the root of the files found in it, so a file deleted from it is revoked by the next
+    refresh; a file given directly has no root and is only ever replaced. A folder that does not
+    exist is an error (``FileNotFoundError``), never "everything was deleted".
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], *, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
+                 include: Iterable[str] = (), exclude: Iterable[str] = ()):
+        self.paths = list(paths)
+        self.suffixes = set(suffixes)
+        self.include = list(include)
+        self.exclude = list(exclude)
+
+    @property
+    def roots(self) -> list[str]:
+        return [Path(p).resolve().as_posix() for p in self.paths if Path(p).is_dir()]
+
+    def scan(self, current: dict[str, DocRecord], space: str) -> Scan:
+        roots = self.roots
+        files = []
+        for path in discover(self.paths, self.suffixes, include=self.include, exclude=self.exclude):
+            doc_id = path.as_posix()
+            files.append((path, next((r for r in roots if doc_id.startswith(r + "/")), None)))
+        return _FileScan(files)
+
+
+Progress = Callable[[Iterable[Any], int], Iterable[Any]]
+
+
+def _service_error(exc: BaseException) -> ServiceUnavailable | None:
+    """The ``ServiceUnavailable`` behind a pipeline error (the store went away), if that is what it is."""
+    cause: BaseException | None = root_cause(exc)
+    seen = 0
+    while cause is not None and seen < 10:
+        if isinstance(cause, ServiceUnavailable):
+            return cause
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return None
 
 
 class Indexer:
-    """Runs the indexing pipeline file by file, skipping what has not changed."""
+    """Runs the indexing pipeline item by item, skipping what has not changed."""
 
     def __init__(self, store: KnowledgeStore, pipeline: Pipeline, suffixes: Iterable[str] = SUPPORTED_SUFFIXES):
         self.store = store
@@ -130,42 +290,90 @@ class Indexer:
         space: str = DEFAULT_SPACE,
         progress: Progress | None = None,
     ) -> IndexReport:
+        """A refresh of ``paths`` (files and folders) as an ad-hoc source."""
+        return self.refresh(FolderSource(paths, suffixes=self.suffixes), space=space, progress=progress)
+
+    def refresh(
+        self,
+        source: Source,
+        *,
+        space: str = DEFAULT_SPACE,
+        progress: Progress | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        report: IndexReport | None = None,
+    ) -> IndexReport:
+        """Brings the store in step with ``source``; see the module docstring.
+
+        A store that cannot be reached ends the refresh (``ServiceUnavailable``); any other error of
+        one document is reported as its failure and the others go on. ``should_stop`` is asked before
+        each item (``RefreshAborted``). Whatever ends the run, what was published is committed; a
+        caller that passes ``report`` sees in it what a failed run did before it ended.
+        """
         started = time.perf_counter()
-        paths = list(paths)
-        roots = [Path(p).resolve().as_posix() for p in paths if Path(p).is_dir()]
-        files = discover(paths, self.suffixes)
-        report = IndexReport()
+        report = report if report is not None else IndexReport()
+        current = self.store.records()
+        roots = set(source.roots)
+        scan = source.scan(current, space)
         seen: set[str] = set()
-        iterator: Iterable[Path] = progress(files, len(files)) if progress else files
-        for path in iterator:
-            doc_id = path.as_posix()
-            seen.add(doc_id)
-            source = display_source(path)
+        try:
+            iterator: Iterable[SourceItem] = progress(scan, scan.total) if progress else scan
+            for item in iterator:
+                if should_stop is not None and should_stop():
+                    raise RefreshAborted(f"stopped after {len(seen)} of {scan.total} documents")
+                self._refresh_item(item, current.get(item.doc_id), space, report, seen)
+            for doc_id, record in self.store.records().items():
+                if record.root in roots and doc_id not in seen:
+                    self.store.revoke(doc_id)
+                    report.removed.append(record.source)
+        finally:
             try:
-                data = path.read_bytes()
-            except OSError as exc:
-                report.failed.append(Failure(source, f"cannot read the file ({exc.strerror or exc})"))
-                continue
-            digest = content_hash(data)
-            current = self.store.record(doc_id)
-            if current and current.content_hash == digest and current.space == space:
-                report.unchanged.append(source)
-                continue
-            root = next((r for r in roots if doc_id.startswith(r + "/")), None)
-            meta = {"doc_id": doc_id, "content_hash": digest, "source": source, "space": space, "root": root}
-            result = self.pipeline.run({"convert": {"sources": [str(path)], "meta": [meta]}},
-                                       include_outputs_from={"convert"})
-            failures = result["convert"]["failures"]
-            if failures:
-                report.failed.extend(Failure(source, f.reason) for f in failures)
-                continue
-            published = result["write"]["published"]
-            report.chunks += sum(r.chunks for r in published)
-            (report.changed if current else report.added).append(source)
-        for doc_id, record in self.store.records().items():
-            if record.root in roots and doc_id not in seen:
-                self.store.revoke(doc_id)
-                report.removed.append(record.source)
-        report.knowledge_version = self.store.commit()
-        report.seconds = time.perf_counter() - started
+                report.knowledge_version = self.store.commit()
+            except Exception:  # the run's own error matters more; the next commit counts these changes
+                log.exception("could not commit the knowledge version after a refresh")
+            report.seconds = time.perf_counter() - started
         return report
+
+    def _refresh_item(self, item: SourceItem, current: DocRecord | None, space: str, report: IndexReport,
+                      seen: set[str]) -> None:
+        if item.gone:
+            if current is not None and self.store.revoke(item.doc_id):
+                report.removed.append(item.source)
+            elif item.error:  # never indexed: the source lists something that does not exist
+                report.failed.append(Failure(item.source, item.error))
+            return
+        seen.add(item.doc_id)
+        if item.error is not None:
+            report.failed.append(Failure(item.source, item.error))
+            return
+        if item.not_modified and current is not None:
+            report.unchanged.append(item.source)
+            return
+        if item.data is None:
+            report.failed.append(Failure(item.source, "no content was read"))
+            return
+        digest = content_hash(item.data)
+        if current and current.content_hash == digest and current.space == space and current.root == item.root:
+            report.unchanged.append(item.source)
+            return
+        meta = {"doc_id": item.doc_id, "content_hash": digest, "source": item.source, "space": space,
+                "root": item.root}
+        stream = ByteStream(item.data, meta={"suffix": item.suffix, "source": item.source,
+                                             "file_path": (item.name or "document") + item.suffix})
+        try:
+            result = self.pipeline.run({"convert": {"sources": [stream], "meta": [meta]}},
+                                       include_outputs_from={"convert"})
+        except Exception as exc:  # noqa: BLE001 - one document's failure; the store going away ends the run
+            unavailable = _service_error(exc)
+            if unavailable is not None:
+                raise unavailable from exc
+            cause = root_cause(exc)
+            log.exception("indexing %s failed", item.source)
+            report.failed.append(Failure(item.source, f"indexing failed ({type(cause).__name__}: {cause})"))
+            return
+        failures = result["convert"]["failures"]
+        if failures:
+            report.failed.extend(Failure(item.source, f.reason) for f in failures)
+            return
+        published = result["write"]["published"]
+        report.chunks += sum(r.chunks for r in published)
+        (report.changed if current else report.added).append(item.source)

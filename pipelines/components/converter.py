@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from haystack import Document, component
+from haystack.dataclasses import ByteStream
 
 from pipelines.text import detect_language
 
@@ -118,17 +119,27 @@ class FileToDocument:
         self.max_bytes = int(max_file_mb * 1024 * 1024)
 
     @component.output_types(documents=list[Document], failures=list[Failure])
-    def run(self, sources: list[str], meta: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """:param sources: file paths. :param meta: per-file metadata merged into each document."""
+    def run(self, sources: list[str | Path | ByteStream], meta: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """:param sources: file paths, or ``ByteStream`` s already read (a fetched page), whose
+        ``meta["suffix"]`` (else ``meta["file_path"]``) names the format and ``meta["source"]`` the
+        name failures are reported under. :param meta: per-source metadata merged into each document."""
         documents: list[Document] = []
         failures: list[Failure] = []
         for i, source in enumerate(sources):
-            path = Path(source)
+            data: bytes | None = None
+            if isinstance(source, ByteStream):
+                path = Path(str(source.meta.get("file_path") or "document"))
+                suffix = str(source.meta.get("suffix") or path.suffix)
+                data = source.data
+                source = str(source.meta.get("source") or path)  # noqa: PLW2901 - the name failures carry
+            else:
+                path = Path(source)
+                suffix = path.suffix
             try:
-                size = path.stat().st_size
+                size = len(data) if data is not None else path.stat().st_size
                 if size > self.max_bytes:
                     raise ConversionError(f"file too large ({size / 1e6:.1f} MB > {self.max_bytes / 1e6:.0f} MB limit)")
-                text, title, fmt = convert_bytes(path.read_bytes(), path.suffix)
+                text, title, fmt = convert_bytes(data if data is not None else path.read_bytes(), suffix)
             except ConversionError as exc:
                 failures.append(Failure(str(source), str(exc)))
                 continue

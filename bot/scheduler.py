@@ -1,0 +1,157 @@
+"""Scheduled refreshes inside ``kbbot serve``: one APScheduler job per configured source.
+
+Each job runs ``Refresher.run(name, only_if_due=True)``: it waits for the refresh lock (so one
+refresh runs at a time across every replica), then checks the source's shared last run record and
+does nothing if another replica (or an admin) already ran it for this turn; so replicas racing for
+the same turn refresh once. A job is never started twice at once (``max_instances=1``), missed turns
+collapse into one (``coalesce``), and after every turn the job's next run is set from the shared
+record (one interval, or the next cron time, after the last run started): all replicas agree on it.
+A failing source is recorded, logged, and simply runs again at its next turn; the other sources'
+jobs are independent. The refresh itself runs in a worker thread (see ``bot.refresh``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from bot.refresh import (
+    Refresher,
+    RefreshBusy,
+    RunRecord,
+    format_status,
+    knowledge_status,
+    next_due,
+    schedule_zone,
+    utcnow,
+)
+from bot.settings import SourceSettings
+
+log = logging.getLogger("kbbot.scheduler")
+
+
+class RefreshScheduler:
+    """The jobs of one process; ``start()`` inside the running event loop, ``stop()`` on shutdown."""
+
+    def __init__(self, refresher: Refresher, *, wait_s: float | None = None):
+        self.refresher = refresher
+        self.zone = schedule_zone(refresher.settings)
+        self.wait_s = refresher.settings.refresh.lock_wait_s if wait_s is None else wait_s
+        self.scheduler = AsyncIOScheduler(timezone=self.zone)
+        self.runs: list[RunRecord] = []  # the runs this process made (tests, health)
+        self._running: set[asyncio.Task[Any]] = set()
+
+    def _trigger(self, source: SourceSettings) -> Any:
+        if source.interval:
+            return IntervalTrigger(seconds=source.interval_s, timezone=self.zone)
+        return CronTrigger.from_crontab(str(source.cron), timezone=self.zone)
+
+    async def _next_time(self, source: SourceSettings) -> datetime:
+        try:
+            last = await self.refresher.last_run(source.name)
+        except Exception:  # noqa: BLE001 - Redis down: try again soon rather than never
+            log.exception("cannot read the last run of %s; trying again in a minute", source.name)
+            return utcnow() + timedelta(minutes=1)
+        due = next_due(source, last.started if last else None, self.zone)
+        return max(due, utcnow() + timedelta(seconds=1))
+
+    async def start(self) -> None:
+        for source in self.refresher.settings.sources:
+            first = await self._next_time(source)
+            self.scheduler.add_job(self._job, trigger=self._trigger(source), args=[source.name], id=source.name,
+                                   name=f"refresh {source.name}", max_instances=1, coalesce=True,
+                                   misfire_grace_time=None, next_run_time=first)
+            log.info("source %s (%s, %s): next refresh at %s", source.name, source.kind, source.schedule,
+                     first.isoformat(timespec="seconds"))
+        self.scheduler.start()
+
+    async def _job(self, name: str) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.add(task)
+        try:
+            record = await self.refresher.run(name, trigger="schedule", only_if_due=True, wait_s=self.wait_s)
+            if record is not None:
+                self.runs.append(record)
+        except RefreshBusy as exc:
+            log.warning("refresh source=%s trigger=schedule skipped: %s; next turn retries", name, exc)
+        except Exception:  # noqa: BLE001 - one source's failure never stops the scheduler
+            log.exception("refresh source=%s trigger=schedule crashed; next turn retries", name)
+        finally:
+            if task is not None:
+                self._running.discard(task)
+            await self._reschedule(name)
+
+    async def _reschedule(self, name: str) -> None:
+        source = self.refresher.sources.get(name)
+        if source is None or not self.scheduler.running:
+            return
+        job = self.scheduler.get_job(name)
+        if job is not None:
+            job.modify(next_run_time=await self._next_time(source))
+
+    def next_runs(self) -> dict[str, datetime | None]:
+        out: dict[str, datetime | None] = {}
+        for job in self.scheduler.get_jobs():
+            out[job.id] = job.next_run_time
+        return out
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """No new runs; a run in progress stops before its next document (waits up to ``timeout_s``)."""
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        self.refresher.stopping = True
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout_s)
+
+
+class KnowledgeAdmin:
+    """What the chat adapters' admin commands do: the status text, and a refresh now."""
+
+    def __init__(self, refresher: Refresher, scheduler: RefreshScheduler | None = None):
+        self.refresher = refresher
+        self.scheduler = scheduler
+
+    async def status(self) -> dict[str, Any]:
+        r = self.refresher
+        return await knowledge_status(r.settings, store=r.store, runs=r.runs, redis=r.redis,
+                                      next_runs=self.scheduler.next_runs() if self.scheduler else None)
+
+    async def status_text(self) -> str:
+        return format_status(await self.status())
+
+    def check(self, name: str | None) -> str | None:
+        """Why ``refresh name`` cannot run (unknown source, nothing configured), else None."""
+        sources = self.refresher.sources
+        if not sources:
+            return "No sources are configured."
+        if name and name not in sources:
+            return f"There is no source named “{name}”. Sources: {', '.join(sources)}."
+        return None
+
+    async def refresh_text(self, name: str | None, *, trigger: str = "admin") -> str:
+        """Runs ``name`` (or every source) now and says what happened, one line per source."""
+        problem = self.check(name)
+        if problem:
+            return problem
+        names = [name] if name else list(self.refresher.sources)
+        lines = []
+        for each in names:
+            try:
+                record = await self.refresher.run(each, trigger=trigger)
+            except RefreshBusy as exc:
+                lines.append(f"{each}: not refreshed: {exc}; try again later.")
+                continue
+            assert record is not None
+            lines.append(record.summary())
+            for failure in record.failed[:5]:
+                lines.append(f"    failed: {failure['source']}: {failure['reason']}")
+            if len(record.failed) > 5:
+                lines.append(f"    … and {len(record.failed) - 5} more")
+        return "\n".join(lines)
