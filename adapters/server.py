@@ -1,7 +1,8 @@
 """``kbbot serve``: one asyncio process, one HTTP server, every configured adapter.
 
-The web server listens on ``KBBOT_PORT`` (default 3000) and serves ``/healthz`` plus the routes the
-adapters mount (Slack's Events API at ``/slack/events``; Telegram's webhook later). Adapters that
+The refresh scheduler (``bot.scheduler``) runs every configured source on its schedule in the same
+event loop (the refreshes themselves in a worker thread). The web server listens on ``KBBOT_PORT``
+(default 3000) and serves ``/healthz`` plus the routes the adapters mount (Slack's Events API at ``/slack/events``; Telegram's webhook later). Adapters that
 hold their own connection (Slack Socket Mode, Telegram polling) are started next to it. An adapter
 is anything with ``name``, ``mount(web_app)``, ``start()``, ``stop(timeout_s)`` and ``health()``.
 """
@@ -21,6 +22,8 @@ from aiohttp import web
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.feedback import JsonlFeedback, RedisFeedback
+from bot.refresh import Refresher
+from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 
 log = logging.getLogger("kbbot.server")
 
@@ -49,19 +52,20 @@ def feedback_store(runtime: Any) -> Any:
     return JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
 
 
-def build_adapters(runtime: Any) -> list[Adapter]:
-    """The configured adapters, on a started runtime (its history and idempotency stores)."""
+def build_adapters(runtime: Any, admin: Any = None) -> list[Adapter]:
+    """The configured adapters, on a started runtime (its history and idempotency stores); ``admin``
+    (``bot.scheduler.KnowledgeAdmin``) answers their admin commands."""
     adapters: list[Adapter] = []
     slack = runtime.settings.slack
     if slack.enabled:
         slack.validate()
         adapters.append(SlackAdapter(runtime.answerer, slack, idempotency=runtime.idempotency,
-                                     feedback=feedback_store(runtime), history=runtime.history))
+                                     feedback=feedback_store(runtime), history=runtime.history, admin=admin))
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.validate()
         adapters.append(TelegramAdapter(runtime.answerer, telegram, idempotency=runtime.idempotency,
-                                        feedback=feedback_store(runtime), history=runtime.history))
+                                        feedback=feedback_store(runtime), history=runtime.history, admin=admin))
     return adapters
 
 
@@ -91,13 +95,19 @@ def port_from(env: Mapping[str, str]) -> int:
 
 
 async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str = "0.0.0.0",
-                port: int | None = None, stop: asyncio.Event | None = None, drain_s: float = 30.0) -> None:
-    """Run until ``stop`` is set (or SIGINT/SIGTERM); then finish the turns in progress."""
+                port: int | None = None, stop: asyncio.Event | None = None, drain_s: float = 30.0,
+                schedule: bool = True) -> None:
+    """Run until ``stop`` is set (or SIGINT/SIGTERM); then finish the turns in progress.
+
+    With ``schedule`` (and sources configured), the refresh scheduler runs in the same event loop.
+    """
     env = os.environ if env is None else env
     port = port_from(env) if port is None else port
     stop = stop or asyncio.Event()
     await runtime.start()
-    adapters = build_adapters(runtime)
+    refresher = Refresher(runtime.settings, runtime.store, runtime.indexer, redis=runtime.redis)
+    scheduler = RefreshScheduler(refresher) if schedule and runtime.settings.sources else None
+    adapters = build_adapters(runtime, admin=KnowledgeAdmin(refresher, scheduler))
     if not adapters:
         log.warning("no chat platform is configured (set SLACK_BOT_TOKEN or TELEGRAM_BOT_TOKEN); serving /healthz only")
     runner = web.AppRunner(build_web_app(adapters, runtime), access_log=None)
@@ -107,6 +117,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         log.info("kbbot serving on %s:%d (%s)", host, port, ", ".join(a.name for a in adapters) or "no adapters")
         for adapter in adapters:
             await adapter.start()
+        if scheduler is not None:
+            await scheduler.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -114,6 +126,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         await stop.wait()
         log.info("stopping: finishing the turns in progress (up to %.0f s)", drain_s)
     finally:
+        if scheduler is not None:
+            await scheduler.stop(drain_s)
         for adapter in adapters:
             try:
                 await adapter.stop(drain_s)

@@ -15,6 +15,10 @@ at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for ``An
 
 Slack redelivers events it believes were not acknowledged; a claim on the event id (and on the
 message itself) in the shared ``Idempotency`` store makes sure one question gets one answer.
+
+Admins (``slack.admins``) have a slash command: ``/kbbot status`` (knowledge version, sources, last
+and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowledged at once and
+the result is posted to its ``response_url`` (visible to the admin only). Others are politely refused.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from bot.types import Answer, Citation, Inquiry, Outcome
 log = logging.getLogger("kbbot.slack")
 
 FEEDBACK_ACTION = "kbbot_feedback"
+SLASH_COMMAND = "/kbbot"
+COMMAND_USAGE = "Usage: `/kbbot status` or `/kbbot refresh [SOURCE]`."
+NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
+             "Please ask whoever runs kbbot to add your user id to `slack.admins`.")
 
 #: Calls per minute per workspace (chat.postMessage: per channel) and the burst allowed. Slack's tiers:
 #: appendStream Tier 4 (100+/min), update Tier 3 (50+/min), stopStream Tier 2 (20+/min); postMessage
@@ -595,9 +603,11 @@ class SlackAdapter:
 
     def __init__(self, answerer: Any, settings: SlackSettings, *, idempotency: Idempotency,
                  feedback: FeedbackStore | None = None, history: Any = None, client: AsyncWebClient | None = None,
-                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None):
+                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
+                 admin: Any = None):
         self.answerer = answerer
         self.settings = settings
+        self.admin = admin  # bot.scheduler.KnowledgeAdmin: /kbbot status and refresh
         self.idempotency = idempotency
         self.feedback = feedback or MemoryFeedback()
         self.history = history if history is not None else getattr(answerer, "history", None)
@@ -616,6 +626,7 @@ class SlackAdapter:
         self.app.event("app_mention")(self._on_mention)
         self.app.event("message")(self._on_message)
         self.app.action(FEEDBACK_ACTION)(self._on_feedback)
+        self.app.command(SLASH_COMMAND)(self._on_command)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
         self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -723,6 +734,49 @@ class SlackAdapter:
             log.exception("turn %s: could not store the feedback", turn_id)
             return
         log.info("turn %s: feedback %s from %s", turn_id, rating, item.user_id)
+
+    async def _on_command(self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any],
+                          respond: Callable[..., Awaitable[Any]]) -> None:
+        """``/kbbot status`` and ``/kbbot refresh [SOURCE]`` for admins; the result goes to response_url."""
+        self._track()
+        user = str(command.get("user_id") or "")
+        verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
+        verb = verb.lower()
+        if verb not in ("status", "refresh"):
+            await ack(text=COMMAND_USAGE)
+            return
+        if user not in self.settings.admins:
+            log.info("refused /kbbot %s from %s: not in slack.admins", verb, user)
+            await ack(text=NOT_ADMIN)
+            return
+        if self.admin is None:
+            await ack(text="Knowledge refresh is not available in this kbbot process.")
+            return
+        name = rest.strip() or None
+        if verb == "status":
+            await ack()
+            try:
+                text = await self.admin.status_text()
+            except Exception:
+                log.exception("/kbbot status failed")
+                text = "Sorry, the status could not be read. The logs have the details."
+        else:
+            problem = self.admin.check(name)
+            if problem:
+                await ack(text=problem)
+                return
+            await ack(text=f"Refreshing {('`' + name + '`') if name else 'every source'} now; "
+                           "the result follows here.")
+            log.info("/kbbot refresh %s by %s", name or "(all)", user)
+            try:
+                text = await self.admin.refresh_text(name)
+            except Exception:
+                log.exception("/kbbot refresh failed")
+                text = "Sorry, the refresh failed. The logs have the details."
+        try:
+            await respond(text=_mrkdwn_escape(text), response_type="ephemeral")
+        except Exception:
+            log.exception("could not post the /kbbot %s result", verb)
 
     # --- one turn --------------------------------------------------------------------------------
     @staticmethod

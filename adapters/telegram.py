@@ -19,6 +19,9 @@ for ``Answerer.answer`` with a ``TelegramReply``:
 
 An update delivered twice (webhook retry, restart during polling) is claimed in the shared
 ``Idempotency`` store by bot id and update id, and released when the turn fails.
+
+Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
+services) and ``/refresh [SOURCE]``; anyone else is politely refused.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from aiogram.exceptions import (
     TelegramNotFound,
     TelegramRetryAfter,
 )
-from aiogram.filters import Command, CommandStart
+from aiogram.filters import Command, CommandObject, CommandStart
 from aiogram.types import (
     CallbackQuery,
     InlineKeyboardButton,
@@ -93,6 +96,14 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "sources": {"en": "Sources", "zh": "来源"},
     "thanks": {"en": "Thanks for the feedback!", "zh": "感谢您的反馈！"},
+    "not_admin": {"en": "Sorry, /status and /refresh are for kbbot admins only. Please ask whoever runs kbbot "
+                        "to add your user id to telegram.admins.",
+                  "zh": "抱歉，/status 和 /refresh 仅供 kbbot 管理员使用。如需权限，请联系 kbbot 的管理员将您的用户 ID "
+                        "加入 telegram.admins。"},
+    "no_admin": {"en": "Knowledge refresh is not available in this kbbot process.",
+                 "zh": "此 kbbot 进程不支持知识库刷新。"},
+    "refreshing": {"en": "Refreshing {what} now; the result follows.", "zh": "正在刷新 {what}，完成后会发送结果。"},
+    "admin_failed": {"en": "Sorry, that failed. The logs have the details.", "zh": "抱歉，操作失败，详情见日志。"},
     "feedback_failed": {"en": "Sorry, the feedback could not be saved.", "zh": "抱歉，反馈未能保存。"},
     "crashed": {"en": "Something went wrong while answering. Please try again.",
                 "zh": "回答时出现错误，请重试。"},
@@ -196,6 +207,29 @@ def render_parts(markdown: str, limit: int = 4096) -> list[Rendered]:
             current = pieces[-1] if pieces else ""
     if current:
         parts.append(render(current))
+    return parts
+
+
+def plain_parts(text: str, limit: int = 4096) -> list[str]:
+    """Plain text in messages of at most ``limit`` UTF-16 units, cut at line ends (long lines hard)."""
+    parts: list[str] = []
+    current = ""
+    for line in text.splitlines():
+        while utf16_len(line) > limit:
+            cut = limit
+            while utf16_len(line[:cut]) > limit:
+                cut -= 1
+            parts.extend([current] if current else [])
+            current = ""
+            parts.append(line[:cut])
+            line = line[cut:]
+        candidate = f"{current}\n{line}" if current else line
+        if utf16_len(candidate) > limit:
+            parts.append(current)
+            candidate = line
+        current = candidate
+    if current.strip():
+        parts.append(current)
     return parts
 
 
@@ -547,9 +581,11 @@ class TelegramAdapter:
 
     def __init__(self, answerer: Any, settings: TelegramSettings, *, idempotency: Idempotency,
                  feedback: FeedbackStore | None = None, history: Any = None, bot: Bot | None = None,
-                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None):
+                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
+                 admin: Any = None):
         self.answerer = answerer
         self.settings = settings
+        self.admin = admin  # bot.scheduler.KnowledgeAdmin: /status and /refresh
         self.idempotency = idempotency
         self.feedback = feedback or MemoryFeedback()
         self.history = history if history is not None else getattr(answerer, "history", None)
@@ -573,6 +609,7 @@ class TelegramAdapter:
         router.message.register(self._on_help, CommandStart())
         router.message.register(self._on_help, Command("help"))
         router.message.register(self._on_new, Command("new"))
+        router.message.register(self._on_admin, Command("status", "refresh"))
         router.message.register(self._on_question, F.text)
         router.callback_query.register(self._on_feedback, F.data.startswith(f"{FEEDBACK_PREFIX}:"))
         return router
@@ -764,6 +801,41 @@ class TelegramAdapter:
             await self._say(message, text_for("crashed", language))
             return
         await self._say(message, text_for("new", language))
+
+    async def _on_admin(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
+        """``/status`` and ``/refresh [SOURCE]``: admins only (``telegram.admins``)."""
+        self._track()
+        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
+            return
+        if await self._gate(message, event_update) is None:
+            return
+        user = message.from_user
+        assert user is not None
+        language = user_language(user.language_code, "")
+        if str(user.id) not in self.settings.admins:
+            log.info("refused /%s from %s: not in telegram.admins", command.command, user.id)
+            await self._say(message, text_for("not_admin", language))
+            return
+        if self.admin is None:
+            await self._say(message, text_for("no_admin", language))
+            return
+        name = (command.args or "").strip() or None
+        try:
+            if command.command == "status":
+                text = await self.admin.status_text()
+            else:
+                problem = self.admin.check(name)
+                if problem:
+                    await self._say(message, problem)
+                    return
+                await self._say(message, text_for("refreshing", language).format(what=name or "every source"))
+                log.info("/refresh %s by %s", name or "(all)", user.id)
+                text = await self.admin.refresh_text(name)
+        except Exception:
+            log.exception("/%s failed", command.command)
+            text = text_for("admin_failed", language)
+        for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *
+            await self._say(message, part)
 
     async def _on_question(self, message: Message, event_update: Update | None = None) -> None:
         self._track()

@@ -151,6 +151,8 @@ class FakeSlack:
         self._window: dict[str, deque[float]] = defaultdict(deque)
         self._runner: web.AppRunner | None = None
         self._base_url: str | None = None
+        #: Bodies POSTed to response URLs (slash commands' ``respond``), by the key in the URL.
+        self.responses: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
     # ------------------------------------------------------------------ scripting
     def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
@@ -200,6 +202,7 @@ class FakeSlack:
             return self.base_url
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle)
+        app.router.add_post("/respond/{key}", self._respond)
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -221,6 +224,14 @@ class FakeSlack:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    def response_url(self, key: str) -> str:
+        """A slash command's ``response_url``; what is posted there lands in ``responses[key]``."""
+        return self.base_url.removesuffix("/api/") + f"/respond/{key}"
+
+    async def _respond(self, request: web.Request) -> web.Response:
+        self.responses[request.match_info["key"]].append(json.loads(await request.read()))
+        return web.Response(text="ok")
 
     # ------------------------------------------------------------------ the wire
     async def _handle(self, request: web.Request) -> web.Response:
