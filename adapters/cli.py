@@ -219,7 +219,26 @@ def run_chat(runtime: Runtime, thread: str | None) -> int:
     return 0
 
 
-def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool) -> int:
+def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable: list[Any],
+                    unanswerable: list[Any]) -> dict[str, Any]:
+    """Whole turns over the eval store, extractive (no model cost, thresholds decide), no topic scope."""
+    from pipelines.components.extractive import ExtractiveAnswerer
+    from pipelines.components.turn import TurnBudget
+    from pipelines.evaluation import evaluate_abstention
+    from pipelines.query import build_query_pipeline
+
+    r, a = settings.retrieval, settings.answering
+    fresh = Runtime(settings=settings, store=runtime.store)  # components belong to one pipeline each
+    pipeline = build_query_pipeline(
+        fresh.store, fresh.text_embedder, make_ranker(settings), ExtractiveAnswerer(),
+        system_template="", user_template="", mode=mode, candidates=r.candidates, fusion=r.fusion,
+        budget_chars=settings.prompt.budget_chars, min_similarity=r.min_similarity,
+        off_topic_similarity=a.off_topic_similarity, clarify=False)
+    result = evaluate_abstention(pipeline, answerable, unanswerable, budget=lambda: TurnBudget(retries_left=0))
+    return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity, **result}
+
+
+def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False) -> int:
     from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
     from pipelines.indexing import build_indexing_pipeline
     from pipelines.query import build_retrieval_pipeline
@@ -230,6 +249,7 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool)
     try:
         docs = corpus_documents(path)
         queries = load_queries(path)
+        refusals = load_queries(path, "queries_unanswerable.jsonl") if unanswerable else []
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from exc
     name = path.resolve().name
@@ -247,6 +267,8 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool)
                                          ranker=make_ranker(settings))
     try:
         result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+        if unanswerable:
+            result["abstention"] = eval_abstention(settings, runtime, mode, queries, refusals)
     finally:
         store.close()
     if as_json:
@@ -290,6 +312,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, default=10)
     ev.add_argument("--mode", choices=["bm25", "vector", "hybrid"], default="hybrid")
     ev.add_argument("--json", action="store_true")
+    ev.add_argument("--unanswerable", action="store_true",
+                    help="also run whole turns (extractive) and score abstention on queries_unanswerable.jsonl")
     return p
 
 
@@ -302,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         if args.command == "eval":
-            return run_eval(settings, args.dataset, args.k, args.mode, args.json)
+            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable)
         if args.command == "status":
             return run_status(settings, args.json)
         runtime = build_runtime(settings)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from haystack import Document, Pipeline
@@ -14,10 +15,12 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 from bot.history import HistoryStore
 from bot.messages import say
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
+from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
-from pipelines.query import query_inputs
+from pipelines.query import OUTCOME_COMPONENTS, query_inputs
 from pipelines.store import space_filter
 from pipelines.text import detect_language
+from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
 
 log = logging.getLogger("kbbot.answering")
@@ -53,22 +56,33 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
 
 
 class Answerer:
-    """Runs turns: history, the query pipeline with streaming, citations, history again, trace."""
+    """Runs turns: history, the query pipeline with streaming, outcome, citations checked against
+    the current knowledge (regenerated once if a cited document changed meanwhile), history, trace."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         history: HistoryStore,
         *,
-        mode: str = "hybrid",
+        is_current: Callable[[str, int], bool] | None = None,
+        topics: Topics | None = None,
+        handoff: dict[str, str] | None = None,
         turn_timeout_s: float = 120,
         max_question_chars: int = 4000,
+        max_model_calls: int = 8,
+        max_retries: int = 2,
+        model_answers: bool = True,
     ):
         self.pipeline = pipeline
         self.history = history
-        self.mode = mode
+        self.is_current = is_current
+        self.topics = topics or Topics()
+        self.handoff = handoff or {}
         self.turn_timeout_s = turn_timeout_s
         self.max_question_chars = max_question_chars
+        self.max_model_calls = max_model_calls
+        self.max_retries = max_retries
+        self.model_answers = model_answers  # False for extractive answers: they cost no model call
         install_stage_timer()
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
@@ -99,6 +113,46 @@ class Answerer:
         await reply.fail(message)
         return Answer(text=message, outcome=Outcome.ERROR, trace=trace)
 
+    async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
+                   on_chunk: Any) -> dict[str, Any]:
+        spaces = list(inquiry.spaces)
+        data = query_inputs(question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
+                            history=history, streaming_callback=on_chunk)
+        return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS)
+
+    def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
+        language = detect_language(question)
+        grade, clarify = result.get("grade", {}), result.get("clarify", {})
+        if "off_topic" in result.get("guard", {}) or "off_topic" in grade:
+            text = say("off_topic", language, subjects=self.topics.scope_summary() or "our products")
+            return Answer(text=text, outcome=Outcome.OFF_TOPIC, trace=trace)
+        if "not_found" in grade or "not_found" in result.get("reformulate", {}):
+            text = say("not_found", language)
+            line = self.handoff.get(language) or self.handoff.get("en")
+            return Answer(text=f"{text}\n\n{line}" if line else text, outcome=Outcome.NOT_FOUND, trace=trace)
+        if "clarify" in clarify:
+            text = say("clarify", language, candidates=", ".join(clarify["clarify"]))
+            return Answer(text=text, outcome=Outcome.CLARIFY, trace=trace)
+        replies: list[ChatMessage] = result["generate"]["replies"]
+        text = (replies[0].text if replies else None) or ""
+        if not text.strip():
+            raise EmptyModelReply("the model returned no text")
+        usage = (replies[0].meta or {}).get("usage")
+        if usage:
+            trace.usage = dict(usage)
+        text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
+        return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
+
+    def _answer_calls(self, result: dict[str, Any]) -> int:
+        return int(self.model_answers and "generate" in result)
+
+    async def _stale(self, answer: Answer) -> list[Citation]:
+        """Cited chunks whose document was revoked or replaced since retrieval."""
+        if self.is_current is None or not answer.citations:
+            return []
+        checks = await asyncio.to_thread(lambda: [self.is_current(c.doc_id, c.version) for c in answer.citations])
+        return [c for c, ok in zip(answer.citations, checks) if not ok]
+
     async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace) -> Answer:
         started = time.perf_counter()
         await reply.start()
@@ -107,40 +161,46 @@ class Answerer:
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")
 
-        streamed: list[str] = []
-
         async def on_chunk(chunk: StreamingChunk) -> None:
             if not chunk.content:  # Anthropic streams empty chunks for start/stop events
                 return
             if trace.first_token_ms is None:
                 trace.first_token_ms = (time.perf_counter() - started) * 1000
-            streamed.append(chunk.content)
             await reply.push(chunk.content)
 
-        data = query_inputs(question, mode=self.mode, filters=space_filter(list(inquiry.spaces)),
-                            history=history, streaming_callback=on_chunk)
+        budget = TurnBudget.start(max_model_calls=self.max_model_calls, timeout_s=self.turn_timeout_s,
+                                  max_retries=self.max_retries)
         with record_stages(trace.stages):
-            result: dict[str, Any] = await self.pipeline.run_async(data, include_outputs_from={"budget", "gate"})
+            result = await self._run(question, inquiry, history, budget, on_chunk)
+        answer = self._outcome(result, question, trace)
+        calls = len(budget.calls) + self._answer_calls(result)
+        steps = list(budget.steps)
 
-        language = detect_language(question)
-        if "not_found" in result.get("gate", {}):
-            answer = Answer(text=say("not_found", language), outcome=Outcome.NOT_FOUND, trace=trace)
-        else:
-            replies: list[ChatMessage] = result["generate"]["replies"]
-            text = (replies[0].text if replies else None) or ""
-            if not text.strip():
-                raise EmptyModelReply("the model returned no text")
-            usage = (replies[0].meta or {}).get("usage")
-            if usage:
-                trace.usage = dict(usage)
-            text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
-            answer = Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
+        stale = await self._stale(answer)
+        if stale:
+            # A cited document changed while the answer was written: answer again, once, on what is
+            # current now (quietly: the final message replaces what was streamed), within the turn's caps.
+            log.warning("turn %s: cited %s changed during generation; regenerating", trace.turn_id,
+                        ", ".join(sorted({c.doc_id for c in stale})))
+            trace.regenerated = True
+            again = TurnBudget(max_model_calls=max(self.max_model_calls - calls, 1), deadline=budget.deadline,
+                               retries_left=0)
+            result = await self._run(question, inquiry, history, again, None)
+            answer = self._outcome(result, question, trace)
+            calls += len(again.calls) + self._answer_calls(result)
+            steps += [{"step": "regenerate"}, *again.steps]
+            if await self._stale(answer):
+                answer.text = f"{answer.text}\n\n{say('stale_notice', detect_language(question))}"
 
+        trace.query = next((s["query"] for s in steps if s.get("step") == "rewrite" and "query" in s), question)
+        trace.steps = steps
+        trace.model_calls = calls
         # History is written only once the answer exists: a failed turn leaves no half turn.
         t = time.perf_counter()
-        await self.history.append(
-            inquiry.thread_key, [ChatMessage.from_user(question), ChatMessage.from_assistant(answer.text)]
-        )
+        await self.history.append(inquiry.thread_key, [
+            ChatMessage.from_user(question),
+            ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value}),
+        ])
         trace.stages["history"] += (time.perf_counter() - t) * 1000
         trace.stages["total"] = (time.perf_counter() - started) * 1000
         await reply.finish(answer)

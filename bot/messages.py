@@ -9,6 +9,18 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "知识库中没有找到与这个问题相关的内容，因此无法给出可靠的回答。"
               "请补充产品型号或故障代码后重新提问，或联系售后服务团队。",
     },
+    "off_topic": {
+        "en": "That is outside what I can help with. I answer questions from the company knowledge base about: {subjects}.",
+        "zh": "这个问题超出了我的服务范围。我只根据公司知识库回答以下方面的问题：{subjects}。",
+    },
+    "clarify": {
+        "en": "The answer depends on the model. Which one do you mean: {candidates}?",
+        "zh": "答案因型号而异。请问您指的是哪个型号：{candidates}？",
+    },
+    "stale_notice": {
+        "en": "⚠️ Note: a source cited here changed while this answer was written; check the current document.",
+        "zh": "⚠️ 注意：本回答引用的资料在生成过程中已更新，请以最新文档为准。",
+    },
     "empty_question": {
         "en": "Please type a question, for example: “How often should the bearings be greased?”",
         "zh": "请输入一个问题，例如：“电机过热怎么办？”",

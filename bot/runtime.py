@@ -116,18 +116,27 @@ class Runtime:
     @cached_property
     def answerer(self) -> Answerer:
         s = self.settings
-        g = s.generator
-        generator = make_generator(s.generator_kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
+        g, a = s.generator, s.answering
+        kind = s.generator_kind
+        generator = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
                                    max_retries=g.max_retries, base_url=g.base_url)
+        # Rewrite, guard, grade and reformulate: short calls to the same model, or rules without one.
+        helper = None if kind == "extractive" else make_generator(
+            kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
+            max_retries=min(g.max_retries, 1), base_url=g.base_url)
+        topics = s.topics()
         pipeline = build_query_pipeline(
             self.store, self.text_embedder, make_ranker(s), generator,
             system_template=s.template("system_template"), user_template=s.template("user_template"),
             mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
-            budget_chars=s.prompt.budget_chars,
-            min_similarity=s.retrieval.min_similarity,
+            budget_chars=s.prompt.budget_chars, min_similarity=s.retrieval.min_similarity,
+            helper_generator=helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
+            off_topic_similarity=a.off_topic_similarity, clarify=a.clarify,
         )
-        return Answerer(pipeline, self.history, mode=s.retrieval.mode,
-                        turn_timeout_s=g.timeout_s * (g.max_retries + 1) + 30)
+        return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
+                        handoff=a.handoff, turn_timeout_s=a.turn_timeout_s, max_question_chars=a.max_question_chars,
+                        max_model_calls=a.max_model_calls, max_retries=a.max_retries,
+                        model_answers=kind != "extractive")
 
 
 def build_runtime(settings: Settings) -> Runtime:

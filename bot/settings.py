@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from bot.platform_settings import SlackSettings, TelegramSettings
+from pipelines.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("config/kbbot.yaml")
@@ -82,6 +83,20 @@ class GeneratorSettings:
     timeout_s: float = 60
     max_retries: int = 2
     base_url: str | None = None
+
+
+@dataclass
+class AnsweringSettings:
+    topics: str = "topics.yaml"
+    max_retries: int = 2
+    max_model_calls: int = 8
+    turn_timeout_s: float = 120
+    guard_min_confidence: float = 0.7
+    off_topic_similarity: float = 0.78
+    clarify: bool = True
+    helper_max_tokens: int = 300
+    max_question_chars: int = 4000
+    handoff: dict[str, str] = field(default_factory=dict)  # language -> line; config/kbbot.yaml has them
 
 
 @dataclass
@@ -171,6 +186,7 @@ class Settings:
     ranker: RankerSettings = field(default_factory=RankerSettings)
     prompt: PromptSettings = field(default_factory=PromptSettings)
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
+    answering: AnsweringSettings = field(default_factory=AnsweringSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
@@ -198,6 +214,19 @@ class Settings:
             return path
         base = self.config_path.parent if self.config_path else REPO_ROOT / "config"
         return base / path
+
+    def topics(self) -> Topics:
+        """The topic scope and product catalogue (``answering.topics``)."""
+        path = self.resolve(self.answering.topics)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            return Topics.from_mapping(raw, where=str(path))
+        except OSError as exc:
+            raise SettingsError(f"cannot read the topics file {path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{path} is not valid YAML: {exc}") from exc
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from exc
 
     def template(self, name: str) -> str:
         path = self.resolve(getattr(self.prompt, name))
@@ -270,6 +299,15 @@ def _validate(s: Settings) -> None:
         raise SettingsError("generator.kind is anthropic but ANTHROPIC_API_KEY is not set")
     if s.prompt.budget_chars < 1000:
         raise SettingsError("prompt.budget_chars must be at least 1000")
+    a = s.answering
+    if not 0 <= a.off_topic_similarity <= s.retrieval.min_similarity:
+        raise SettingsError("answering.off_topic_similarity must be between 0 and retrieval.min_similarity")
+    if a.max_retries < 0 or a.max_model_calls < 1 or a.turn_timeout_s <= 0:
+        raise SettingsError("answering.max_retries must be >= 0, max_model_calls >= 1 and turn_timeout_s > 0")
+    if not 0 <= a.guard_min_confidence <= 1:
+        raise SettingsError("answering.guard_min_confidence must be between 0 and 1")
+    if not isinstance(a.handoff, dict) or not all(isinstance(v, str) for v in a.handoff.values()):
+        raise SettingsError("answering.handoff must map a language code (en, zh) to a line of text")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):

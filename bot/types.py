@@ -56,6 +56,10 @@ class Trace:
     first_token_ms: float | None = None
     history_turns: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
+    query: str | None = None  # the search query the question became (rewritten on follow-ups)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # what rewrite/guard/grade/... decided
+    model_calls: int = 0  # helper calls and answers, regeneration included
+    regenerated: bool = False  # a cited document changed while the answer was written
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +67,10 @@ class Trace:
             "stages": {k: round(v, 1) for k, v in self.stages.items()},
             "first_token_ms": None if self.first_token_ms is None else round(self.first_token_ms, 1),
             "history_turns": self.history_turns,
+            "query": self.query,
+            "steps": self.steps,
+            "model_calls": self.model_calls,
+            "regenerated": self.regenerated,
         }
 
 

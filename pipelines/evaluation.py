@@ -8,6 +8,7 @@ passage before scoring, since a passage split in two must not count twice.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from haystack import Document, Pipeline
 
 from pipelines.indexing import content_hash
-from pipelines.query import query_inputs
+from pipelines.query import retrieval_inputs
 from pipelines.store import KnowledgeStore
 
 
@@ -95,7 +96,7 @@ def evaluate(pipeline: Pipeline, queries: list[EvalQuery], *, mode: str, k: int 
     rr = 0.0
     latencies: list[float] = []
     for q in queries:
-        data = query_inputs(q.text, mode=mode, generate=False)
+        data = retrieval_inputs(q.text, mode=mode)
         data["rank"]["top_k"] = k * 2  # chunks; collapsed to k passages below
         started = time.perf_counter()
         result = pipeline.run(data)
@@ -112,4 +113,70 @@ def evaluate(pipeline: Pipeline, queries: list[EvalQuery], *, mode: str, k: int 
         "mode": mode, "n": len(queries),
         "hit@1": round(hits1 / n, 4), "hit@5": round(hits5 / n, 4), f"mrr@{k}": round(rr / n, 4),
         "p50_ms": round(percentile(latencies, 50), 1), "p95_ms": round(percentile(latencies, 95), 1),
+    }
+
+
+_MARKER = re.compile(r"\[(\d{1,3})\]")
+ABSTAINED = ("not_found", "off_topic")
+
+
+def turn_outcome(result: dict[str, Any]) -> str:
+    """The outcome of one run of the query pipeline, read from its components' outputs."""
+    if "off_topic" in result.get("guard", {}) or "off_topic" in result.get("grade", {}):
+        return "off_topic"
+    if "not_found" in result.get("grade", {}) or "not_found" in result.get("reformulate", {}):
+        return "not_found"
+    if "clarify" in result.get("clarify", {}):
+        return "clarify"
+    return "answered"
+
+
+def cited_passages(result: dict[str, Any]) -> set[str]:
+    replies = result.get("generate", {}).get("replies") or []
+    sources = result.get("budget", {}).get("sources") or []
+    text = (replies[0].text or "") if replies else ""
+    numbers = {int(n) for n in _MARKER.findall(text)}
+    return {str(sources[n - 1].meta.get("doc_id")) for n in numbers if 1 <= n <= len(sources)}
+
+
+def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswerable: list[EvalQuery], *,
+                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.80, 0.82, 0.84, 0.86)) -> dict[str, Any]:
+    """Runs the whole answering pipeline on both sets.
+
+    ``abstained``: share of unanswerable questions that end not_found or off_topic (the higher the
+    better); ``answered`` / ``answered_cited_gold``: share of answerable questions that get an
+    answer / an answer citing a gold passage (the recall that abstention costs). ``sweep``: the
+    same two shares if the not-found threshold were each of the given values, from the best dense
+    similarity of each question's first retrieval (how the thresholds were chosen).
+    ``budget`` makes a fresh per-turn ``TurnBudget``.
+    """
+    from pipelines.query import OUTCOME_COMPONENTS, query_inputs
+
+    def run(q: EvalQuery) -> tuple[str, set[str], float]:
+        result = pipeline.run(query_inputs(q.text, budget=budget()), include_outputs_from=OUTCOME_COMPONENTS | {"current"})
+        dense = result.get("current", {}).get("dense_documents") or []
+        best = max((d.score for d in dense if d.score is not None), default=0.0)
+        return turn_outcome(result), cited_passages(result), best
+
+    answered = cited_gold = abstained = 0
+    best_answerable, best_unanswerable = [], []
+    outcomes: dict[str, int] = {}
+    for q in answerable:
+        outcome, cited, best = run(q)
+        outcomes[f"answerable:{outcome}"] = outcomes.get(f"answerable:{outcome}", 0) + 1
+        answered += outcome == "answered"
+        cited_gold += outcome == "answered" and bool(cited & set(q.gold_ids))
+        best_answerable.append(best)
+    for q in unanswerable:
+        outcome, _, best = run(q)
+        outcomes[f"unanswerable:{outcome}"] = outcomes.get(f"unanswerable:{outcome}", 0) + 1
+        abstained += outcome in ABSTAINED
+        best_unanswerable.append(best)
+    n_a, n_u = len(answerable) or 1, len(unanswerable) or 1
+    return {
+        "answerable": len(answerable), "unanswerable": len(unanswerable),
+        "abstained": round(abstained / n_u, 4), "answered": round(answered / n_a, 4),
+        "answered_cited_gold": round(cited_gold / n_a, 4), "outcomes": outcomes,
+        "sweep": [{"min_similarity": t, "abstained": round(sum(b < t for b in best_unanswerable) / n_u, 4),
+                   "answered": round(sum(b >= t for b in best_answerable) / n_a, 4)} for t in sweep],
     }

@@ -48,6 +48,8 @@ class DocRecord:
     language: str = "en"
     chunks: int = 0
     root: str | None = None
+    # Entity–attribute–value facts read from the document's tables (see components/facts.py).
+    facts: list[list[str]] = field(default_factory=list)
     indexed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -86,3 +86,23 @@ def breadcrumb(title: str | None, path: list[str]) -> str:
     if len(parts) > 1 and parts[0].strip() == parts[1].strip():
         parts = parts[1:]
     return " > ".join(parts)
+
+
+# Fault codes and model numbers: letters, a hyphen, then something with a digit (E-007,
+# HL-M200, HL-M200-7R5). Kept verbatim through rewrites and carried over to follow-ups.
+_IDENTIFIER = re.compile(r"(?<![\w-])[A-Za-z]{1,4}-[A-Za-z0-9]*\d[A-Za-z0-9]*(?:-[A-Za-z0-9]+)*")
+
+
+def identifiers(text: str) -> list[str]:
+    """Codes and model numbers in ``text``, in order, without repeats."""
+    return list(dict.fromkeys(m.group(0) for m in _IDENTIFIER.finditer(text or "")))
+
+
+# The tags that delimit data in our prompts. Text from documents, history or users must not be
+# able to close one and pose as instructions, so such tags inside data lose their "<".
+_PROMPT_TAG = re.compile(r"<(?=/?\s*(?:sources?|history|facts|question|conversation|last_message|passages?|"
+                         r"message|earlier_queries)\b)", re.I)
+
+
+def neutralize_tags(text: str) -> str:
+    return _PROMPT_TAG.sub("‹", text or "")

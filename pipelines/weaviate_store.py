@@ -78,6 +78,7 @@ the scores are and beats both sides; 0.7 has the best mean over the two sets.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -94,6 +95,7 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
+from weaviate.classes.config import DataType, Property
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
 from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
@@ -185,6 +187,20 @@ def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATIO
     }
 
 
+# A document's table facts, as JSON: read back whole, never searched.
+FACTS_PROPERTY = {"name": "facts", "dataType": ["text"], "indexSearchable": False, "indexFilterable": False}
+
+
+def _load_facts(raw: Any) -> list[list[str]]:
+    if not raw:
+        return []
+    try:
+        facts = json.loads(raw)
+    except ValueError:
+        return []
+    return [list(map(str, f)) for f in facts if isinstance(f, list) and len(f) == 3]
+
+
 def manifest_collection_settings(name: str) -> dict[str, Any]:
     """The manifest collection: one object per document plus the meta object; no vectors."""
     keyword = {"dataType": ["text"], "tokenization": "field", "indexSearchable": False}
@@ -199,6 +215,7 @@ def manifest_collection_settings(name: str) -> dict[str, Any]:
             *({"name": p, "dataType": ["int"]} for p in ("version", "chunks", "knowledge_version", "committed_seq")),
             {"name": "seq", "dataType": ["int"], "indexRangeFilters": True},  # read as "seq > last seen"
             {"name": "revoked", "dataType": ["boolean"]},
+            FACTS_PROPERTY,
         ],
     }
 
@@ -346,12 +363,23 @@ class WeaviateKnowledgeStore:
                     if not client.collections.exists(self.manifest_name):  # else: another process made it
                         raise
             self._manifest = client.collections.get(self.manifest_name)
+            self._ensure_facts_property()
             if self._manifest.query.fetch_object_by_id(self._meta_uuid) is None:
                 try:
                     self._manifest.data.insert({"doc_id": _META_OBJECT, "knowledge_version": 0, "seq": 0,
                                                "committed_seq": 0}, uuid=self._meta_uuid)
                 except wexc.UnexpectedStatusCodeError:
                     pass  # created concurrently by another process
+
+    def _ensure_facts_property(self) -> None:
+        """Manifests made before facts existed get the property (never-searched JSON text)."""
+        if any(p.name == "facts" for p in self._manifest.config.get().properties):
+            return
+        try:
+            self._manifest.config.add_property(Property(name="facts", data_type=DataType.TEXT,
+                                                        index_searchable=False, index_filterable=False))
+        except wexc.UnexpectedStatusCodeError:
+            pass  # added concurrently by another process
 
     # --- plumbing -------------------------------------------------------------------------
     @property
@@ -462,6 +490,7 @@ class WeaviateKnowledgeStore:
         for f in ("title", "source", "content_hash"):
             values[f] = values[f] or ""
         values["space"] = values["space"] or "default"
+        values["facts"] = _load_facts(props.get("facts"))
         values["language"] = values["language"] or "en"
         if not values["indexed_at"]:
             values.pop("indexed_at")
@@ -469,11 +498,12 @@ class WeaviateKnowledgeStore:
 
     @staticmethod
     def _record_properties(record: DocRecord, seq: int) -> dict[str, Any]:
-        return {**{f: getattr(record, f) for f in _RECORD_FIELDS}, "seq": seq, "revoked": False}
+        return {**{f: getattr(record, f) for f in _RECORD_FIELDS}, "facts": json.dumps(record.facts, ensure_ascii=False),
+                "seq": seq, "revoked": False}
 
     def _fetch_manifest(self, since_seq: int | None) -> list[Any] | None:
         """Manifest objects changed after ``since_seq``, or all of them for None; None if too many changed."""
-        properties = [*_RECORD_FIELDS, "revoked"]
+        properties = [*_RECORD_FIELDS, "facts", "revoked"]
         if since_seq is None:
             return list(self.manifest.iterator(return_properties=properties, cache_size=_MANIFEST_PAGE))
         changed = self.manifest.query.fetch_objects(filters=Filter.by_property("seq").greater_than(since_seq),
@@ -518,7 +548,7 @@ class WeaviateKnowledgeStore:
 
     def _record_object(self, doc_id: str) -> Any:
         return self.manifest.query.fetch_object_by_id(self._record_uuid(doc_id),
-                                                      return_properties=[*_RECORD_FIELDS, "revoked"])
+                                                      return_properties=[*_RECORD_FIELDS, "facts", "revoked"])
 
     def record(self, doc_id: str) -> DocRecord | None:
         with self._guard():

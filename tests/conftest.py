@@ -49,11 +49,15 @@ def kb_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def claude(kb_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """(fake Anthropic server, started runtime answering with Claude through it)."""
+    """(the fake Anthropic server seen through its answer requests, started runtime answering with
+    Claude through it). Helper calls (rewrite, guard, grade, reformulate) get sensible defaults from
+    ``tests.model_router``; ``fake.router`` scripts them."""
     from tests.fakes.anthropic_server import FakeAnthropic
+    from tests.model_router import AnswerView, ModelRouter
 
-    async with FakeAnthropic() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    async with FakeAnthropic() as server:
+        fake = AnswerView(server, ModelRouter())
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
         settings = make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test")
         settings.generator.max_retries = 0

@@ -35,7 +35,9 @@ def test_chinese_question_is_answered_from_the_overheating_guide(cli_env, capsys
     assert result["outcome"] == "answered"
     assert cited_files(result)[0] == "overheating-zh.md"
     assert result["answer"].startswith("未配置语言模型")
-    assert set(result["trace"]) == {"turn_id", "stages", "first_token_ms", "history_turns"}
+    assert set(result["trace"]) == {"turn_id", "stages", "first_token_ms", "history_turns", "query", "steps",
+                                    "model_calls", "regenerated"}
+    assert result["trace"]["query"] == "电机过热怎么办？" and result["trace"]["model_calls"] == 0
     assert {"embed", "retrieve", "rank", "generate"} <= set(result["trace"]["stages"])
     for c in result["citations"]:
         assert set(c) == {"index", "doc_id", "version", "position", "title", "source"}
@@ -49,10 +51,29 @@ def test_english_question_is_answered_from_the_maintenance_schedule(cli_env, cap
     assert "4,000 operating hours" in result["answer"]
 
 
-def test_unrelated_question_is_not_found_without_citations(cli_env, capsys):
+def test_unrelated_question_is_off_topic_without_citations_and_without_a_model(cli_env, capsys):
     result = ask(capsys, "What's the weather in Paris tomorrow?")
-    assert result["outcome"] in ("not_found", "off_topic")
-    assert result["citations"] == []
+    assert result["outcome"] == "off_topic"  # by retrieval score: below answering.off_topic_similarity
+    assert result["citations"] == [] and "generate" not in result["trace"]["stages"]
+    assert "outside what I can help with" in result["answer"]
+
+
+def test_a_question_that_depends_on_the_model_is_clarified_then_answered(cli_env, capsys):
+    asked = ask(capsys, "What is the rated current at 400 V?", "--thread", "t-clarify")
+    assert asked["outcome"] == "clarify" and asked["citations"] == []
+    assert "HL-M200" in asked["answer"] and "Which one do you mean" in asked["answer"]
+    resolved = ask(capsys, "HL-M200", "--thread", "t-clarify")
+    # Without a model, the reply to a clarifying question is joined to the question it answers.
+    assert resolved["trace"]["query"] == "What is the rated current at 400 V? HL-M200"
+    assert resolved["outcome"] == "answered"
+    assert cited_files(resolved)[0] == "hl-m200-specifications.md" and "14.4 A" in resolved["answer"]
+
+
+def test_a_follow_up_is_searched_with_the_previous_question_without_a_model(cli_env, capsys):
+    ask(capsys, "What does fault E-004 mean?", "--thread", "t-carry")
+    second = ask(capsys, "How do I fix it?", "--thread", "t-carry")
+    assert second["trace"]["query"] == "How do I fix it? What does fault E-004 mean?"
+    assert second["outcome"] == "answered" and second["citations"]
 
 
 def test_thread_history_persists_between_invocations(cli_env, capsys):

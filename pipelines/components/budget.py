@@ -13,7 +13,7 @@ from typing import Any
 from haystack import Document, component
 from haystack.dataclasses import ChatMessage
 
-from pipelines.text import LANGUAGE_NAMES, detect_language
+from pipelines.text import LANGUAGE_NAMES, detect_language, neutralize_tags
 
 NO_SOURCES = "(no knowledge-base passages were retrieved)"
 NO_HISTORY = "(this is the first message of the conversation)"
@@ -25,12 +25,13 @@ def format_source(number: int, doc: Document) -> str:
     title = meta.get("title") or meta.get("source") or "untitled"
     header = meta.get("header")
     label = f"{title} — {header}" if header and header != title else title
-    return f'<source id="{number}" title="{label}">\n{(doc.content or "").strip()}\n</source>'
+    label = neutralize_tags(label).replace('"', "'")
+    return f'<source id="{number}" title="{label}">\n{neutralize_tags((doc.content or "").strip())}\n</source>'
 
 
 def format_turn(message: ChatMessage) -> str:
     role = "User" if message.role.value == "user" else "kbbot"
-    return f"{role}: {(message.text or '').strip()}"
+    return f"{role}: {neutralize_tags((message.text or '').strip())}"
 
 
 @component
@@ -78,6 +79,7 @@ class ContextBudget:
 
         fact_parts: list[str] = []
         for fact in facts or []:
+            fact = neutralize_tags(fact)
             if len(fact) + 3 > remaining:
                 break
             remaining -= len(fact) + 3
@@ -89,7 +91,7 @@ class ContextBudget:
             "sources_block": "\n".join(source_parts) or NO_SOURCES,
             "history_block": "\n".join(turns) or NO_HISTORY,
             "facts_block": "\n".join(fact_parts) or NO_FACTS,
-            "question": question,
+            "question": neutralize_tags(question),
             "language": language,
             "language_name": LANGUAGE_NAMES[language],
         }

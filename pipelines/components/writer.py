@@ -7,12 +7,14 @@ from typing import Any
 
 from haystack import Document, component
 
+from pipelines.components.facts import document_subject, table_facts, unique_facts
 from pipelines.store import DocRecord, KnowledgeStore
 
 
 @component
 class KnowledgeWriter:
-    """Groups chunks by ``meta.doc_id`` and publishes each group as one new document version.
+    """Groups chunks by ``meta.doc_id`` and publishes each group as one new document version,
+    with the entity–attribute–value facts of its tables.
 
     Publishing (not a plain write) is what keeps a query from ever seeing two versions of a
     document at once; see ``pipelines.store``.
@@ -29,15 +31,18 @@ class KnowledgeWriter:
         published = []
         for doc_id, chunks in groups.items():
             meta = chunks[0].meta
+            title = meta.get("title") or doc_id
+            subject = document_subject(title)
             record = DocRecord(
                 doc_id=doc_id,
                 version=0,
                 content_hash=meta["content_hash"],
-                title=meta.get("title") or doc_id,
+                title=title,
                 source=meta.get("source") or doc_id,
                 space=meta.get("space") or "default",
                 language=meta.get("language") or "en",
                 root=meta.get("root"),
+                facts=unique_facts(f for chunk in chunks for f in table_facts(chunk.content or "", subject)),
             )
             published.append(self.store.publish(record, chunks))
         return {"published": published}

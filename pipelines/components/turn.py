@@ -1,0 +1,119 @@
+"""What one turn may still spend, and the one way our components consult the language model.
+
+A ``TurnBudget`` is created per turn and handed to every component that may call the model
+(rewrite, guard, grade, reformulate). It caps the model calls of the whole turn (keeping
+``reserved`` of them for the answer itself) and its wall-clock time, and records what each step
+decided, which becomes the turn's trace. Components never fail a turn because a helper call
+failed: ``consult`` returns None and the component falls back to what it can do without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from haystack.dataclasses import ChatMessage
+
+log = logging.getLogger("kbbot.turn")
+
+@dataclass
+class TurnBudget:
+    """Model calls and time left in one turn, and the record of what each step decided."""
+
+    max_model_calls: int = 8
+    deadline: float | None = None  # time.monotonic() by which the turn must be done
+    retries_left: int = 2
+    reserved: int = 1  # calls kept for generating the answer
+    calls: list[str] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TurnBudget:
+        # Haystack deep-copies every component input; a ledger copied per component would let each
+        # step spend the whole cap. One turn, one ledger: copies are the same object.
+        return self
+
+    @classmethod
+    def start(cls, *, max_model_calls: int = 8, timeout_s: float | None = None, max_retries: int = 2,
+              reserved: int = 1) -> TurnBudget:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return cls(max_model_calls=max_model_calls, deadline=deadline, retries_left=max_retries, reserved=reserved)
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def take(self, kind: str) -> bool:
+        """Spend one helper call of ``kind``; False (and noted) when the cap or the clock says no."""
+        if len(self.calls) >= self.max_model_calls - self.reserved:
+            self.note(kind, skipped="model-call cap reached")
+            return False
+        left = self.seconds_left()
+        if left is not None and left < 1:
+            self.note(kind, skipped="turn time almost up")
+            return False
+        self.calls.append(kind)
+        return True
+
+    def note(self, step: str, **details: Any) -> None:
+        self.steps.append({"step": step, **details})
+
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.S)
+
+
+def parse_json_object(text: str | None) -> dict[str, Any] | None:
+    """The first JSON object in a model reply (models like to wrap JSON in prose or fences)."""
+    if not text:
+        return None
+    match = _JSON_OBJECT.search(text)
+    if not match:
+        return None
+    try:
+        value = json.loads(match.group(0))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _messages(system: str, user: str) -> list[ChatMessage]:
+    return [ChatMessage.from_system(system), ChatMessage.from_user(user)]
+
+
+def _reply_text(result: dict[str, Any]) -> str | None:
+    replies = result.get("replies") or []
+    return (replies[0].text or "").strip() or None if replies else None
+
+
+async def consult(generator: Any, budget: TurnBudget, kind: str, system: str, user: str) -> str | None:
+    """One helper call to the model: its text, or None (no model, no budget, error or timeout).
+
+    ``generator`` is a chat generator made for helper calls (a small ``max_tokens``: they answer
+    in a few dozen tokens)."""
+    if generator is None or not budget.take(kind):
+        return None
+    left = budget.seconds_left()
+    try:
+        run = generator.run_async(messages=_messages(system, user))
+        result = await (asyncio.wait_for(run, left) if left is not None else run)
+    except Exception as exc:  # noqa: BLE001 - a helper step degrades, the turn goes on
+        log.warning("%s: model call failed (%s); going on without it", kind, type(exc).__name__)
+        budget.note(kind, error=type(exc).__name__)
+        return None
+    return _reply_text(result)
+
+
+def consult_sync(generator: Any, budget: TurnBudget, kind: str, system: str, user: str) -> str | None:
+    """``consult`` for synchronous pipeline runs."""
+    if generator is None or not budget.take(kind):
+        return None
+    try:
+        result = generator.run(messages=_messages(system, user))
+    except Exception as exc:  # noqa: BLE001 - see consult
+        log.warning("%s: model call failed (%s); going on without it", kind, type(exc).__name__)
+        budget.note(kind, error=type(exc).__name__)
+        return None
+    return _reply_text(result)

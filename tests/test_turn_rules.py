@@ -1,0 +1,127 @@
+"""The parts of a turn that need no model: budgets, parsing, facts, topics, rules of rewrite and clarify."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from haystack import Document
+from haystack.dataclasses import ChatMessage
+
+from bot.settings import SettingsError
+from pipelines.components.clarify import ModelClarifier
+from pipelines.components.facts import table_facts
+from pipelines.components.grader import RelevanceGrader
+from pipelines.components.rewrite import QueryRewriter
+from pipelines.components.turn import TurnBudget, parse_json_object
+from pipelines.text import identifiers, neutralize_tags
+from pipelines.topics import Topics
+from tests.conftest import REPO, make_settings
+
+TOPICS = Topics.from_mapping({"in_scope": ["motors"], "products": [{"name": "HL-M200", "aliases": ["M200"]},
+                                                                    "HL-M300", "HL-D50"]})
+
+
+def test_the_budget_caps_calls_keeps_one_for_the_answer_and_survives_haystack_copies():
+    budget = TurnBudget.start(max_model_calls=3)
+    assert copy.deepcopy(budget) is budget  # every component sees the same ledger
+    assert budget.take("guard") and budget.take("grade")
+    assert not budget.take("reformulate")  # the third call is the answer's
+    assert budget.steps == [{"step": "reformulate", "skipped": "model-call cap reached"}]
+    late = TurnBudget.start(max_model_calls=8, timeout_s=0.5)
+    assert not late.take("guard") and late.steps[0]["skipped"] == "turn time almost up"
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ('{"relevant": [1, 3]}', {"relevant": [1, 3]}),
+    ('Sure! ```json\n{"on_topic": false, "confidence": 0.9}\n```', {"on_topic": False, "confidence": 0.9}),
+    ("relevant: 1, 3", None), ('{"relevant": [1,', None), ("[1, 2]", None), ("", None), (None, None),
+])
+def test_model_json_is_found_in_prose_or_fences_or_refused(reply, expected):
+    assert parse_json_object(reply) == expected
+
+
+def test_table_rows_become_entity_attribute_value_facts():
+    spec = "| Parameter | 5.5 kW | 7.5 kW |\n|---|---|---|\n| Rated current | 10.8 A | 14.4 A |\n"
+    assert table_facts(spec, "HL-M200") == [["HL-M200 5.5 kW", "Rated current", "10.8 A"],
+                                            ["HL-M200 7.5 kW", "Rated current", "14.4 A"]]
+    codes = "| Code 代码 | Cause 原因 | Remedy |\n|---|---|---|\n| E-004 | Heatsink too hot | Clean it |\n| E-005 | - | |\n"
+    assert table_facts(codes, "HL-D50") == [["E-004", "Cause 原因", "Heatsink too hot"], ["E-004", "Remedy", "Clean it"]]
+    two = "| 参数 | 数值 |\n|---|---|\n| 防护等级 | IP55 |\n"
+    assert table_facts(two, "HL-M300") == [["HL-M300", "防护等级", "IP55"]]
+    assert table_facts("no | table here\n| lonely |\n", "x") == []
+
+
+def test_identifiers_and_tags():
+    assert identifiers("HL-D50 shows E-007 on HL-M200-7R5, not E-007 again") == ["HL-D50", "E-007", "HL-M200-7R5"]
+    assert neutralize_tags("</source></sources><facts> <b>ok</b>") == "‹/source>‹/sources>‹facts> <b>ok</b>"
+
+
+def test_rules_rewrite_joins_a_clarification_and_searches_follow_ups_with_the_previous_question():
+    rewrite = QueryRewriter(None, TOPICS)
+    budget = TurnBudget()
+    assert rewrite.run(question="What is E-004?", budget=budget, history=[])["query"] == "What is E-004?"
+    clarified = [ChatMessage.from_user("What is the rated current?"),
+                 ChatMessage.from_assistant("Which one do you mean: HL-M200, HL-M300?", meta={"outcome": "clarify"})]
+    assert rewrite.run(question="M200", budget=budget, history=clarified)["query"] == "What is the rated current? M200"
+    asked = [ChatMessage.from_user("What does E-004 on the HL-D50 mean?"), ChatMessage.from_assistant("Overheat [1].")]
+    assert rewrite.run(question="How do I fix it?", budget=budget, history=asked)["query"] == \
+        "How do I fix it? What does E-004 on the HL-D50 mean?"
+    assert rewrite.run(question="And E-005?", budget=budget, history=asked)["query"] == "And E-005?"
+    small_talk = [ChatMessage.from_user("How are you?"), ChatMessage.from_assistant("Fine.")]
+    assert rewrite.run(question="How do I reset it?", budget=budget, history=small_talk)["query"] == \
+        "How do I reset it?"
+
+
+def _doc(title: str) -> Document:
+    return Document(content="x", meta={"title": title})
+
+
+def test_clarify_only_when_the_best_document_is_about_one_model_and_another_model_fits():
+    clarify = ModelClarifier(TOPICS)
+    m200, m300 = _doc("HL-M200 Technical Specifications"), _doc("HL-M300 电机技术规格")
+    schedule = _doc("Maintenance schedule for HL-M200 and HL-M300")
+    assert clarify.run(query="rated current?", documents=[m200, schedule, m300]) == {"clarify": ["HL-M200", "HL-M300"]}
+    assert "documents" in clarify.run(query="rated current of the M200?", documents=[m200, m300])
+    assert "documents" in clarify.run(query="rated current?", documents=[schedule, m200, m300])
+    assert "documents" in clarify.run(query="rated current?", documents=[m200, m200])
+    assert "documents" in ModelClarifier(TOPICS, enabled=False).run(query="rated current?", documents=[m200, m300])
+
+
+def test_without_a_model_the_grader_sorts_by_similarity():
+    grader = RelevanceGrader(None, min_similarity=0.8, off_topic_similarity=0.78)
+    docs = [Document(content="a", score=1.0)]
+
+    def dense(score: float) -> list[Document]:
+        return [Document(content="a", score=score)]
+
+    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.79)) == {"not_found": 0.79}
+    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.70)) == {"off_topic": 0.70}
+    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.85))["documents"] == docs
+    with pytest.raises(ValueError):
+        RelevanceGrader(None, min_similarity=0.8, off_topic_similarity=0.9)
+
+
+def test_topics_file_problems_are_clear_settings_errors(tmp_path):
+    settings = make_settings(tmp_path)
+    assert [p.name for p in settings.topics().products] == ["HL-M200", "HL-M300", "HL-D50"]
+    (tmp_path / "topics.yaml").write_text("in_scope: motors\n", encoding="utf-8")
+    settings.answering.topics = str(tmp_path / "topics.yaml")
+    with pytest.raises(SettingsError, match="in_scope must be a list of non-empty strings"):
+        settings.topics()
+    (tmp_path / "topics.yaml").write_text("products:\n  - aliases: [x]\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=r"products\[0\] needs a name"):
+        settings.topics()
+    settings.answering.topics = str(tmp_path / "missing.yaml")
+    with pytest.raises(SettingsError, match="cannot read the topics file"):
+        settings.topics()
+
+
+def test_threshold_settings_are_checked(tmp_path):
+    config = tmp_path / "kbbot.yaml"
+    config.write_text((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8")
+                      .replace("off_topic_similarity: 0.78", "off_topic_similarity: 0.95"), encoding="utf-8")
+    from bot.settings import load_settings
+
+    with pytest.raises(SettingsError, match="off_topic_similarity must be between 0 and retrieval.min_similarity"):
+        load_settings(config, env={"KBBOT_DATA_DIR": str(tmp_path)})
