@@ -41,7 +41,7 @@ from zoneinfo import ZoneInfo
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
-from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, Source
+from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source
 from pipelines.sources import Fetcher, FetchState, UrlSource
 from pipelines.store import KnowledgeStore
 
@@ -474,7 +474,7 @@ class Refresher:
 
         try:
             await asyncio.to_thread(work)
-        except (FileNotFoundError, ServiceUnavailable) as exc:
+        except (FileNotFoundError, ServiceUnavailable, RefreshAborted) as exc:
             error = _reason(exc)
         except Exception as exc:  # noqa: BLE001 - recorded; the next run retries
             log.exception("refresh of %s failed", src.name)

@@ -201,3 +201,31 @@ def test_due_and_next_run_follow_the_last_run_whoever_made_it():
     assert next_due(nightly, now, utc, now) == datetime(2026, 5, 2, 3, 0, tzinfo=timezone.utc)
     assert not is_due(nightly, datetime(2026, 5, 1, 3, 0, 5, tzinfo=timezone.utc), utc, now)
     assert is_due(nightly, datetime(2026, 4, 30, 3, 0, 5, tzinfo=timezone.utc), utc, now)
+
+
+async def test_a_run_that_loses_its_lock_stops_before_its_next_document(replicas: list[Stack], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    stack = replicas[0]
+    assert stack.refresher is not None
+    for i in range(8):
+        (tmp_path / "docs" / f"step-{i}.md").write_text(f"# Step {i}\n\nTighten terminal X{i} to {i + 1} N·m.\n",
+                                                       encoding="utf-8")
+    embedder = stack.runtime.document_embedder
+    real_run = embedder.run
+
+    def slow(documents):  # noqa: ANN001, ANN202
+        time.sleep(0.5)
+        return real_run(documents)
+
+    monkeypatch.setattr(embedder, "run", slow)
+    run = asyncio.create_task(stack.refresher.run("docs"))
+    while not stack.runtime.store.records():
+        await asyncio.sleep(0.05)
+    # Another process took the lock over (as after an expiry during a long pause): the next renewal sees it.
+    await stack.runtime.redis.set(f"{stack.settings.redis_prefix}lock:refresh", "someone-else",
+                                  px=int(stack.settings.refresh.lock_ttl_s * 1000))
+    record = await asyncio.wait_for(run, 60)
+    assert record is not None and not record.ok
+    assert (record.error or "").startswith("stopped after "), record.error
+    assert 1 <= record.added < 10, "it stopped mid-run, keeping what it had published"
+    assert len(stack.runtime.store.records()) == record.added
