@@ -6,14 +6,16 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
+from bot.cache import AnswerCache, CacheKey, wants_fresh
 from bot.history import HistoryStore
 from bot.messages import say
+from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
@@ -72,6 +74,11 @@ class Answerer:
         max_model_calls: int = 8,
         max_retries: int = 2,
         model_answers: bool = True,
+        cache: AnswerCache | None = None,
+        cache_identity: tuple[str, str] = ("extractive", "1"),
+        knowledge_version: Callable[[], int] | None = None,
+        preferences: PreferenceStore | None = None,
+        learner: Callable[[str], Awaitable[str | None]] | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -83,11 +90,17 @@ class Answerer:
         self.max_model_calls = max_model_calls
         self.max_retries = max_retries
         self.model_answers = model_answers  # False for extractive answers: they cost no model call
+        self.cache = cache
+        self.cache_identity = cache_identity  # (model, policy version): part of every cache key
+        self.knowledge_version = knowledge_version
+        self.preferences = preferences
+        self.learner = learner  # one helper model call: system prompt in, reply out
+        self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
         trace = Trace()
-        question = inquiry.text.strip()
+        fresh, question = wants_fresh(inquiry.text.strip())
         language = detect_language(question)
         if not question:
             return await self._refuse(reply, trace, say("empty_question", language))
@@ -96,7 +109,7 @@ class Answerer:
                 reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
             )
         try:
-            return await asyncio.wait_for(self._answer(inquiry, question, reply, trace), self.turn_timeout_s)
+            return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh), self.turn_timeout_s)
         except asyncio.TimeoutError:
             log.warning("turn %s timed out after %.0f s", trace.turn_id, self.turn_timeout_s)
             return await self._refuse(reply, trace, say("timeout", language, seconds=self.turn_timeout_s))
@@ -114,10 +127,10 @@ class Answerer:
         return Answer(text=message, outcome=Outcome.ERROR, trace=trace)
 
     async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
-                   on_chunk: Any) -> dict[str, Any]:
+                   on_chunk: Any, preferences: str = "") -> dict[str, Any]:
         spaces = list(inquiry.spaces)
         data = query_inputs(question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
-                            history=history, streaming_callback=on_chunk)
+                            history=history, preferences=preferences, streaming_callback=on_chunk)
         return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS)
 
     def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
@@ -153,13 +166,56 @@ class Answerer:
         checks = await asyncio.to_thread(lambda: [self.is_current(c.doc_id, c.version) for c in answer.citations])
         return [c for c, ok in zip(answer.citations, checks) if not ok]
 
-    async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace) -> Answer:
+    async def _cache_key(self, inquiry: Inquiry, question: str) -> CacheKey | None:
+        if self.cache is None or self.knowledge_version is None:
+            return None
+        version = await asyncio.to_thread(self.knowledge_version)
+        return CacheKey.of(question, inquiry.spaces, version, *self.cache_identity)
+
+    def _learn_later(self, inquiry: Inquiry, question: str, prefs: Preferences) -> None:
+        """Background: explicit answering preferences in the message, for a user who opted in."""
+        if self.preferences is None or self.learner is None or not prefs.remember:
+            return
+        if not may_state_preferences(question):
+            return
+
+        async def learn() -> None:
+            try:
+                learned = parse_learned(await self.learner(question))
+                if learned:
+                    current = await self.preferences.load(inquiry.platform, inquiry.tenant, inquiry.user_id)
+                    if current.remember:  # consent may have been withdrawn meanwhile
+                        current.learned.update(learned)
+                        await self.preferences.save(inquiry.platform, inquiry.tenant, inquiry.user_id, current)
+                        log.info("learned preferences %s for user %s", sorted(learned), inquiry.user_id)
+            except Exception as exc:  # noqa: BLE001 - learning is best effort and never blocks a turn
+                log.warning("preference learning failed for user %s: %s", inquiry.user_id, type(exc).__name__)
+
+        task = asyncio.create_task(learn())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace, fresh: bool) -> Answer:
         started = time.perf_counter()
         await reply.start()
         t = time.perf_counter()
         history = await self.history.load(inquiry.thread_key)
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")
+        # Only a thread's first question is standalone for sure: later ones may lean on history
+        # ("and the second one?"), so they are neither served from nor offered to the cache.
+        key = await self._cache_key(inquiry, question) if not history else None
+        if key is not None and not fresh:
+            hit = await self.cache.lookup(key)
+            if hit is not None:
+                answer = hit.to_answer()
+                answer.trace = trace
+                answer.text = f"{say('cached_label', detect_language(question))}\n\n{answer.text}"
+                return await self._conclude(inquiry, question, answer, reply, started)
+
+        prefs = Preferences()
+        if self.preferences is not None:
+            prefs = await self.preferences.load(inquiry.platform, inquiry.tenant, inquiry.user_id)
 
         async def on_chunk(chunk: StreamingChunk) -> None:
             if not chunk.content:  # Anthropic streams empty chunks for start/stop events
@@ -168,10 +224,11 @@ class Answerer:
                 trace.first_token_ms = (time.perf_counter() - started) * 1000
             await reply.push(chunk.content)
 
+        note = prefs.prompt_note()
         budget = TurnBudget.start(max_model_calls=self.max_model_calls, timeout_s=self.turn_timeout_s,
                                   max_retries=self.max_retries)
         with record_stages(trace.stages):
-            result = await self._run(question, inquiry, history, budget, on_chunk)
+            result = await self._run(question, inquiry, history, budget, on_chunk, note)
         answer = self._outcome(result, question, trace)
         calls = len(budget.calls) + self._answer_calls(result)
         steps = list(budget.steps)
@@ -185,7 +242,7 @@ class Answerer:
             trace.regenerated = True
             again = TurnBudget(max_model_calls=max(self.max_model_calls - calls, 1), deadline=budget.deadline,
                                retries_left=0)
-            result = await self._run(question, inquiry, history, again, None)
+            result = await self._run(question, inquiry, history, again, None, note)
             answer = self._outcome(result, question, trace)
             calls += len(again.calls) + self._answer_calls(result)
             steps += [{"step": "regenerate"}, *again.steps]
@@ -195,13 +252,20 @@ class Answerer:
         trace.query = next((s["query"] for s in steps if s.get("step") == "rewrite" and "query" in s), question)
         trace.steps = steps
         trace.model_calls = calls
+        if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated:
+            await self.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
+        self._learn_later(inquiry, question, prefs)
+        return await self._conclude(inquiry, question, answer, reply, started)
+
+    async def _conclude(self, inquiry: Inquiry, question: str, answer: Answer, reply: Reply, started: float) -> Answer:
+        trace = answer.trace
         # History is written only once the answer exists: a failed turn leaves no half turn.
         t = time.perf_counter()
         await self.history.append(inquiry.thread_key, [
             ChatMessage.from_user(question),
             ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value}),
         ])
-        trace.stages["history"] += (time.perf_counter() - t) * 1000
+        trace.stages["history"] = trace.stages.get("history", 0.0) + (time.perf_counter() - t) * 1000
         trace.stages["total"] = (time.perf_counter() - started) * 1000
         await reply.finish(answer)
         log.info("turn %s %s in %.0f ms", trace.turn_id, answer.outcome.value, trace.stages["total"])

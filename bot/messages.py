@@ -17,6 +17,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "The answer depends on the model. Which one do you mean: {candidates}?",
         "zh": "答案因型号而异。请问您指的是哪个型号：{candidates}？",
     },
+    "cached_label": {
+        "en": "✅ Previously approved answer (a reviewer confirmed it; ask again starting with !fresh for a new one):",
+        "zh": "✅ 这是经审核确认过的回答（如需重新生成，请在问题前加 !fresh）：",
+    },
     "stale_notice": {
         "en": "⚠️ Note: a source cited here changed while this answer was written; check the current document.",
         "zh": "⚠️ 注意：本回答引用的资料在生成过程中已更新，请以最新文档为准。",

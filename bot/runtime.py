@@ -10,11 +10,14 @@ from functools import cached_property
 from typing import Any
 
 from bot.answering import Answerer
+from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.history import HistoryStore, SqliteHistory
+from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.settings import Settings
 from bot.state import Idempotency, MemoryIdempotency
 from pipelines.components.embedders import make_embedders
 from pipelines.components.ranker import DiversityRanker, HttpReranker
+from pipelines.components.turn import TurnBudget, consult
 from pipelines.generators import make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
 from pipelines.query import build_query_pipeline
@@ -46,6 +49,8 @@ class Runtime:
     _embedders: tuple[Any, Any] = field(init=False, repr=False)
     _history: HistoryStore | None = field(default=None, init=False, repr=False)
     _idempotency: Idempotency | None = field(default=None, init=False, repr=False)
+    _answers: AnswerCache | None = field(default=None, init=False, repr=False)
+    _preferences: PreferenceStore | None = field(default=None, init=False, repr=False)
     _redis: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +77,7 @@ class Runtime:
         """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""
         if self._history is not None:
             return
-        h = self.settings.history
+        h, m = self.settings.history, self.settings.memory
         if self.settings.redis_url:
             from bot.redis_state import RedisHistory, RedisIdempotency, connect_redis
 
@@ -81,10 +86,16 @@ class Runtime:
             self._history = RedisHistory(self._redis, prefix=prefix, max_turns=h.max_turns,
                                          max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = RedisIdempotency(self._redis, prefix)
+            self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400)
+            self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
         else:
             self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
+            self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400)
+            self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
+        if not m.approved_answers:
+            self._answers = None
 
     async def close(self) -> None:
         if self._history is not None:
@@ -106,6 +117,17 @@ class Runtime:
     def redis(self) -> Any:
         """The shared ``redis.asyncio`` client, or None on embedded defaults."""
         return self._redis
+
+    @property
+    def answers(self) -> AnswerCache | None:
+        """Approved answers (None when ``memory.approved_answers`` is off)."""
+        return self._answers
+
+    @property
+    def preferences(self) -> PreferenceStore:
+        if self._preferences is None:
+            raise RuntimeError("Runtime.start() has not been awaited")
+        return self._preferences
 
     @property
     def idempotency(self) -> Idempotency:
@@ -133,10 +155,18 @@ class Runtime:
             helper_generator=helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
             off_topic_similarity=a.off_topic_similarity, clarify=a.clarify,
         )
+
+        async def learner(message: str) -> str | None:
+            budget = TurnBudget(max_model_calls=1, reserved=0)
+            return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
+
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
                         handoff=a.handoff, turn_timeout_s=a.turn_timeout_s, max_question_chars=a.max_question_chars,
                         max_model_calls=a.max_model_calls, max_retries=a.max_retries,
-                        model_answers=kind != "extractive")
+                        model_answers=kind != "extractive", cache=self._answers,
+                        cache_identity=(g.model if kind != "extractive" else "extractive", s.memory.policy_version),
+                        knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
+                        learner=learner if helper is not None else None)
 
 
 def build_runtime(settings: Settings) -> Runtime:

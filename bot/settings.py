@@ -47,7 +47,7 @@ class EmbedderSettings:
 class IndexingSettings:
     chunk_chars: int = 700
     chunk_overlap_sentences: int = 1
-    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf"])
+    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv"])
     max_file_mb: float = 20
 
 
@@ -58,7 +58,7 @@ class RetrievalSettings:
     mode: str = "hybrid"
     fusion: str = "dbsf"
     max_chunks_per_doc: int = 2
-    min_similarity: float = 0.80
+    min_similarity: float = 0.82
 
 
 @dataclass
@@ -97,6 +97,14 @@ class AnsweringSettings:
     helper_max_tokens: int = 300
     max_question_chars: int = 4000
     handoff: dict[str, str] = field(default_factory=dict)  # language -> line; config/kbbot.yaml has them
+
+
+@dataclass
+class MemorySettings:
+    approved_answers: bool = True
+    policy_version: str = "1"
+    pending_days: float = 7
+    preferences_ttl_days: float = 30
 
 
 @dataclass
@@ -187,6 +195,7 @@ class Settings:
     prompt: PromptSettings = field(default_factory=PromptSettings)
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     answering: AnsweringSettings = field(default_factory=AnsweringSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)

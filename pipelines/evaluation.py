@@ -140,7 +140,7 @@ def cited_passages(result: dict[str, Any]) -> set[str]:
 
 
 def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswerable: list[EvalQuery], *,
-                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.80, 0.82, 0.84, 0.86)) -> dict[str, Any]:
+                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.79, 0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86)) -> dict[str, Any]:
     """Runs the whole answering pipeline on both sets.
 
     ``abstained``: share of unanswerable questions that end not_found or off_topic (the higher the

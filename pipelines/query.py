@@ -34,7 +34,7 @@ from pipelines.components.turn import TurnBudget
 from pipelines.store import KnowledgeStore
 from pipelines.topics import Topics
 
-PROMPT_VARIABLES = ("sources_block", "history_block", "facts_block", "question", "language_name")
+PROMPT_VARIABLES = ("sources_block", "history_block", "facts_block", "question", "language_name", "preferences_block")
 
 
 def _add_retrieval(pipe: Pipeline, store: KnowledgeStore, text_embedder: Any | None, *, mode: str,
@@ -149,7 +149,7 @@ OUTCOME_COMPONENTS = {"rewrite", "guard", "grade", "reformulate", "clarify", "bu
 
 def query_inputs(question: str, *, budget: TurnBudget | None = None, filters: dict[str, Any] | None = None,
                  spaces: list[str] | None = None, history: list[ChatMessage] | None = None,
-                 streaming_callback: Any = None) -> dict[str, Any]:
+                 preferences: str = "", streaming_callback: Any = None) -> dict[str, Any]:
     """The per-run data of ``build_query_pipeline``, in one place."""
     budget = budget or TurnBudget()
     data: dict[str, Any] = {
@@ -160,7 +160,7 @@ def query_inputs(question: str, *, budget: TurnBudget | None = None, filters: di
         "reformulate": {"question": question, "budget": budget},
         "clarify": {"question": question},
         "facts": {"spaces": spaces},
-        "budget": {"question": question, "history": history or []},
+        "budget": {"question": question, "history": history or [], "preferences": preferences},
     }
     if streaming_callback is not None:
         data["generate"] = {"streaming_callback": streaming_callback}

@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.fakes.anthropic_server import FakeAnthropic, RecordedRequest, Script, _text_of, default_responder
 
-KINDS = ("rewrite", "guard", "grade", "reformulate")
+KINDS = ("rewrite", "guard", "grade", "reformulate", "preferences")
 _TASK = re.compile(r"^Task: (\w+)")
 
 

@@ -49,7 +49,7 @@ def ask(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 def test_index_then_two_turns_of_a_thread(production, capsys):
     assert main(["index", str(EXAMPLES)]) == 0
     summary = capsys.readouterr().out.strip().splitlines()[-1]
-    assert summary.startswith("indexed 14 new, 0 changed, 0 unchanged, 0 removed, 0 failed")
+    assert summary.startswith("indexed 15 new, 0 changed, 0 unchanged, 0 removed, 0 failed")
 
     thread = f"t1-{uuid.uuid4().hex[:6]}"
     first = ask(capsys, "电机过热怎么办？", "--thread", thread)

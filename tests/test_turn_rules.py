@@ -125,3 +125,20 @@ def test_threshold_settings_are_checked(tmp_path):
 
     with pytest.raises(SettingsError, match="off_topic_similarity must be between 0 and retrieval.min_similarity"):
         load_settings(config, env={"KBBOT_DATA_DIR": str(tmp_path)})
+
+
+def test_csv_files_become_one_markdown_table_and_bad_ones_say_why():
+    from pipelines.components.converter import ConversionError, convert_csv
+
+    table = convert_csv("Code;Name;Default\nP02.01;Acceleration time;10.0 s\n".encode())
+    assert table == "| Code | Name | Default |\n|---|---|---|\n| P02.01 | Acceleration time | 10.0 s |\n"
+    assert table_facts(table, "x") == [["P02.01", "Name", "Acceleration time"], ["P02.01", "Default", "10.0 s"]]
+    with pytest.raises(ConversionError, match="no rows under its header"):
+        convert_csv(b"Code,Name\n")
+    with pytest.raises(ConversionError, match="rows must all have the header's 2 columns"):
+        convert_csv(b"Code,Name\nP1,a,extra\n")
+
+
+def test_a_parameter_table_with_codes_is_keyed_by_code_not_by_header():
+    table = "| Parameter | Function | Default |\n|---|---|---|\n| P02.01 | Acceleration time | 10.0 s |\n"
+    assert table_facts(table, "HL-D50")[0] == ["P02.01", "Function", "Acceleration time"]

@@ -48,7 +48,7 @@ class ContextBudget:
 
     @component.output_types(
         sources=list[Document], sources_block=str, history_block=str, facts_block=str,
-        question=str, language=str, language_name=str,
+        question=str, language=str, language_name=str, preferences_block=str,
     )
     def run(
         self,
@@ -56,7 +56,9 @@ class ContextBudget:
         documents: list[Document],
         history: list[ChatMessage] | None = None,
         facts: list[str] | None = None,
+        preferences: str = "",
     ) -> dict[str, Any]:
+        """``preferences``: how this user wants answers written (a few lines, outside the budget)."""
         remaining = self.budget_chars
         sources: list[Document] = []
         source_parts: list[str] = []
@@ -94,4 +96,5 @@ class ContextBudget:
             "question": neutralize_tags(question),
             "language": language,
             "language_name": LANGUAGE_NAMES[language],
+            "preferences_block": neutralize_tags(preferences.strip()),
         }

@@ -9,6 +9,7 @@ next to the documents.
 
 from __future__ import annotations
 
+import csv
 import io
 import re
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from pipelines.text import detect_language
 TEXT_SUFFIXES = {".md", ".markdown", ".txt"}
 HTML_SUFFIXES = {".html", ".htm"}
 PDF_SUFFIXES = {".pdf"}
-SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
+CSV_SUFFIXES = {".csv"}
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | CSV_SUFFIXES
 
 
 class ConversionError(Exception):
@@ -91,6 +93,26 @@ def convert_pdf(data: bytes) -> tuple[str, str]:
     return text, str(info_title).strip() or _first_line_title(text)
 
 
+def convert_csv(data: bytes) -> str:
+    """A CSV file (comma, semicolon or tab separated) as one Markdown table: the splitter keeps its
+    rows whole with the header, and the table's rows become facts."""
+    text = decode_text(data)
+    try:
+        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel
+    rows = [[cell.strip().replace("|", "/").replace("\n", " ") for cell in row]
+            for row in csv.reader(io.StringIO(text), dialect) if any(c.strip() for c in row)]
+    if len(rows) < 2:
+        raise ConversionError("the CSV file has no rows under its header")
+    width = len(rows[0])
+    if width < 2 or any(len(r) != width for r in rows):
+        raise ConversionError(f"not a table: rows must all have the header's {width} columns (at least 2)")
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
 def convert_bytes(data: bytes, suffix: str) -> tuple[str, str, str]:
     """(text, title, format) of a file's bytes; raises ``ConversionError`` with the reason."""
     suffix = suffix.lower()
@@ -108,12 +130,14 @@ def convert_bytes(data: bytes, suffix: str) -> tuple[str, str, str]:
     if suffix in PDF_SUFFIXES:
         text, title = convert_pdf(data)
         return text, title, "pdf"
+    if suffix in CSV_SUFFIXES:
+        return convert_csv(data), "", "csv"  # titled by the file name
     raise ConversionError(f"unsupported file type {suffix or '(none)'}")
 
 
 @component
 class FileToDocument:
-    """Converts files (md, txt, html, pdf) to one Document each; failures come back with reasons."""
+    """Converts files (md, txt, html, pdf, csv) to one Document each; failures come back with reasons."""
 
     def __init__(self, max_file_mb: float = 20):
         self.max_bytes = int(max_file_mb * 1024 * 1024)

@@ -47,9 +47,18 @@ def _tables(text: str) -> Iterable[list[list[str]]]:
         yield table
 
 
+_CODE = re.compile(r"^[A-Za-z]{0,4}[-.]?\d[\w.-]*$")
+
+
 def _is_attribute_header(cell: str) -> bool:
     words = {w.lower() for w in re.split(r"[\s/]+", cell) if w}
     return bool(words & _ATTRIBUTE_HEADERS) or cell.strip().lower() in _ATTRIBUTE_HEADERS
+
+
+def _names_entities(rows: list[list[str]]) -> bool:
+    """The first column holds codes (P02.01, E-004): each row is an entity, whatever the header says."""
+    firsts = [r[0] for r in rows if r and r[0]]
+    return bool(firsts) and sum(bool(_CODE.match(f)) for f in firsts) >= 0.8 * len(firsts)
 
 
 def table_facts(text: str, subject: str) -> list[list[str]]:
@@ -65,7 +74,7 @@ def table_facts(text: str, subject: str) -> list[list[str]]:
         header, rows = table[0], table[1:]
         if len(header) < 2:
             continue
-        by_attribute = _is_attribute_header(header[0])
+        by_attribute = _is_attribute_header(header[0]) and not _names_entities(rows)
         for row in rows:
             if len(row) != len(header) or not row[0]:
                 continue

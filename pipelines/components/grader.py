@@ -9,7 +9,7 @@ from haystack import Document, component
 
 from pipelines.components.gate import best_similarity
 from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object
-from pipelines.text import neutralize_tags
+from pipelines.text import identifiers, neutralize_tags
 
 log = logging.getLogger("kbbot.grade")
 
@@ -22,6 +22,13 @@ Reply with JSON only: {"relevant": [numbers of the relevant passages]} (an empty
 PASSAGE_CHARS = 700
 
 
+def _names_a_code_in(query: str, documents: list[Document]) -> bool:
+    """A fault code or model number of the query appears verbatim in a retrieved chunk: an exact key
+    the embedding model scores poorly ("What does fault E-004 mean?" has a best cosine of 0.82)."""
+    codes = [c.lower() for c in identifiers(query)]
+    return bool(codes) and any(c in (d.content or "").lower() for d in documents for c in codes)
+
+
 @component
 class RelevanceGrader:
     """Grades the ranked chunks for relevance to the query, in one model call.
@@ -32,7 +39,8 @@ class RelevanceGrader:
     - ``not_found``: nothing relevant and no retry left (the best dense similarity seen, for the trace);
     - ``off_topic``: without a model only, when even the best chunk is below ``off_topic_similarity``.
 
-    The dense similarity threshold ``min_similarity`` comes first and costs no model call. A model
+    The dense similarity threshold ``min_similarity`` comes first and costs no model call (a chunk
+    holding a code the query names passes it whatever its similarity). A model
     reply that cannot be parsed keeps the retrieval ranking (logged), so a confused grader never
     empties an answer.
     """
@@ -53,7 +61,7 @@ class RelevanceGrader:
             best = 1.0 if documents else 0.0
         else:
             best = best_similarity(dense_documents) or 0.0
-        if documents and best >= self.min_similarity:
+        if documents and (best >= self.min_similarity or _names_a_code_in(query, documents)):
             return None
         budget.note("grade", relevant=0, best_similarity=round(best, 4))
         if self.generator is None:
