@@ -124,7 +124,7 @@ def turn_outcome(result: dict[str, Any]) -> str:
     """The outcome of one run of the query pipeline, read from its components' outputs."""
     if "off_topic" in result.get("guard", {}) or "off_topic" in result.get("grade", {}):
         return "off_topic"
-    if "not_found" in result.get("grade", {}) or "not_found" in result.get("reformulate", {}):
+    if any("not_found" in result.get(name, {}) for name in ("grade", "reformulate", "clarify")):
         return "not_found"
     if "clarify" in result.get("clarify", {}):
         return "clarify"

@@ -78,14 +78,28 @@ def _doc(title: str) -> Document:
 
 
 def test_clarify_only_when_the_best_document_is_about_one_model_and_another_model_fits():
+    topics = Topics.from_mapping({"products": [{"name": "HL-M200", "aliases": ["M200"], "kind": "motor"},
+                                               {"name": "HL-M300", "kind": "motor"}, {"name": "HL-D50", "kind": "drive"}]})
+    clarify = ModelClarifier(topics)
+    m200, d50 = _doc("HL-M200 Technical Specifications"), _doc("HL-D50 变频器技术规格")
+    schedule = _doc("Maintenance schedule for HL-M200 and HL-M300")
+    # HL-M300 was not retrieved, but is a motor like HL-M200: it fits too.
+    assert clarify.run(query="rated current?", documents=[m200, schedule, d50]) == {
+        "clarify": ["HL-M200", "HL-D50", "HL-M300"]}
+    assert "documents" in clarify.run(query="rated current?", documents=[schedule, m200, d50])
+    assert "documents" in clarify.run(query="rated current?", documents=[m200, m200])
+    assert "documents" in ModelClarifier(topics, enabled=False).run(query="rated current?", documents=[m200, d50])
+
+
+def test_a_question_naming_a_model_keeps_to_it():
     clarify = ModelClarifier(TOPICS)
     m200, m300 = _doc("HL-M200 Technical Specifications"), _doc("HL-M300 电机技术规格")
     schedule = _doc("Maintenance schedule for HL-M200 and HL-M300")
-    assert clarify.run(query="rated current?", documents=[m200, schedule, m300]) == {"clarify": ["HL-M200", "HL-M300"]}
-    assert "documents" in clarify.run(query="rated current of the M200?", documents=[m200, m300])
-    assert "documents" in clarify.run(query="rated current?", documents=[schedule, m200, m300])
-    assert "documents" in clarify.run(query="rated current?", documents=[m200, m200])
-    assert "documents" in ModelClarifier(TOPICS, enabled=False).run(query="rated current?", documents=[m200, m300])
+    out = clarify.run(query="rated current of the HL-M300?", documents=[m200, schedule, m300])
+    assert out["documents"] == [m300, schedule] and out["query"] == "rated current of the HL-M300?"
+    out = clarify.run(query="rated current?", question="M200 and HL-M300", documents=[m200, schedule, m300])
+    assert out["documents"] == [m200, m300, schedule]
+    assert clarify.run(query="HL-D50 carrier frequency?", documents=[m200, m300]) == {"not_found": 0.0}
 
 
 def test_without_a_model_the_grader_sorts_by_similarity():
