@@ -139,7 +139,7 @@ class Answerer:
         if "off_topic" in result.get("guard", {}) or "off_topic" in grade:
             text = say("off_topic", language, subjects=self.topics.scope_summary() or "our products")
             return Answer(text=text, outcome=Outcome.OFF_TOPIC, trace=trace)
-        if "not_found" in grade or "not_found" in result.get("reformulate", {}):
+        if "not_found" in grade or "not_found" in result.get("reformulate", {}) or "not_found" in clarify:
             text = say("not_found", language)
             line = self.handoff.get(language) or self.handoff.get("en")
             return Answer(text=f"{text}\n\n{line}" if line else text, outcome=Outcome.NOT_FOUND, trace=trace)
