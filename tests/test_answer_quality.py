@@ -72,7 +72,7 @@ async def test_nothing_relevant_is_retried_with_reformulations_then_not_found_wi
     fake, runtime = claude
     router(fake).responders["grade"] = lambda body: json.dumps({"relevant": []})
     reply = RecordingReply()
-    answer = await runtime.answerer.answer(inquiry("Which torque do the terminal screws need?", "nf"), reply)
+    answer = await runtime.answerer.answer(inquiry("What tightening torque do the HL-M200 terminal box screws need?", "nf"), reply)
     assert answer.outcome is Outcome.NOT_FOUND and not answer.citations
     assert "could not find this in the knowledge base" in answer.text
     assert "service@hengli-drives.example" in answer.text  # the configured hand-off line
@@ -113,7 +113,7 @@ async def test_the_model_call_cap_holds_for_the_whole_turn(claude):
     fake, runtime = claude
     runtime.answerer.max_model_calls = 3
     router(fake).responders["grade"] = lambda body: json.dumps({"relevant": []})
-    answer = await runtime.answerer.answer(inquiry("Which torque do the terminal screws need?", "cap"),
+    answer = await runtime.answerer.answer(inquiry("What tightening torque do the HL-M200 terminal box screws need?", "cap"),
                                            RecordingReply())
     # guard + grade use the two helper calls the cap leaves; the reformulation is refused by the cap.
     assert router(fake).kinds == ["guard", "grade"]
