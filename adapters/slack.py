@@ -19,6 +19,16 @@ message itself) in the shared ``Idempotency`` store makes sure one question gets
 Admins (``slack.admins``) have a slash command: ``/kbbot status`` (knowledge version, sources, last
 and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowledged at once and
 the result is posted to its ``response_url`` (visible to the admin only). Others are politely refused.
+
+What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
+
+- reviewers (``slack.reviewers``: user ids, or team id -> user ids) see "✅ Approve" under a thread's
+  first answer (one the Answerer offered to the answer cache). A click approves by turn id (the
+  server holds the answer) and the message then says who approved it, with "Withdraw approval";
+  answers served from the cache carry "Withdraw approval" too. Anyone else's click is refused in an
+  ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
+- everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
+  ephemerally in the ack).
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.memory_commands import VERBS as PREFERENCE_VERBS
+from adapters.memory_commands import run_command as run_preferences_command
 from bot.platform_settings import SlackSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
@@ -51,8 +63,36 @@ from bot.types import Answer, Citation, Inquiry, Outcome
 log = logging.getLogger("kbbot.slack")
 
 FEEDBACK_ACTION = "kbbot_feedback"
+APPROVE_ACTION = "kbbot_approve"
+WITHDRAW_ACTION = "kbbot_withdraw"
+REVIEW_BLOCK = "kbbot_review"  # block ids of the review buttons and of the note saying who approved
+REVIEW_NOTE_BLOCK = "kbbot_review_note"
 SLASH_COMMAND = "/kbbot"
-COMMAND_USAGE = "Usage: `/kbbot status` or `/kbbot refresh [SOURCE]`."
+COMMAND_USAGE = ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); for everyone: "
+                 "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`, "
+                 "`/kbbot remember on|off`, `/kbbot forget`.")
+REVIEW_TEXTS: dict[str, dict[str, str]] = {
+    "approve": {"en": "✅ Approve", "zh": "✅ 批准"},
+    "withdraw": {"en": "Withdraw approval", "zh": "撤销批准"},
+    "approved": {"en": "✅ Approved by <@{user}>: the same question now gets this answer at once.",
+                 "zh": "✅ 已由 <@{user}> 批准：之后相同的问题会直接得到这个回答。"},
+    "withdrawn": {"en": "Approval withdrawn by <@{user}>: the question is answered afresh again.",
+                  "zh": "<@{user}> 已撤销批准：相同的问题将重新生成回答。"},
+    "not_reviewer": {"en": "Sorry, only kbbot reviewers can approve answers or withdraw approvals. "
+                           "Please ask whoever runs kbbot to add your user id to `slack.reviewers`.",
+                     "zh": "抱歉，只有 kbbot 审核人可以批准回答或撤销批准。如需权限，请联系 kbbot 的管理员将您的用户 ID "
+                           "加入 `slack.reviewers`。"},
+    "expired": {"en": "This answer can no longer be approved: approval is open for a limited time after an "
+                      "answer is sent, and only for the first answer of a thread. Ask again to get a new one.",
+                "zh": "这个回答已无法批准：回答发送后只在有限时间内可以批准，且仅限对话中的第一个回答。请重新提问。"},
+    "nothing_to_withdraw": {"en": "There is no approval of this answer to withdraw (it was already withdrawn, "
+                                  "or the knowledge base changed since).",
+                            "zh": "这个回答没有可撤销的批准（已被撤销，或知识库已更新）。"},
+    "disabled": {"en": "Approved answers are turned off (`memory.approved_answers`).",
+                 "zh": "已关闭批准回答功能（`memory.approved_answers`）。"},
+    "failed": {"en": "Sorry, that could not be saved right now. Please try again.",
+               "zh": "抱歉，暂时无法保存，请重试。"},
+}
 NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
              "Please ask whoever runs kbbot to add your user id to `slack.admins`.")
 
@@ -167,14 +207,59 @@ def feedback_block(turn_id: str) -> dict[str, Any]:
     }]}
 
 
-def final_blocks(answer: Answer, *, feedback: bool) -> list[dict[str, Any]]:
+def review_text(key: str, language: str = "en", **values: str) -> str:
+    table = REVIEW_TEXTS[key]
+    return table.get(language, table["en"]).format(**values)
+
+
+def review_block(turn_id: str, *, approved: bool, language: str = "en") -> dict[str, Any]:
+    """"✅ Approve" (not yet approved) or "Withdraw approval"; the value is only the turn id."""
+    if approved:
+        button = {"type": "button", "action_id": WITHDRAW_ACTION, "value": turn_id, "style": "danger",
+                  "text": {"type": "plain_text", "text": review_text("withdraw", language)}}
+    else:
+        button = {"type": "button", "action_id": APPROVE_ACTION, "value": turn_id, "style": "primary",
+                  "text": {"type": "plain_text", "text": review_text("approve", language), "emoji": True}}
+    return {"type": "actions", "block_id": REVIEW_BLOCK, "elements": [button]}
+
+
+def review_note(text: str) -> dict[str, Any]:
+    return {"type": "context", "block_id": REVIEW_NOTE_BLOCK, "elements": [{"type": "mrkdwn", "text": text}]}
+
+
+def final_blocks(answer: Answer, *, feedback: bool, review: bool = False) -> list[dict[str, Any]]:
+    """Sources, 👍/👎, and for reviewers' workspaces (``review``) "✅ Approve" under an answer that was
+    offered to the cache or "Withdraw approval" under one served from it."""
     blocks = []
     sources = sources_block(answer.citations)
     if sources:
         blocks.append(sources)
     if feedback and answer.outcome is not Outcome.ERROR:
         blocks.append(feedback_block(answer.trace.turn_id))
+    if review and answer.approvable:
+        blocks.append(review_block(answer.trace.turn_id, approved=False))
+    elif review and answer.outcome is Outcome.CACHED and answer.approved_turn_id:
+        blocks.append(review_block(answer.approved_turn_id, approved=True))
     return blocks
+
+
+_CONTENT_BLOCKS = ("markdown", "rich_text", "section", "header")
+
+
+def reviewed_blocks(current: list[dict[str, Any]], note: str, actions: dict[str, Any],
+                    answer_text: str | None = None) -> list[dict[str, Any]] | None:
+    """The message's blocks with the review buttons replaced by ``note`` and ``actions``.
+
+    A streamed message's text is not among its blocks: ``answer_text`` (what the message shows)
+    then becomes a markdown block, since a ``chat.update`` with blocks replaces the whole message.
+    None when the message's text is unknown (it would be lost).
+    """
+    kept = [b for b in current if b.get("block_id") not in (REVIEW_BLOCK, REVIEW_NOTE_BLOCK)]
+    if not any(b.get("type") in _CONTENT_BLOCKS for b in kept):
+        if not answer_text:
+            return None
+        kept.insert(0, {"type": "markdown", "text": answer_text})
+    return [*kept, review_note(note), actions]
 
 
 def _notification_text(markdown: str, limit: int = 300) -> str:
@@ -546,7 +631,8 @@ class SlackReply:
         self.writer.push(delta)
 
     async def finish(self, answer: Answer) -> None:
-        self.sink.tail = final_blocks(answer, feedback=self.settings.feedback)
+        self.sink.tail = final_blocks(answer, feedback=self.settings.feedback,
+                                      review=bool(self.settings.reviewers_of(self.where.team)))
         await self.writer.finish(answer.text)
         if self._status_interrupted:
             await self._clear_status()
@@ -604,10 +690,13 @@ class SlackAdapter:
     def __init__(self, answerer: Any, settings: SlackSettings, *, idempotency: Idempotency,
                  feedback: FeedbackStore | None = None, history: Any = None, client: AsyncWebClient | None = None,
                  budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
-                 admin: Any = None):
+                 admin: Any = None, answers: Any = None, preferences: Any = None):
         self.answerer = answerer
         self.settings = settings
         self.admin = admin  # bot.scheduler.KnowledgeAdmin: /kbbot status and refresh
+        # bot.cache.AnswerCache (None: approvals are off) and bot.preferences.PreferenceStore
+        self.answers = answers if answers is not None else getattr(answerer, "cache", None)
+        self.preferences = preferences if preferences is not None else getattr(answerer, "preferences", None)
         self.idempotency = idempotency
         self.feedback = feedback or MemoryFeedback()
         self.history = history if history is not None else getattr(answerer, "history", None)
@@ -626,6 +715,8 @@ class SlackAdapter:
         self.app.event("app_mention")(self._on_mention)
         self.app.event("message")(self._on_message)
         self.app.action(FEEDBACK_ACTION)(self._on_feedback)
+        self.app.action(APPROVE_ACTION)(self._on_review)
+        self.app.action(WITHDRAW_ACTION)(self._on_review)
         self.app.command(SLASH_COMMAND)(self._on_command)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
@@ -735,13 +826,101 @@ class SlackAdapter:
             return
         log.info("turn %s: feedback %s from %s", turn_id, rating, item.user_id)
 
+    async def _user_language(self, team: str, user: str) -> str:
+        """The language a user chose in their preferences, else English (Slack does not tell)."""
+        if self.preferences is None:
+            return "en"
+        try:
+            return (await self.preferences.load("slack", team, user)).effective().get("language") or "en"
+        except Exception:  # noqa: BLE001 - only the language of a short notice depends on it
+            return "en"
+
+    async def _ephemeral(self, client: AsyncWebClient, channel: str, user: str, text: str,
+                         thread_ts: str | None) -> None:
+        try:
+            await client.chat_postEphemeral(channel=channel, user=user, text=text,
+                                            **({"thread_ts": thread_ts} if thread_ts else {}))
+        except SlackApiError as exc:
+            log.warning("could not tell %s in %s ephemerally: %s", user, channel, _error_code(exc))
+
+    async def _on_review(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
+                         client: AsyncWebClient) -> None:
+        """A click on "✅ Approve" or "Withdraw approval": reviewers only, by turn id."""
+        self._track()
+        await ack()
+        action = (body.get("actions") or [{}])[0]
+        approving = action.get("action_id") == APPROVE_ACTION
+        turn_id = str(action.get("value") or "")
+        who = body.get("user") or {}
+        user = str(who.get("id") or "")
+        team = str((body.get("team") or {}).get("id") or who.get("team_id") or "")
+        container = body.get("container") or {}
+        message = body.get("message") or {}
+        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        ts = str(container.get("message_ts") or message.get("ts") or "")
+        thread_ts = message.get("thread_ts") or container.get("thread_ts")
+        language = await self._user_language(team, user)
+
+        async def tell(key: str) -> None:
+            await self._ephemeral(client, channel, user, review_text(key, language), thread_ts)
+
+        if not turn_id:
+            log.warning("ignoring a review click without a turn id")
+            return
+        if not self.settings.is_reviewer(team, user):
+            log.info("refused %s of turn %s by %s: not in slack.reviewers", "approval" if approving else "withdrawal",
+                     turn_id, user)
+            await tell("not_reviewer")
+            return
+        if self.answers is None:
+            await tell("disabled")
+            return
+        answer_text = None
+        try:
+            if approving:
+                approved = await self.answers.approve(turn_id, user)
+                if approved is None:
+                    log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
+                    await tell("expired")
+                    return
+                answer_text = split_message(neutralise(approved.text.strip()), self.settings.max_message_chars)[-1]
+            elif not await self.answers.withdraw(turn_id):
+                log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
+                await tell("nothing_to_withdraw")
+                return
+        except Exception:
+            log.exception("turn %s: the %s failed", turn_id, "approval" if approving else "withdrawal")
+            await tell("failed")
+            return
+        log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
+        note = review_text("approved" if approving else "withdrawn", language, user=user)
+        blocks = reviewed_blocks(list(message.get("blocks") or []), note,
+                                 review_block(turn_id, approved=approving, language=language), answer_text)
+        if blocks is None or not channel or not ts:
+            await self._ephemeral(client, channel, user, note, thread_ts)
+            return
+        try:
+            await self.budget.acquire(team, "chat.update")
+            await client.chat_update(channel=channel, ts=ts, blocks=blocks,
+                                     text=_notification_text(str(message.get("text") or note)))
+        except SlackApiError as exc:
+            log.warning("turn %s: could not update the reviewed message (%s)", turn_id, _error_code(exc))
+            await self._ephemeral(client, channel, user, note, thread_ts)
+
     async def _on_command(self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any],
                           respond: Callable[..., Awaitable[Any]]) -> None:
-        """``/kbbot status`` and ``/kbbot refresh [SOURCE]`` for admins; the result goes to response_url."""
+        """``/kbbot prefs|remember|forget`` for everyone (answered in the ack, visible to the user only);
+        ``/kbbot status`` and ``/kbbot refresh [SOURCE]`` for admins (the result goes to response_url)."""
         self._track()
         user = str(command.get("user_id") or "")
         verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
         verb = verb.lower()
+        if verb in PREFERENCE_VERBS:
+            team = str(command.get("team_id") or "")
+            text = await run_preferences_command(self.preferences, "slack", team, user, [verb, *rest.split()],
+                                                 prefix=f"{SLASH_COMMAND} ")
+            await ack(text=text)
+            return
         if verb not in ("status", "refresh"):
             await ack(text=COMMAND_USAGE)
             return

@@ -22,6 +22,15 @@ An update delivered twice (webhook retry, restart during polling) is claimed in 
 
 Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
 services) and ``/refresh [SOURCE]``; anyone else is politely refused.
+
+What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
+
+- reviewers (``telegram.reviewers``) get "✅ Approve" under a chat's first answer (one the Answerer
+  offered to the answer cache) and "↩️ Withdraw approval" under an answer served from the cache. In a
+  private chat the buttons appear only when the chat's user is a reviewer; in groups whenever
+  reviewers are configured, and a click by anyone else is refused. A click approves by turn id (the
+  server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
+- everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ from aiogram.types import (
 )
 from aiohttp import web
 
+from adapters.memory_commands import VERBS as PREFERENCE_VERBS
+from adapters.memory_commands import run_command as run_preferences_command
 from bot.platform_settings import TelegramSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
@@ -67,6 +78,8 @@ from pipelines.text import detect_language
 log = logging.getLogger("kbbot.telegram")
 
 FEEDBACK_PREFIX = "kbfb"
+APPROVE_PREFIX = "kbap"  # callback data: "kbap:{turn_id}" approves, "kbwd:{turn_id}" withdraws
+WITHDRAW_PREFIX = "kbwd"
 #: Messages and edits per chat: Telegram allows about one a second per chat, with short bursts.
 DEFAULT_CHAT_RATE = Rate(per_minute=60, burst=5)
 DRAFT_REFUSAL_MEMORY_S = 3600.0
@@ -80,11 +93,17 @@ TEXTS: dict[str, dict[str, str]] = {
                "sources; when the knowledge base does not cover a question I say so instead of guessing.\n\n"
                "Ask in English or Chinese, e.g. “What does fault E-004 mean?”. I remember this "
                "conversation for follow-up questions; /new starts a fresh one. "
-               "Rate answers with 👍 / 👎."),
+               "Rate answers with 👍 / 👎.\n\n"
+               "How I answer you: /prefs concise|detailed|default, /prefs lang en|zh|auto, "
+               "/prefs steps on|off|default (/prefs alone shows them). /remember on lets me pick up "
+               "preferences you state in your messages (/remember off stops that); /forget clears them all."),
         "zh": ("你好！我是 kbbot，根据公司知识库回答问题：产品与型号、故障代码、安装、维护保养、备件和保修。"
                "每个回答都会列出来源；知识库中没有的内容我会直接说明，不会猜测。\n\n"
                "可以用中文或英文提问，例如“故障代码 E-004 是什么意思？”。我会记住本次对话以便追问；"
-               "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。"),
+               "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。\n\n"
+               "回答方式：/prefs concise|detailed|default（简洁/详细/默认）、/prefs lang en|zh|auto、"
+               "/prefs steps on|off|default（单独发送 /prefs 查看当前设置）。/remember on 允许我从您的消息中记下"
+               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"),
     },
     "new": {
         "en": "Started a new conversation: earlier questions are forgotten.",
@@ -105,6 +124,22 @@ TEXTS: dict[str, dict[str, str]] = {
     "refreshing": {"en": "Refreshing {what} now; the result follows.", "zh": "正在刷新 {what}，完成后会发送结果。"},
     "admin_failed": {"en": "Sorry, that failed. The logs have the details.", "zh": "抱歉，操作失败，详情见日志。"},
     "feedback_failed": {"en": "Sorry, the feedback could not be saved.", "zh": "抱歉，反馈未能保存。"},
+    "approve": {"en": "✅ Approve", "zh": "✅ 批准"},
+    "withdraw": {"en": "↩️ Withdraw approval", "zh": "↩️ 撤销批准"},
+    "approved": {"en": "✅ Approved: the same question now gets this answer at once.",
+                 "zh": "✅ 已批准：之后相同的问题会直接得到这个回答。"},
+    "withdrawn": {"en": "Approval withdrawn: the question is answered afresh again.",
+                  "zh": "已撤销批准：相同的问题将重新生成回答。"},
+    "not_reviewer": {"en": "Sorry, only kbbot reviewers can approve answers or withdraw approvals.",
+                     "zh": "抱歉，只有 kbbot 审核人可以批准回答或撤销批准。"},
+    "expired": {"en": "This answer can no longer be approved (approval is open for a limited time, and only "
+                      "for a conversation's first answer). Ask again to get a new one.",
+                "zh": "这个回答已无法批准（仅在有限时间内、且仅对对话中的第一个回答开放）。请重新提问。"},
+    "nothing_to_withdraw": {"en": "There is no approval of this answer to withdraw.",
+                            "zh": "这个回答没有可撤销的批准。"},
+    "approvals_off": {"en": "Approved answers are turned off.", "zh": "已关闭批准回答功能。"},
+    "review_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
+                      "zh": "抱歉，暂时无法保存，请重试。"},
     "crashed": {"en": "Something went wrong while answering. Please try again.",
                 "zh": "回答时出现错误，请重试。"},
 }
@@ -268,10 +303,38 @@ def final_parts(answer_markdown: str, citations: list[Citation], limit: int, lan
 
 
 def feedback_markup(turn_id: str) -> InlineKeyboardMarkup:
-    return InlineKeyboardMarkup(inline_keyboard=[[
-        InlineKeyboardButton(text="👍", callback_data=f"{FEEDBACK_PREFIX}:up:{turn_id}"),
-        InlineKeyboardButton(text="👎", callback_data=f"{FEEDBACK_PREFIX}:down:{turn_id}"),
-    ]])
+    return InlineKeyboardMarkup(inline_keyboard=[feedback_row(turn_id)])
+
+
+def feedback_row(turn_id: str) -> list[InlineKeyboardButton]:
+    return [InlineKeyboardButton(text="👍", callback_data=f"{FEEDBACK_PREFIX}:up:{turn_id}"),
+            InlineKeyboardButton(text="👎", callback_data=f"{FEEDBACK_PREFIX}:down:{turn_id}")]
+
+
+def review_row(turn_id: str, *, approved: bool, language: str = "en") -> list[InlineKeyboardButton]:
+    """"✅ Approve" or "↩️ Withdraw approval"; the callback data names only the turn."""
+    if approved:
+        return [InlineKeyboardButton(text=text_for("withdraw", language), callback_data=f"{WITHDRAW_PREFIX}:{turn_id}")]
+    return [InlineKeyboardButton(text=text_for("approve", language), callback_data=f"{APPROVE_PREFIX}:{turn_id}")]
+
+
+def answer_markup(answer: Answer, *, feedback: bool, review: bool, language: str = "en") -> InlineKeyboardMarkup | None:
+    """👍/👎, and for reviewers "✅ Approve" (an answer offered to the cache) or "↩️ Withdraw approval"
+    (an answer served from it)."""
+    rows: list[list[InlineKeyboardButton]] = []
+    if answer.outcome is Outcome.ERROR:
+        return None
+    if feedback:
+        rows.append(feedback_row(answer.trace.turn_id))
+    if review and answer.approvable:
+        rows.append(review_row(answer.trace.turn_id, approved=False, language=language))
+    elif review and answer.outcome is Outcome.CACHED and answer.approved_turn_id:
+        rows.append(review_row(answer.approved_turn_id, approved=True, language=language))
+    return InlineKeyboardMarkup(inline_keyboard=rows) if rows else None
+
+
+def _is_review_button(button: InlineKeyboardButton) -> bool:
+    return (button.callback_data or "").startswith((f"{APPROVE_PREFIX}:", f"{WITHDRAW_PREFIX}:"))
 
 
 # --- where an answer goes ----------------------------------------------------------------------
@@ -493,8 +556,11 @@ class TelegramReply:
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
 
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
-                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None):
+                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
+                 review: bool = False):
         self.bot = bot
+        self.language = language
+        self.review = review  # show the approve / withdraw button (someone here may use it)
         self.where = where
         self.settings = settings
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
@@ -539,8 +605,8 @@ class TelegramReply:
 
     async def finish(self, answer: Answer) -> None:
         self.sink.citations = list(answer.citations)
-        if self.settings.feedback and answer.outcome is not Outcome.ERROR:
-            self.sink.markup = feedback_markup(answer.trace.turn_id)
+        self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
+                                         language=self.language)
         try:
             await self.writer.finish(answer.text)
         finally:
@@ -582,10 +648,13 @@ class TelegramAdapter:
     def __init__(self, answerer: Any, settings: TelegramSettings, *, idempotency: Idempotency,
                  feedback: FeedbackStore | None = None, history: Any = None, bot: Bot | None = None,
                  budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
-                 admin: Any = None):
+                 admin: Any = None, answers: Any = None, preferences: Any = None):
         self.answerer = answerer
         self.settings = settings
         self.admin = admin  # bot.scheduler.KnowledgeAdmin: /status and /refresh
+        # bot.cache.AnswerCache (None: approvals are off) and bot.preferences.PreferenceStore
+        self.answers = answers if answers is not None else getattr(answerer, "cache", None)
+        self.preferences = preferences if preferences is not None else getattr(answerer, "preferences", None)
         self.idempotency = idempotency
         self.feedback = feedback or MemoryFeedback()
         self.history = history if history is not None else getattr(answerer, "history", None)
@@ -610,8 +679,11 @@ class TelegramAdapter:
         router.message.register(self._on_help, Command("help"))
         router.message.register(self._on_new, Command("new"))
         router.message.register(self._on_admin, Command("status", "refresh"))
+        router.message.register(self._on_prefs, Command(*PREFERENCE_VERBS))
         router.message.register(self._on_question, F.text)
         router.callback_query.register(self._on_feedback, F.data.startswith(f"{FEEDBACK_PREFIX}:"))
+        router.callback_query.register(self._on_review, F.data.startswith(f"{APPROVE_PREFIX}:")
+                                       | F.data.startswith(f"{WITHDRAW_PREFIX}:"))
         return router
 
     # --- serving ------------------------------------------------------------------------------------
@@ -857,8 +929,11 @@ class TelegramAdapter:
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
                           spaces=self.settings.spaces_for(str(where.chat_id)))
+        # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
+        review = self.answers is not None and (
+            self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         reply = TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
-                              on_drafts_unavailable=self._drafts_unavailable)
+                              on_drafts_unavailable=self._drafts_unavailable, review=review)
         answer: Answer | None = None
         async with ThreadTurnLock(self._thread_locks, where.key):
             try:
@@ -903,8 +978,74 @@ class TelegramAdapter:
         log.info("turn %s: feedback %s from %s", turn_id, rating, item.user_id)
         await self._answer_callback(query, text_for("thanks", language))
 
-    async def _answer_callback(self, query: CallbackQuery, text: str | None) -> None:
+    async def _on_prefs(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
+        """``/prefs …``, ``/remember on|off``, ``/forget``: the sender's answering preferences."""
+        self._track()
+        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
+            return
+        if await self._gate(message, event_update) is None:
+            return
+        user = message.from_user
+        assert user is not None
+        words = [command.command.lower(), *(command.args or "").split()]
+        text = await run_preferences_command(self.preferences, "telegram", str(self.bot_id), str(user.id), words,
+                                             prefix="/", language=user_language(user.language_code))
+        await self._say(message, text)
+
+    async def _on_review(self, query: CallbackQuery) -> None:
+        """A click on "✅ Approve" or "↩️ Withdraw approval": reviewers only, by turn id."""
+        self._track()
+        prefix, _, turn_id = (query.data or "").partition(":")
+        approving = prefix == APPROVE_PREFIX
+        user = str(query.from_user.id)
+        language = user_language(query.from_user.language_code)
+        if not turn_id:
+            await self._answer_callback(query, None)
+            return
+        if not self.settings.is_reviewer(user):
+            log.info("refused %s of turn %s by %s: not in telegram.reviewers",
+                     "approval" if approving else "withdrawal", turn_id, user)
+            await self._answer_callback(query, text_for("not_reviewer", language), alert=True)
+            return
+        if self.answers is None:
+            await self._answer_callback(query, text_for("approvals_off", language), alert=True)
+            return
         try:
-            await self.bot.answer_callback_query(callback_query_id=query.id, text=text)
+            if approving:
+                if await self.answers.approve(turn_id, user) is None:
+                    log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
+                    await self._answer_callback(query, text_for("expired", language), alert=True)
+                    return
+            elif not await self.answers.withdraw(turn_id):
+                log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
+                await self._answer_callback(query, text_for("nothing_to_withdraw", language), alert=True)
+                return
+        except Exception:
+            log.exception("turn %s: the %s failed", turn_id, "approval" if approving else "withdrawal")
+            await self._answer_callback(query, text_for("review_failed", language), alert=True)
+            return
+        log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
+        await self._swap_review_button(query, turn_id, approved=approving, language=language)
+        await self._answer_callback(query, text_for("approved" if approving else "withdrawn", language))
+
+    async def _swap_review_button(self, query: CallbackQuery, turn_id: str, *, approved: bool, language: str) -> None:
+        message = query.message
+        if not isinstance(message, Message):  # too old: Telegram no longer shows it to the bot
+            return
+        rows = [row for row in (message.reply_markup.inline_keyboard if message.reply_markup else [])
+                if not any(_is_review_button(b) for b in row)]
+        rows.append(review_row(turn_id, approved=approved, language=language))
+        try:
+            await self.bot.edit_message_reply_markup(chat_id=message.chat.id, message_id=message.message_id,
+                                                     reply_markup=InlineKeyboardMarkup(inline_keyboard=rows))
+        except TelegramBadRequest as exc:
+            if not _is_not_modified(exc):
+                log.warning("turn %s: could not update the buttons (%s)", turn_id, exc.message)
+        except TelegramAPIError as exc:
+            log.warning("turn %s: could not update the buttons (%s)", turn_id, exc)
+
+    async def _answer_callback(self, query: CallbackQuery, text: str | None, *, alert: bool = False) -> None:
+        try:
+            await self.bot.answer_callback_query(callback_query_id=query.id, text=text, show_alert=alert or None)
         except TelegramAPIError as exc:
             log.warning("could not answer callback query %s: %s", query.id, exc)

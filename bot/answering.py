@@ -254,6 +254,7 @@ class Answerer:
         trace.model_calls = calls
         if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated:
             await self.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
+            answer.approvable = True
         self._learn_later(inquiry, question, prefs)
         return await self._conclude(inquiry, question, answer, reply, started)
 

@@ -75,7 +75,7 @@ class ApprovedAnswer:
         from bot.types import Outcome, Trace
 
         return Answer(text=self.text, outcome=Outcome.CACHED, citations=[Citation(**c) for c in self.citations],
-                      trace=Trace())
+                      trace=Trace(), approved_turn_id=self.turn_id)
 
 
 class AnswerCache(Protocol):

@@ -54,6 +54,9 @@ class SlackSettings:
     api_url: str | None = None
     #: User ids allowed to run ``/kbbot status`` and ``/kbbot refresh [SOURCE]``.
     admins: list[str] = field(default_factory=list)
+    #: Who may approve answers (and withdraw approvals): user ids, the same in every workspace, or a
+    #: mapping team id -> user ids (one list per workspace).
+    reviewers: list[str] | dict[str, list[str]] = field(default_factory=list)
     # Secrets: environment only.
     bot_token: str | None = field(default=None, repr=False)
     signing_secret: str | None = field(default=None, repr=False)
@@ -70,6 +73,14 @@ class SlackSettings:
     def spaces_for(self, channel: str) -> tuple[str, ...]:
         return tuple(self.channel_spaces.get(channel) or self.default_spaces)
 
+    def reviewers_of(self, team: str) -> list[str]:
+        if isinstance(self.reviewers, dict):
+            return list(self.reviewers.get(team) or [])
+        return list(self.reviewers or [])
+
+    def is_reviewer(self, team: str, user: str) -> bool:
+        return bool(user) and user in self.reviewers_of(team)
+
     def apply_env(self, env: Mapping[str, str]) -> SlackSettings:
         self.bot_token = env.get("SLACK_BOT_TOKEN") or None
         self.signing_secret = env.get("SLACK_SIGNING_SECRET") or None
@@ -78,6 +89,11 @@ class SlackSettings:
             self.api_url = env["SLACK_API_URL"]
         self.channel_spaces = {str(k): _str_list(v) for k, v in (self.channel_spaces or {}).items()}
         self.admins = _str_list(self.admins)
+        if isinstance(self.reviewers, dict):
+            self.reviewers = {str(k): _str_list(v) if isinstance(v, (list, tuple, str)) else v
+                              for k, v in self.reviewers.items()}
+        elif isinstance(self.reviewers, (list, tuple, str)) or self.reviewers is None:
+            self.reviewers = _str_list(self.reviewers)
         return self
 
     def problems(self, *, serving: bool = True) -> list[str]:
@@ -98,6 +114,9 @@ class SlackSettings:
         for method, per_minute in self.rate_limits.items():
             if not isinstance(per_minute, (int, float)) or per_minute <= 0:
                 found.append(f"slack.rate_limits.{method} must be a positive number of calls per minute")
+        if not _user_ids(self.reviewers) and not (
+                isinstance(self.reviewers, dict) and all(_user_ids(v) for v in self.reviewers.values())):
+            found.append("slack.reviewers must be a list of user ids, or a mapping team id -> list of user ids")
         if not serving:
             return found
         if self.enabled and not self.socket_mode and not self.signing_secret:
@@ -153,6 +172,8 @@ class TelegramSettings:
     webhook_url: str | None = None
     #: User ids allowed to run ``/status`` and ``/refresh [SOURCE]``.
     admins: list[str] = field(default_factory=list)
+    #: User ids who may approve answers (and withdraw approvals) with the buttons under them.
+    reviewers: list[str] = field(default_factory=list)
     # Secrets: environment only.
     token: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
@@ -174,6 +195,9 @@ class TelegramSettings:
     def spaces_for(self, chat_id: str) -> tuple[str, ...]:
         return tuple(self.chat_spaces.get(str(chat_id)) or self.default_spaces)
 
+    def is_reviewer(self, user: str) -> bool:
+        return bool(user) and user in self.reviewers
+
     def apply_env(self, env: Mapping[str, str]) -> TelegramSettings:
         self.token = env.get("TELEGRAM_BOT_TOKEN") or None
         self.webhook_secret = env.get("TELEGRAM_WEBHOOK_SECRET") or None
@@ -184,6 +208,8 @@ class TelegramSettings:
         self.allowed_users = _str_list(self.allowed_users)
         self.allowed_chats = _str_list(self.allowed_chats)
         self.admins = _str_list(self.admins)
+        if isinstance(self.reviewers, (list, tuple, str)) or self.reviewers is None:
+            self.reviewers = _str_list(self.reviewers)
         self.chat_spaces = {str(k): _str_list(v) for k, v in (self.chat_spaces or {}).items()}
         return self
 
@@ -201,6 +227,8 @@ class TelegramSettings:
             found.append("telegram.dedupe_ttl_s must be positive")
         if not 0 <= self.polling_timeout_s <= 50:
             found.append("telegram.polling_timeout_s must be between 0 and 50")
+        if not _user_ids(self.reviewers) or not all(str(v).strip().isdigit() for v in self.reviewers):
+            found.append("telegram.reviewers must be a list of user ids (numbers)")
         if not serving:
             return found
         if self.token and not _BOT_TOKEN.match(self.token):
@@ -221,6 +249,12 @@ class TelegramSettings:
         problems = self.problems(serving=serving)
         if problems:
             raise SettingsError(problems[0])
+
+
+def _user_ids(value: Any) -> bool:
+    """A list of user ids (strings or numbers), as ``admins`` and ``reviewers`` hold."""
+    return isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip()
+                                           for v in value)
 
 
 def _str_list(value: Any) -> list[str]:

@@ -80,6 +80,10 @@ class Answer:
     outcome: Outcome
     citations: list[Citation] = field(default_factory=list)
     trace: Trace = field(default_factory=Trace)
+    #: Offered to the answer cache under ``trace.turn_id``: a reviewer may approve it.
+    approvable: bool = False
+    #: A cached answer: the turn whose approval it is (what withdrawing names).
+    approved_turn_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

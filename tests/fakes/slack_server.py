@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-__all__ = ["Call", "FakeSlack", "Message", "STREAM_METHODS"]
+__all__ = ["Call", "Ephemeral", "FakeSlack", "Message", "STREAM_METHODS"]
 
 STREAM_METHODS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
 MARKDOWN_LIMIT = 12000
@@ -91,6 +91,18 @@ class Message:
 
     def blocks_of(self, kind: str) -> list[dict[str, Any]]:
         return [b for b in self.blocks if b.get("type") == kind]
+
+
+@dataclass
+class Ephemeral:
+    """A message only ``user`` sees (``chat.postEphemeral``); Slack does not keep it."""
+
+    channel: str
+    user: str
+    text: str
+    thread_ts: str | None
+    ts: str
+    blocks: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _chunk_text(chunks: Any) -> str:
@@ -153,6 +165,8 @@ class FakeSlack:
         self._base_url: str | None = None
         #: Bodies POSTed to response URLs (slash commands' ``respond``), by the key in the URL.
         self.responses: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        #: Messages posted with chat.postEphemeral, oldest first.
+        self.ephemerals: list[Ephemeral] = []
 
     # ------------------------------------------------------------------ scripting
     def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
@@ -302,6 +316,7 @@ class FakeSlack:
             "auth.test": self._auth_test,
             "chat.postMessage": self._post,
             "chat.update": self._update,
+            "chat.postEphemeral": self._post_ephemeral,
             "chat.delete": self._delete,
             "chat.startStream": self._start_stream,
             "chat.appendStream": self._append_stream,
@@ -367,6 +382,15 @@ class FakeSlack:
             elif kind == "context_actions":
                 if not 1 <= len(block.get("elements") or []) <= 5:
                     raise SlackError("invalid_blocks")
+            elif kind == "actions":
+                elements = block.get("elements") or []
+                if not 1 <= len(elements) <= 25:
+                    raise SlackError("invalid_blocks")
+                for element in elements:
+                    if element.get("type") == "button" and (
+                            len((element.get("text") or {}).get("text", "")) > 75
+                            or len(str(element.get("value") or "")) > 2000):
+                        raise SlackError("invalid_blocks")
         if markdown_total > MARKDOWN_LIMIT:
             raise SlackError("msg_blocks_too_long")
 
@@ -380,6 +404,26 @@ class FakeSlack:
                           text=text, blocks=blocks or [], changes=[("chat.postMessage", now)])
         self.messages[(channel, ts)] = message
         return {"channel": channel, "ts": ts, "message": {"ts": ts, "text": text or markdown or ""}}
+
+    def _post_ephemeral(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        channel, user = str(args.get("channel") or ""), str(args.get("user") or "")
+        if not channel:
+            raise SlackError("channel_not_found")
+        if not user:
+            raise SlackError("user_not_found")
+        text = args.get("text")
+        blocks = _blocks(args.get("blocks")) if args.get("blocks") is not None else []
+        if args.get("markdown_text") is not None:
+            if text or blocks:
+                raise SlackError("invalid_arguments")
+            text = args["markdown_text"]
+        if not text and not blocks:
+            raise SlackError("no_text")
+        self._check_blocks(blocks)
+        ts = self._new_ts()
+        self.ephemerals.append(Ephemeral(channel=channel, user=user, text=str(text or ""),
+                                         thread_ts=args.get("thread_ts"), ts=ts, blocks=blocks))
+        return {"message_ts": ts}
 
     def _update(self, args: dict[str, Any], now: float) -> dict[str, Any]:
         message = self._message(args)

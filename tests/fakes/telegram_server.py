@@ -296,6 +296,16 @@ class FakeTelegram:
         message.edits += 1
         return self._message_json(message)
 
+    async def _m_editMessageReplyMarkup(self, args: JSON) -> Any:
+        message = self._find(args)
+        markup = self._json(args.get("reply_markup"))
+        if markup == message.reply_markup:
+            raise _ApiError(400, "Bad Request: message is not modified: specified new message content and reply "
+                                 "markup are exactly the same as a current content and reply markup of the message")
+        message.reply_markup = markup
+        message.edits += 1
+        return self._message_json(message)
+
     async def _m_deleteMessage(self, args: JSON) -> Any:
         self._find(args).deleted = True
         return True
@@ -316,6 +326,10 @@ class FakeTelegram:
         return True
 
     async def _m_answerCallbackQuery(self, args: JSON) -> Any:
+        if not args.get("callback_query_id"):
+            raise _ApiError(400, "Bad Request: query is too old and response timeout expired or query ID is invalid")
+        if len(str(args.get("text") or "")) > 200:
+            raise _ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
         return True
 
 
@@ -361,8 +375,14 @@ def message_update(text: str, *, chat_id: int = 7001, chat_type: str = "private"
 
 def callback_update(data: str, *, message: Message, from_user: JSON | None = None,
                     chat_type: str = "private") -> JSON:
+    """A click on an inline button of ``message`` (the message as Telegram shows it now)."""
+    shown: JSON = {"message_id": message.message_id, "date": int(time.time()), "text": message.text,
+                   "chat": {"id": message.chat_id, "type": chat_type}}
+    if message.entities:
+        shown["entities"] = message.entities
+    if message.reply_markup:
+        shown["reply_markup"] = message.reply_markup
     return {"callback_query": {
         "id": f"cb{next(_message_ids)}", "from": from_user or user(), "chat_instance": "ci1", "data": data,
-        "message": {"message_id": message.message_id, "date": int(time.time()), "text": message.text,
-                    "chat": {"id": message.chat_id, "type": chat_type}},
+        "message": shown,
     }}
