@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.console import ConsoleReply, console_inquiry
+from bot.logs import log_format, setup_logging
 from bot.runtime import Runtime, build_runtime, make_ranker, make_store
 from bot.settings import Settings, SettingsError, load_settings
 from bot.types import Answer
@@ -283,6 +284,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kbbot", description="Answers questions from a knowledge base.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO) to stderr")
     p.add_argument("--config", help="settings file (default: $KBBOT_CONFIG or config/kbbot.yaml)")
+    p.add_argument("--log-format", choices=["json", "text"],
+                   help="log lines as JSON objects or text (default: $KBBOT_LOG_FORMAT, else json for serve, "
+                        "text otherwise)")
     sub = p.add_subparsers(dest="command", required=True)
 
     ix = sub.add_parser("index", help="refresh files and folders now as an ad-hoc source "
@@ -320,9 +324,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     verbose = args.verbose or args.command == "serve"
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    try:
+        fmt = log_format(args.log_format, default="json" if args.command == "serve" else "text")
+    except ValueError as exc:
+        print(f"kbbot: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(fmt, logging.INFO if verbose else logging.WARNING)
     try:
         settings = load_settings(args.config)
         if args.command == "eval":

@@ -14,7 +14,10 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 
 from bot.cache import AnswerCache, CacheKey, wants_fresh
 from bot.history import HistoryStore
+from bot.limits import RateLimiter, refusal_message
+from bot.logs import turn_id as current_turn
 from bot.messages import say
+from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
 from pipelines.components.turn import TurnBudget
@@ -79,6 +82,7 @@ class Answerer:
         knowledge_version: Callable[[], int] | None = None,
         preferences: PreferenceStore | None = None,
         learner: Callable[[str], Awaitable[str | None]] | None = None,
+        limiter: RateLimiter | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -95,11 +99,34 @@ class Answerer:
         self.knowledge_version = knowledge_version
         self.preferences = preferences
         self.learner = learner  # one helper model call: system prompt in, reply out
+        self.limiter = limiter  # per-user and per-channel rate limits (bot.limits)
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        """One turn; the rate limits are checked first, so a refused question costs nothing else."""
         trace = Trace()
+        token = current_turn.set(trace.turn_id)  # every log line of the turn carries its id
+        METRICS.in_progress.inc()
+        try:
+            refusal = await self.limiter.check(inquiry) if self.limiter is not None else None
+            if refusal is not None:
+                log.info("turn %s refused: %s rate limit (%d per %g s)", trace.turn_id, refusal.scope,
+                         refusal.limit, refusal.window_s)
+                METRICS.limit_refusals.labels(refusal.scope).inc()
+                trace.steps = [{"step": "rate_limited", "scope": refusal.scope}]
+                language = detect_language(wants_fresh(inquiry.text.strip())[1])
+                answer = await self._refuse(reply, trace, refusal_message(refusal, language))
+                METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
+                return answer
+            answer = await self._turn(inquiry, reply, trace)
+            METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
+            return answer
+        finally:
+            METRICS.in_progress.dec()
+            current_turn.reset(token)
+
+    async def _turn(self, inquiry: Inquiry, reply: Reply, trace: Trace) -> Answer:
         fresh, question = wants_fresh(inquiry.text.strip())
         language = detect_language(question)
         if not question:

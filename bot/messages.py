@@ -33,6 +33,16 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "That message is too long ({length} characters; the limit is {limit}). Please ask a shorter question.",
         "zh": "消息太长（{length} 个字符，上限为 {limit}）。请缩短问题后再问。",
     },
+    "rate_limited_user": {
+        "en": "You are asking faster than I can answer ({limit} questions per {window}). "
+              "Please wait {seconds} s and ask again.",
+        "zh": "提问过于频繁（每{window_zh}最多 {limit} 个问题）。请等待 {seconds} 秒后再问。",
+    },
+    "rate_limited_channel": {
+        "en": "This conversation is asking faster than I can answer ({limit} questions per {window}). "
+              "Please wait {seconds} s and ask again.",
+        "zh": "此会话提问过于频繁（每{window_zh}最多 {limit} 个问题）。请等待 {seconds} 秒后再问。",
+    },
     "model_unavailable": {
         "en": "The language model is not answering right now ({reason}). Please try again in a minute.",
         "zh": "语言模型暂时无法响应（{reason}）。请稍后再试。",

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
+from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
@@ -505,7 +506,9 @@ class Refresher:
 
 
 def log_run(record: RunRecord) -> None:
-    """One structured line per run: logfmt for people and grep, the record in ``extra`` for JSON logs."""
+    """One structured line per run: logfmt for people and grep, the record in ``extra`` for JSON logs;
+    and the run's counts in the metrics."""
+    METRICS.observe_refresh(record)
     level = logging.INFO if record.ok and not record.failed else logging.WARNING
     error = f" error={json.dumps(record.error, ensure_ascii=False)}" if record.error else ""
     log.log(level, "refresh source=%s trigger=%s status=%s added=%d changed=%d removed=%d unchanged=%d failed=%d "

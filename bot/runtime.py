@@ -12,6 +12,7 @@ from typing import Any
 from bot.answering import Answerer
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.history import HistoryStore, SqliteHistory
+from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.settings import Settings
 from bot.state import Idempotency, MemoryIdempotency
@@ -52,6 +53,7 @@ class Runtime:
     _answers: AnswerCache | None = field(default=None, init=False, repr=False)
     _preferences: PreferenceStore | None = field(default=None, init=False, repr=False)
     _redis: Any = field(default=None, init=False, repr=False)
+    _limiter: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         e = self.settings.embedder
@@ -88,14 +90,23 @@ class Runtime:
             self._idempotency = RedisIdempotency(self._redis, prefix)
             self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400)
             self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
+            self._limiter = RedisRateLimiter(self._redis, self.limits, prefix=prefix)
         else:
             self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
             self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400)
             self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
+            self._limiter = MemoryRateLimiter(self.limits)
         if not m.approved_answers:
             self._answers = None
+        if "answerer" in self.__dict__:  # built before start(): give it the limiter now
+            self.answerer.limiter = self._limiter
+
+    @property
+    def limits(self) -> Limits:
+        lim = self.settings.limits
+        return Limits(per_user=lim.per_user, per_channel=lim.per_channel, window_s=lim.window_s)
 
     async def close(self) -> None:
         if self._history is not None:
@@ -166,7 +177,7 @@ class Runtime:
                         model_answers=kind != "extractive", cache=self._answers,
                         cache_identity=(g.model if kind != "extractive" else "extractive", s.memory.policy_version),
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
-                        learner=learner if helper is not None else None)
+                        learner=learner if helper is not None else None, limiter=self._limiter)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -100,6 +100,13 @@ class AnsweringSettings:
 
 
 @dataclass
+class LimitsSettings:
+    per_user: int = 20       # questions per window per user; 0: no limit
+    per_channel: int = 120   # questions per window per channel / chat; 0: no limit
+    window_s: float = 60
+
+
+@dataclass
 class MemorySettings:
     approved_answers: bool = True
     policy_version: str = "1"
@@ -195,6 +202,7 @@ class Settings:
     prompt: PromptSettings = field(default_factory=PromptSettings)
     generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     answering: AnsweringSettings = field(default_factory=AnsweringSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
@@ -317,6 +325,9 @@ def _validate(s: Settings) -> None:
         raise SettingsError("answering.guard_min_confidence must be between 0 and 1")
     if not isinstance(a.handoff, dict) or not all(isinstance(v, str) for v in a.handoff.values()):
         raise SettingsError("answering.handoff must map a language code (en, zh) to a line of text")
+    lim = s.limits
+    if lim.per_user < 0 or lim.per_channel < 0 or lim.window_s <= 0:
+        raise SettingsError("limits.per_user and limits.per_channel must be >= 0 and limits.window_s > 0")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):

@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bot.metrics import METRICS
+
 log = logging.getLogger("kbbot.streaming")
 
 Clock = Callable[[], float]
@@ -83,6 +85,8 @@ class WriterStats:
     errors: int = 0
     #: ``clock()`` of the first send that showed text.
     first_send_at: float | None = None
+    #: ``clock()`` of the first ``push`` (the model's first text reached the writer).
+    first_push_at: float | None = None
 
 
 class StreamWriter:
@@ -99,6 +103,9 @@ class StreamWriter:
         self.sink = sink
         self.cadence = cadence or Cadence()
         self.name = name
+        # The metrics label: the sink's ``platform``, else its class name (SlackSink -> slack).
+        self.platform = str(getattr(sink, "platform", "") or type(sink).__name__.removesuffix("Sink").lower()
+                            or "unknown")
         self.stats = WriterStats()
         self._clock = clock
         self._sleep = sleep
@@ -131,6 +138,8 @@ class StreamWriter:
             return
         self._text += delta
         self.stats.pushes += 1
+        if self.stats.first_push_at is None:
+            self.stats.first_push_at = self._clock()
         self._ensure_task()
         self._wake.set()
 
@@ -199,6 +208,7 @@ class StreamWriter:
             except RetryAfter as exc:
                 self.stats.retry_waits += 1
                 self.stats.retry_wait_s += exc.seconds
+                METRICS.retry_waits.labels(self.platform).inc()
                 self._retry_waited += exc.seconds
                 if final and self._retry_waited > self.cadence.max_retry_wait_s:
                     self._error = DeliveryFailed(
@@ -225,6 +235,9 @@ class StreamWriter:
                 self.stats.sends += 1
                 if self.stats.first_send_at is None:
                     self.stats.first_send_at = self._clock()
+                    if self.stats.first_push_at is not None:
+                        METRICS.first_visible.labels(self.platform).observe(
+                            max(0.0, self.stats.first_send_at - self.stats.first_push_at))
                 self._next_allowed = self._clock() + self.cadence.min_interval_s
                 self._sent = text
             if final:
