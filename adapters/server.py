@@ -60,8 +60,35 @@ def feedback_store(runtime: Any) -> Any:
     return JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
 
 
+class TelegramServerErrorRetry:
+    """An aiogram request middleware: a Bot API call answered 5xx (or lost on the network) is tried
+    again, up to ``retries`` times after ``backoff_s``, 2 x ``backoff_s``, ...; Slack's client does the
+    same with its ``AsyncServerErrorRetryHandler``. A 5xx means Telegram did not finish the call, so
+    the final answer is sent again rather than lost; 429s are left to the stream writer's Retry-After."""
+
+    def __init__(self, retries: int = 2, backoff_s: float = 0.5):
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
+        from aiogram.exceptions import TelegramNetworkError, TelegramServerError
+
+        name = getattr(method, "__api_method__", type(method).__name__)
+        attempt = 0
+        while True:
+            try:
+                return await make_request(bot, method)
+            except (TelegramServerError, TelegramNetworkError) as exc:
+                if attempt >= self.retries or name == "getUpdates":
+                    raise
+                attempt += 1
+                log.warning("Telegram %s failed (%s); retry %d of %d", name, type(exc).__name__, attempt,
+                            self.retries)
+                await asyncio.sleep(self.backoff_s * attempt)
+
+
 def instrument(adapter: Any) -> None:
-    """Count the adapter's platform API calls (and 429s) in ``bot.metrics``."""
+    """Count the adapter's platform API calls (and 429s) in ``bot.metrics``; retry Telegram's 5xx."""
     if isinstance(adapter, SlackAdapter):
         import aiohttp
 
@@ -71,6 +98,7 @@ def instrument(adapter: Any) -> None:
             client.session = aiohttp.ClientSession(trace_configs=[slack_trace_config()])
             adapter._kbbot_owned_session = client.session
     elif isinstance(adapter, TelegramAdapter):
+        adapter.bot.session.middleware(TelegramServerErrorRetry())  # outermost: each attempt is counted
         adapter.bot.session.middleware(TelegramApiMetrics())
 
 
