@@ -1,0 +1,387 @@
+"""Streaming N concurrent answers through the real adapters to the fake Slack and Telegram servers,
+against the naive strategy of editing after every N new characters, in the same run.
+
+    uv run python -m bench.streaming [--conversations 1 10 50] [--naive-chars 40] [--json]
+
+Each conversation asks one question at the same moment; the fake model (Anthropic's wire format)
+streams a ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake
+platforms enforce rate limits: Slack per workspace and method (chat.update 50/min as Tier 3,
+chat.startStream 50/min, chat.appendStream 100/min as Tier 4, chat.stopStream 50/min: bursts
+are refused with 429 + Retry-After); Telegram one message or edit per second per chat and 30 per
+second per bot. Per platform, strategy and N it reports, in ms: first visible text minus the model's
+first token (p50/p95), final text visible minus the model's last token (p50/p95), API calls per
+answer, 429s received, and answers lost (the final text not shown in full).
+
+``kbbot`` is the adapters' own Reply (the shared ``StreamWriter`` and rate budget; Slack in its
+configured ``native`` stream mode, Telegram ``edit`` mode since drafts need a private chat's
+client); ``naive`` replaces the Reply with one that posts, then edits after every N new
+characters, awaiting each call, with slack-sdk's one 429 retry / one Retry-After wait on Telegram.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+import pipelines  # noqa: F401  (telemetry off)
+
+REPO = Path(__file__).resolve().parent.parent
+ANSWER = " ".join(
+    f"Step {i}: check the bearing seal, wipe the grease nipple and regrease with 15 g of lithium-complex grease [1]."
+    for i in range(1, 7))
+QUESTION = "How often should the bearings be greased"
+
+SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 50}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 1)
+
+
+# --- Telegram's limits on top of the fake --------------------------------------------------------------
+def limited_telegram() -> Any:
+    from tests.fakes.telegram_server import FakeTelegram
+
+    class LimitedTelegram(FakeTelegram):
+        """One message/edit per second per chat, 30 per second per bot, like Telegram's flood control."""
+
+        WRITES = ("sendMessage", "editMessageText", "sendMessageDraft")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._per_chat: dict[str, float] = {}
+            self._global: deque[float] = deque()
+
+        async def _handle(self, request):  # noqa: ANN001, ANN202
+            method = request.match_info["method"]
+            if method in self.WRITES:
+                args = await self._args(request)
+                chat = str(args.get("chat_id"))
+                now = time.monotonic()
+                while self._global and self._global[0] <= now - 1:
+                    self._global.popleft()
+                if now - self._per_chat.get(chat, -10) < 1.0 or len(self._global) >= 30:
+                    from tests.fakes.telegram_server import Call
+
+                    call = Call(method=method, args=args, at=now)
+                    self.calls.append(call)
+                    return self._error(call, 429, "Too Many Requests: retry after 1", {"retry_after": 1})
+                self._per_chat[chat] = now
+                self._global.append(now)
+            return await super()._handle(request)
+
+    return LimitedTelegram()
+
+
+# --- the naive strategy -----------------------------------------------------------------------------
+class NaiveSlackReply:
+    def __init__(self, client: Any, channel: str, thread_ts: str, every: int):
+        self.client, self.channel, self.thread_ts, self.every = client, channel, thread_ts, every
+        self.text, self.sent, self.ts, self.lost = "", 0, None, False
+
+    async def start(self) -> None: ...
+
+    async def _show(self, text: str) -> None:
+        if self.ts is None:
+            resp = await self.client.chat_postMessage(channel=self.channel, thread_ts=self.thread_ts, text=text)
+            self.ts = resp["ts"]
+        else:
+            await self.client.chat_update(channel=self.channel, ts=self.ts, text=text)
+
+    async def push(self, delta: str) -> None:
+        self.text += delta
+        if len(self.text) - self.sent >= self.every:
+            self.sent = len(self.text)
+            with contextlib.suppress(Exception):
+                await self._show(self.text)
+
+    async def finish(self, answer: Any) -> None:
+        try:
+            await self._show(answer.text)
+        except Exception:  # noqa: BLE001
+            self.lost = True
+
+    async def fail(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._show(message)
+
+
+class NaiveTelegramReply:
+    def __init__(self, bot: Any, chat_id: int, every: int):
+        self.bot, self.chat_id, self.every = bot, chat_id, every
+        self.text, self.sent, self.message_id, self.lost = "", 0, None, False
+
+    async def start(self) -> None: ...
+
+    async def _show(self, text: str) -> None:
+        if self.message_id is None:
+            self.message_id = (await self.bot.send_message(self.chat_id, text)).message_id
+        else:
+            await self.bot.edit_message_text(text, chat_id=self.chat_id, message_id=self.message_id)
+
+    async def push(self, delta: str) -> None:
+        self.text += delta
+        if len(self.text) - self.sent >= self.every:
+            self.sent = len(self.text)
+            with contextlib.suppress(Exception):
+                await self._show(self.text)
+
+    async def finish(self, answer: Any) -> None:
+        from aiogram.exceptions import TelegramRetryAfter
+
+        for attempt in range(2):
+            try:
+                await self._show(answer.text)
+                return
+            except TelegramRetryAfter as exc:
+                if attempt == 0:
+                    await asyncio.sleep(exc.retry_after)
+            except Exception:  # noqa: BLE001
+                break
+        self.lost = True
+
+    async def fail(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._show(message)
+
+
+class NaiveAnswerer:
+    """The real answerer with the adapter's Reply swapped for a naive one."""
+
+    def __init__(self, real: Any, make_reply: Any):
+        self.real, self.make_reply = real, make_reply
+        self.history = real.history
+        self.replies: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def answer(self, inquiry: Any, reply: Any) -> Any:
+        naive = self.make_reply(inquiry)
+        self.replies.append(naive)
+        return await self.real.answer(inquiry, naive)
+
+
+# --- one run ---------------------------------------------------------------------------------------
+def model_tokens(model: Any) -> dict[str, tuple[float, float]]:
+    """question -> (first token at, last token at) of its answer request (monotonic seconds)."""
+    out = {}
+    for request in model.fake.requests if hasattr(model, "fake") else model.requests:
+        text = request.last_user_text if hasattr(request, "last_user_text") else ""
+        if request.first_token_at is None or "Question:" not in text:
+            continue
+        question = text.rsplit("Question:", 1)[1].strip()
+        out[question] = (request.first_token_at, request.last_token_at or request.first_token_at)
+    return out
+
+
+async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
+    from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from tests.fakes.slack_server import FakeSlack
+    from tests.test_slack import slack_app
+
+    async with FakeSlack(team_id="T0KBBOT", bot_user_id="UKBBOT", latency_s=0.01) as fake:
+        for method, per_minute in SLACK_TIERS.items():
+            fake.limit(method, calls=per_minute, per_s=60.0)
+        answerer = runtime.answerer
+        naive = None
+        if strategy == "naive":
+            client = AsyncWebClient(token=fake.token, base_url=fake.base_url.rstrip("/") + "/")
+            client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=1))
+
+            def make(inquiry: Any) -> Any:
+                _, _, channel, thread_ts = inquiry.thread_key.split(":", 3)
+                return NaiveSlackReply(client, channel, thread_ts, every)
+
+            naive = NaiveAnswerer(answerer, make)
+            runtime.__dict__["answerer"] = naive
+        try:
+            from bot.state import MemoryIdempotency
+
+            async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), stream_interval_s=1.0,
+                                 edit_interval_s=1.2) as slack:
+                events = [slack.mention(f"{QUESTION} (ticket {i})?", channel=f"C{i:04d}", user=f"U{i:04d}")
+                          for i in range(n)]
+                await asyncio.gather(*(slack.send(e, settle=False) for e in events))
+                await slack.adapter.settle(0.2)
+        finally:
+            runtime.__dict__["answerer"] = answerer
+        tokens = model_tokens(model)
+        first, final, lost = [], [], 0
+        for i, event in enumerate(events):
+            question = f"{QUESTION} (ticket {i})?"
+            token = tokens.get(question)
+            calls = [c for c in fake.calls if c.ok and c.args.get("channel") == event["channel"] and c.text_sent]
+            turn = next((t for t in slack.turns if t.inquiry.channel == event["channel"]), None)
+            messages = slack.thread(event)
+            expected = turn.answer.text if turn and turn.answer else None
+            shown = "\n".join(m.body for m in messages)
+            if expected is None or expected not in shown or any(m.streaming for m in messages):
+                lost += 1
+                if os.environ.get("BENCH_DEBUG"):
+                    print("LOST", strategy, event["channel"], turn and turn.answer and turn.answer.outcome,
+                          repr(shown[:300]), repr((expected or "")[:200]), file=__import__("sys").stderr)
+            if token and calls:
+                first.append((min(c.at for c in calls) - token[0]) * 1000)
+                final.append((max(c.at for c in calls) - token[1]) * 1000)
+        answer_calls = [c for c in fake.calls if c.method.startswith("chat.")]
+        return summary("slack", strategy, n, first, final, len(answer_calls), fake.calls, lost)
+
+
+async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
+    from tests.fakes.telegram_server import message_update
+    from tests.test_telegram import telegram_bot
+
+    fake = limited_telegram()
+    await fake.start()
+    answerer = runtime.answerer
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if strategy == "naive":
+                holder: dict[str, Any] = {}
+
+                def make(inquiry: Any) -> Any:
+                    return NaiveTelegramReply(holder["bot"], int(inquiry.channel), every)
+
+                runtime.__dict__["answerer"] = NaiveAnswerer(answerer, make)
+            from bot.state import MemoryIdempotency
+
+            tg = await stack.enter_async_context(telegram_bot(runtime, fake, idempotency=MemoryIdempotency(),
+                                                              stream_mode="edit", edit_interval_s=1.0))
+            if strategy == "naive":
+                holder["bot"] = tg.adapter.bot
+            chats = [8000 + i for i in range(n)]
+            for i, chat in enumerate(chats):
+                fake.push(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
+            deadline = time.monotonic() + 600
+            while len(tg.turns) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await tg.adapter.settle(0.2)
+    finally:
+        runtime.__dict__["answerer"] = answerer
+        await fake.stop()
+    tokens = model_tokens(model)
+    first, final, lost = [], [], 0
+    for i, chat in enumerate(chats):
+        token = tokens.get(f"{QUESTION} (ticket {i})?")
+        calls = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
+                 and c.method in ("sendMessage", "editMessageText", "sendMessageDraft") and c.args.get("text")]
+        turn = next((t for t in tg.turns if str(t.inquiry.channel) == str(chat)), None)
+        shown = "".join("".join(m.text.split()) for m in fake.chat(chat))
+        expected = turn.answer.text if turn and turn.answer else None
+        if expected is None or not _contains_words(shown, expected):
+            lost += 1
+        if token and calls:
+            first.append((min(c.at for c in calls) - token[0]) * 1000)
+            final.append((max(c.at for c in calls) - token[1]) * 1000)
+    answer_calls = [c for c in fake.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
+    return summary("telegram", strategy, n, first, final, len(answer_calls), fake.calls, lost)
+
+
+def _contains_words(shown: str, expected: str) -> bool:
+    """The final text is shown (Telegram renders Markdown: compare without spaces and markup)."""
+    import re
+
+    strip = lambda s: re.sub(r"[\s*_`\[\]\\]", "", s)  # noqa: E731
+    return strip(expected)[:200] in strip(shown) and strip(expected)[-60:] in strip(shown)
+
+
+def summary(platform: str, strategy: str, n: int, first: list[float], final: list[float], calls: int,
+            all_calls: list[Any], lost: int) -> dict[str, Any]:
+    return {"platform": platform, "strategy": strategy, "conversations": n,
+            "first_visible_minus_first_token_ms_p50": pct(first, 0.5),
+            "first_visible_minus_first_token_ms_p95": pct(first, 0.95),
+            "final_visible_minus_last_token_ms_p50": pct(final, 0.5),
+            "final_visible_minus_last_token_ms_p95": pct(final, 0.95),
+            "api_calls_per_answer": round(calls / max(n, 1), 1),
+            "429s": sum(1 for c in all_calls if c.status == 429),
+            "lost": lost}
+
+
+async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
+              platforms: list[str]) -> dict[str, Any]:
+    from bot.runtime import build_runtime
+    from bot.settings import load_settings
+    from tests.fakes.anthropic_server import FakeAnthropic, Script
+    from tests.model_router import ModelRouter
+
+    data = Path(tempfile.mkdtemp(prefix="kbbot-bench-stream-"))
+    rows = []
+    async with FakeAnthropic() as fake:
+        router = ModelRouter()
+        router.responders["answer"] = lambda body: Script(ANSWER, tokens_per_second=tokens_per_second,
+                                                          first_token_delay=first_token_delay)
+        fake.responder = router
+        os.environ.update({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-bench"})
+        settings = load_settings(REPO / "config" / "kbbot.yaml",
+                                 env={"KBBOT_DATA_DIR": str(data), "ANTHROPIC_API_KEY": "sk-bench"})
+        settings.limits.per_user = settings.limits.per_channel = 0
+        settings.memory.approved_answers = False
+        settings.generator.max_tokens = 4096
+        runtime = build_runtime(settings)
+        runtime.indexer.index([REPO / "examples" / "kb"])
+        await runtime.start()
+        try:
+            for platform in platforms:
+                for n in conversations:
+                    for strategy in ("kbbot", "naive"):
+                        fake.requests.clear()
+                        runner = run_slack if platform == "slack" else run_telegram
+                        row = await runner(runtime, fake, n, strategy, every)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True, file=__import__("sys").stderr)
+        finally:
+            await runtime.close()
+    return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second,
+            "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
+          f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
+    head = ["platform", "strategy", "N", "first p50", "first p95", "final p50", "final p95", "calls/ans", "429s",
+            "lost"]
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for r in result["rows"]:
+        print(" | ".join(str(v) for v in (r["platform"], r["strategy"], r["conversations"],
+                                          r["first_visible_minus_first_token_ms_p50"],
+                                          r["first_visible_minus_first_token_ms_p95"],
+                                          r["final_visible_minus_last_token_ms_p50"],
+                                          r["final_visible_minus_last_token_ms_p95"], r["api_calls_per_answer"],
+                                          r["429s"], r["lost"])))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--platforms", nargs="+", default=["slack", "telegram"])
+    parser.add_argument("--naive-chars", type=int, default=40)
+    parser.add_argument("--tokens-per-second", type=float, default=40)
+    parser.add_argument("--first-token-delay", type=float, default=0.5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
+                             args.platforms))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+
+
+if __name__ == "__main__":
+    main()
