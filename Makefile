@@ -25,8 +25,9 @@ services:
 services-stop:
 	@bash $(SERVICES) stop
 
-bench: install
-	@$(UV) run python -m bench
+# Weaviate parts of bench.retrieval need the local services (started as for the tests).
+bench: install services
+	@set -a; source <($(SERVICES) env); set +a; $(UV) run python -m bench
 
 eval: install
 	@for ds in cmrc2018 clapnq; do for m in bm25 vector hybrid; do \

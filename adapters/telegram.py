@@ -82,6 +82,9 @@ APPROVE_PREFIX = "kbap"  # callback data: "kbap:{turn_id}" approves, "kbwd:{turn
 WITHDRAW_PREFIX = "kbwd"
 #: Messages and edits per chat: Telegram allows about one a second per chat, with short bursts.
 DEFAULT_CHAT_RATE = Rate(per_minute=60, burst=5)
+#: Telegram's bot-wide limit (about 30 messages a second across all chats), shared by every answer.
+BOT_SEND = "bot-send"
+DEFAULT_BOT_RATE = Rate(per_minute=20 * 60, burst=10)  # any 1-s window: at most 10 saved + 20 = 30
 DRAFT_REFUSAL_MEMORY_S = 3600.0
 REFUSAL_MEMORY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
@@ -468,6 +471,7 @@ class TelegramSink:
         scope = str(self.where.chat_id)
         if budgeted:
             await self.budget.acquire(scope, "send")
+            await self.budget.acquire("bot", BOT_SEND)
         self.calls += 1
         try:
             return await call()
@@ -658,7 +662,7 @@ class TelegramAdapter:
         self.idempotency = idempotency
         self.feedback = feedback or MemoryFeedback()
         self.history = history if history is not None else getattr(answerer, "history", None)
-        self.budget = budget or RateBudget(default=DEFAULT_CHAT_RATE)
+        self.budget = budget or RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE)
         self.on_turn = on_turn
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
@@ -874,15 +878,21 @@ class TelegramAdapter:
             return
         await self._say(message, text_for("new", language))
 
-    async def _on_admin(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
-        """``/status`` and ``/refresh [SOURCE]``: admins only (``telegram.admins``)."""
+    async def _command_sender(self, message: Message, event_update: Update | None) -> Any:
+        """The sender of a command meant for kbbot (in a private chat, or addressed to it in a group)
+        that passes the access gate; None otherwise."""
         self._track()
         if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
-            return
+            return None
         if await self._gate(message, event_update) is None:
+            return None
+        return message.from_user
+
+    async def _on_admin(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
+        """``/status`` and ``/refresh [SOURCE]``: admins only (``telegram.admins``)."""
+        user = await self._command_sender(message, event_update)
+        if user is None:
             return
-        user = message.from_user
-        assert user is not None
         language = user_language(user.language_code, "")
         if str(user.id) not in self.settings.admins:
             log.info("refused /%s from %s: not in telegram.admins", command.command, user.id)
@@ -980,13 +990,9 @@ class TelegramAdapter:
 
     async def _on_prefs(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/prefs …``, ``/remember on|off``, ``/forget``: the sender's answering preferences."""
-        self._track()
-        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
+        user = await self._command_sender(message, event_update)
+        if user is None:
             return
-        if await self._gate(message, event_update) is None:
-            return
-        user = message.from_user
-        assert user is not None
         words = [command.command.lower(), *(command.args or "").split()]
         text = await run_preferences_command(self.preferences, "telegram", str(self.bot_id), str(user.id), words,
                                              prefix="/", language=user_language(user.language_code))

@@ -3,7 +3,7 @@
 import runpy
 import sys
 
-for name in ("bench.indexing", "bench.turn", "bench.streaming"):
+for name in ("bench.indexing", "bench.retrieval", "bench.turn", "bench.streaming"):
     print(f"== {name}", flush=True)
     sys.argv = [name]
     runpy.run_module(name, run_name="__main__")
