@@ -22,7 +22,7 @@ from bot.preferences import Preferences, PreferenceStore, may_state_preferences,
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
-from pipelines.query import OUTCOME_COMPONENTS, query_inputs
+from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.store import space_filter
 from pipelines.text import detect_language
 from pipelines.topics import Topics
@@ -162,16 +162,16 @@ class Answerer:
 
     def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
         language = detect_language(question)
-        grade, clarify = result.get("grade", {}), result.get("clarify", {})
-        if "off_topic" in result.get("guard", {}) or "off_topic" in grade:
+        ended = turn_outcome(result)
+        if ended == "off_topic":
             text = say("off_topic", language, subjects=self.topics.scope_summary() or "our products")
             return Answer(text=text, outcome=Outcome.OFF_TOPIC, trace=trace)
-        if "not_found" in grade or "not_found" in result.get("reformulate", {}) or "not_found" in clarify:
+        if ended == "not_found":
             text = say("not_found", language)
             line = self.handoff.get(language) or self.handoff.get("en")
             return Answer(text=f"{text}\n\n{line}" if line else text, outcome=Outcome.NOT_FOUND, trace=trace)
-        if "clarify" in clarify:
-            text = say("clarify", language, candidates=", ".join(clarify["clarify"]))
+        if ended == "clarify":
+            text = say("clarify", language, candidates=", ".join(result["clarify"]["clarify"]))
             return Answer(text=text, outcome=Outcome.CLARIFY, trace=trace)
         replies: list[ChatMessage] = result["generate"]["replies"]
         text = (replies[0].text if replies else None) or ""

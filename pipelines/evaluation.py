@@ -120,17 +120,6 @@ _MARKER = re.compile(r"\[(\d{1,3})\]")
 ABSTAINED = ("not_found", "off_topic")
 
 
-def turn_outcome(result: dict[str, Any]) -> str:
-    """The outcome of one run of the query pipeline, read from its components' outputs."""
-    if "off_topic" in result.get("guard", {}) or "off_topic" in result.get("grade", {}):
-        return "off_topic"
-    if any("not_found" in result.get(name, {}) for name in ("grade", "reformulate", "clarify")):
-        return "not_found"
-    if "clarify" in result.get("clarify", {}):
-        return "clarify"
-    return "answered"
-
-
 def cited_passages(result: dict[str, Any]) -> set[str]:
     replies = result.get("generate", {}).get("replies") or []
     sources = result.get("budget", {}).get("sources") or []
@@ -150,7 +139,7 @@ def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswe
     similarity of each question's first retrieval (how the thresholds were chosen).
     ``budget`` makes a fresh per-turn ``TurnBudget``.
     """
-    from pipelines.query import OUTCOME_COMPONENTS, query_inputs
+    from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 
     def run(q: EvalQuery) -> tuple[str, set[str], float]:
         result = pipeline.run(query_inputs(q.text, budget=budget()), include_outputs_from=OUTCOME_COMPONENTS | {"current"})

@@ -147,6 +147,18 @@ def build_query_pipeline(
 OUTCOME_COMPONENTS = {"rewrite", "guard", "grade", "reformulate", "clarify", "budget", "facts"}
 
 
+def turn_outcome(result: dict[str, Any]) -> str:
+    """How a run of ``build_query_pipeline`` ended (run with ``include_outputs_from=OUTCOME_COMPONENTS``):
+    ``off_topic``, ``not_found``, ``clarify`` or ``answered`` (``generate`` ran)."""
+    if any("off_topic" in result.get(name, {}) for name in ("guard", "grade")):
+        return "off_topic"
+    if any("not_found" in result.get(name, {}) for name in ("grade", "reformulate", "clarify")):
+        return "not_found"
+    if "clarify" in result.get("clarify", {}):
+        return "clarify"
+    return "answered"
+
+
 def query_inputs(question: str, *, budget: TurnBudget | None = None, filters: dict[str, Any] | None = None,
                  spaces: list[str] | None = None, history: list[ChatMessage] | None = None,
                  preferences: str = "", streaming_callback: Any = None) -> dict[str, Any]:
