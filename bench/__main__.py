@@ -1,9 +1,13 @@
-"""`make bench`: runs every benchmark of this folder and prints its table."""
+"""`make bench`: runs every benchmark of this folder, each in a process of its own (clean memory
+figures, and spawn-based helpers find their module), and prints its table."""
 
-import runpy
+import subprocess
 import sys
 
+failed = []
 for name in ("bench.indexing", "bench.retrieval", "bench.turn", "bench.streaming"):
     print(f"== {name}", flush=True)
-    sys.argv = [name]
-    runpy.run_module(name, run_name="__main__")
+    if subprocess.run([sys.executable, "-m", name, *sys.argv[1:]]).returncode != 0:
+        failed.append(name)
+if failed:
+    sys.exit(f"failed: {', '.join(failed)}")
