@@ -56,7 +56,7 @@ from adapters.memory_commands import VERBS as PREFERENCE_VERBS
 from adapters.memory_commands import run_command as run_preferences_command
 from bot.platform_settings import SlackSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
-from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
+from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
 from bot.types import Answer, Citation, Inquiry, Outcome
 
@@ -718,7 +718,7 @@ class SlackAdapter:
         self.app.action(APPROVE_ACTION)(self._on_review)
         self.app.action(WITHDRAW_ACTION)(self._on_review)
         self.app.command(SLASH_COMMAND)(self._on_command)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
         self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._no_streaming: dict[str, float] = {}  # team -> until when streaming is known refused
@@ -754,22 +754,14 @@ class SlackAdapter:
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for the turns in progress (shutdown)."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self._tasks.drain(timeout_s)
 
     async def settle(self, quiet_s: float = 0.05) -> None:
         """Wait until every acknowledged event has been handled (tests)."""
-        while True:
-            await asyncio.sleep(quiet_s)
-            if not self._tasks:
-                return
-            await asyncio.gather(*set(self._tasks), return_exceptions=True)
+        await self._tasks.settle(quiet_s)
 
     def _track(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._tasks.track_current()
 
     # --- listeners ----------------------------------------------------------------------------
     async def _on_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any,

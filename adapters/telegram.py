@@ -70,7 +70,7 @@ from adapters.memory_commands import VERBS as PREFERENCE_VERBS
 from adapters.memory_commands import run_command as run_preferences_command
 from bot.platform_settings import TelegramSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
-from bot.state import Idempotency, ThreadTurnLock, claim_all, release_all
+from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point
 from bot.types import Answer, Citation, Inquiry, Outcome
 from pipelines.text import detect_language
@@ -668,7 +668,7 @@ class TelegramAdapter:
         self.dp = Dispatcher()
         self.dp.include_router(self._router())
         self.username: str | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._no_drafts_until = 0.0
         self._polling: asyncio.Task[None] | None = None
@@ -733,22 +733,14 @@ class TelegramAdapter:
                 "turns_in_progress": len(self._tasks)}
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self._tasks.drain(timeout_s)
 
     async def settle(self, quiet_s: float = 0.1) -> None:
         """Wait until every received update has been handled (tests)."""
-        while True:
-            await asyncio.sleep(quiet_s)
-            if not self._tasks:
-                return
-            await asyncio.gather(*set(self._tasks), return_exceptions=True)
+        await self._tasks.settle(quiet_s)
 
     def _track(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._tasks.track_current()
 
     # --- who and where ---------------------------------------------------------------------------------
     def _addressed(self, message: Message) -> bool:

@@ -22,7 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -316,3 +316,31 @@ async def release_all(idempotency: Idempotency, keys: list[str]) -> None:
             await idempotency.release(key)
         except Exception:
             logger.exception("could not release the claim %s", key)
+
+
+class TaskSet:
+    """An adapter's handler tasks in flight: shutdown drains them, tests wait until they settle."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def track_current(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+    async def settle(self, quiet_s: float) -> None:
+        """Returns once no task is left, including tasks started by the ones awaited."""
+        while True:
+            await asyncio.sleep(quiet_s)
+            if not self._tasks:
+                return
+            await asyncio.gather(*set(self._tasks), return_exceptions=True)
