@@ -6,7 +6,10 @@ at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for ``An
 
 - native streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack-sdk's
   ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``RateBudget`` shared by all
-  answers of a workspace; where Slack refuses streaming, one message updated with ``chat.update``;
+  answers of a workspace; where Slack refuses streaming, or no stream can start without waiting for
+  the workspace's ``chat.startStream`` budget (many answers at once), one message posted at once and
+  updated with ``chat.update``; intermediate states use spare budget only, so finals never queue
+  behind them;
 - the final message: the answer as Markdown, the sources as a context block numbered like the ``[n]``
   markers, and 👍/👎 feedback buttons; answers longer than one message are split at paragraph
   boundaries; ``<!channel>``, ``<!here>``, ``<!everyone>`` and user mentions written by the model are
@@ -56,6 +59,7 @@ from adapters.memory_commands import VERBS as PREFERENCE_VERBS
 from adapters.memory_commands import run_command as run_preferences_command
 from bot.platform_settings import SlackSettings
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.metrics import METRICS
 from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
 from bot.types import Answer, Citation, Inquiry, Outcome
@@ -98,9 +102,11 @@ NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
 
 #: Calls per minute per workspace (chat.postMessage: per channel) and the burst allowed. Slack's tiers:
 #: appendStream Tier 4 (100+/min), update Tier 3 (50+/min), stopStream Tier 2 (20+/min); postMessage
-#: about 1 per second per channel. The start, status and delete rates are not documented: Tier 3 assumed.
+#: about 1 per second per channel. The status and delete rates are not documented: Tier 3 assumed.
+#: startStream's is not documented either; it gets stopStream's, since every stream started must be
+#: stopped. Streams start only with a token free at once: the other answers post and edit instead.
 DEFAULT_RATES: dict[str, Rate] = {
-    "chat.startStream": Rate(50, burst=10),
+    "chat.startStream": Rate(20, burst=10),
     "chat.appendStream": Rate(100, burst=10),
     "chat.stopStream": Rate(20, burst=10),
     "chat.update": Rate(50, burst=5),
@@ -323,6 +329,7 @@ class SlackSink:
 
     def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, budget: RateBudget,
                  *, native: bool = True, on_fallback: Callable[[str], None] | None = None,
+                 on_defer: Callable[[], None] | None = None,
                  before_first_message: Callable[[], Awaitable[None]] | None = None):
         self.client = client
         self.where = where
@@ -331,6 +338,7 @@ class SlackSink:
         self.native = native
         self.limit = settings.max_message_chars
         self.on_fallback = on_fallback
+        self.on_defer = on_defer
         self.before_first_message = before_first_message
         self.tail: list[dict[str, Any]] = []
         self.posted: list[_Posted] = []
@@ -345,18 +353,46 @@ class SlackSink:
     def _next_method(self, final: bool) -> str:
         if self.native and not self.diverged:
             if self.stream is None or self.stream.ts is None:
-                return "chat.startStream"
+                return "chat.postMessage" if final else "chat.startStream"
             return "chat.stopStream" if final else "chat.appendStream"
         return "chat.update" if self.ts else "chat.postMessage"
 
-    async def ready(self, final: bool) -> None:
-        """Wait for the rate budget of the coming call before the writer takes its text."""
+    async def ready(self, final: bool) -> bool:
+        """Take the rate budget of the coming call before the writer takes its text.
+
+        The first text never queues behind other answers: it opens a stream when a
+        ``chat.startStream`` token is free now, else this answer switches to edit mode and posts
+        (``chat.postMessage`` is limited per channel, not per workspace). An intermediate state is
+        sent only with a token to spare (``False``: not now), so finals never wait behind them.
+        """
         if self.diverged and not final:
-            return  # nothing is sent until the final text
+            return False  # nothing is sent until the final text
         method = self._next_method(final)
-        if self._prepaid != method:
-            await self.budget.acquire(self._scope(method), method)
+        if self._prepaid == method:
+            return True
+        if method == "chat.startStream":
+            if self.budget.try_acquire(self._scope(method), method):
+                self._prepaid = method
+                return True
+            self._defer()
+            method = self._next_method(final)
+        elif not final and method != "chat.postMessage":
+            if not self.budget.try_acquire(self._scope(method), method):
+                return False
             self._prepaid = method
+            return True
+        await self.budget.acquire(self._scope(method), method)
+        self._prepaid = method
+        return True
+
+    def _defer(self) -> None:
+        """No stream can start now without waiting: this answer is shown with postMessage + update."""
+        log.info("thread %s: chat.startStream budget spent; posting and editing instead", self.where.key)
+        self.native = False
+        self.fallback_reason = "stream_budget"
+        METRICS.stream_deferred.labels("slack").inc()
+        if self.on_defer is not None:
+            self.on_defer()
 
     async def send(self, text: str, final: bool) -> bool:
         if final:
@@ -428,11 +464,11 @@ class SlackSink:
             return f"{self.where.team}:{self.where.channel}"
         return self.where.team
 
-    async def _api(self, method: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _api(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
         scope = self._scope(method)
         if self._prepaid == method:
             self._prepaid = None
-        else:
+        elif not paid:
             await self.budget.acquire(scope, method)
         try:
             return await call()
@@ -588,12 +624,15 @@ class SlackReply:
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self._on_stream_refused = on_stream_refused
         self.sink = SlackSink(client, where, settings, budget, native=native, on_fallback=self._fell_back,
-                              before_first_message=self._status_settled)
+                              on_defer=self._deferred, before_first_message=self._status_settled)
         self.writer = StreamWriter(self.sink, self.native_cadence if native else self.edit_cadence,
                                    name=where.key)
         self._status_task: asyncio.Task[None] | None = None
         self._status_interrupted = False
         self.failed: str | None = None
+
+    def _deferred(self) -> None:
+        self.writer.cadence = self.edit_cadence
 
     def _fell_back(self, code: str) -> None:
         self.writer.cadence = self.edit_cadence
@@ -601,10 +640,15 @@ class SlackReply:
             self._on_stream_refused(code)
 
     # --- status ------------------------------------------------------------------------------
-    async def _set_status(self, status: str) -> None:
+    async def _set_status(self, status: str, *, spare_only: bool = False) -> None:
+        method = "assistant.threads.setStatus"
+        if spare_only and not self.budget.try_acquire(self.where.team, method):
+            # A courtesy: when the workspace's budget is spent, the answer itself comes first.
+            log.debug("thread %s: no budget to spare for the status", self.where.key)
+            return
         try:
-            await self.sink._api("assistant.threads.setStatus", lambda: self.client.assistant_threads_setStatus(
-                channel_id=self.where.channel, thread_ts=self.where.thread_ts, status=status))
+            await self.sink._api(method, lambda: self.client.assistant_threads_setStatus(
+                channel_id=self.where.channel, thread_ts=self.where.thread_ts, status=status), paid=spare_only)
         except (SlackApiError, RetryAfter) as exc:
             # The status is a courtesy: a workspace without it still gets the answer.
             log.debug("thread %s: status not set (%s)", self.where.key, exc)
@@ -625,7 +669,7 @@ class SlackReply:
     # --- Reply ----------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.settings.status:
-            self._status_task = asyncio.create_task(self._set_status(self.settings.status))
+            self._status_task = asyncio.create_task(self._set_status(self.settings.status, spare_only=True))
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)

@@ -6,8 +6,8 @@ against the naive strategy of editing after every N new characters, in the same 
 Each conversation asks one question at the same moment; the fake model (Anthropic's wire format)
 streams a ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake
 platforms enforce rate limits: Slack per workspace and method (chat.update 50/min as Tier 3,
-chat.startStream 50/min, chat.appendStream 100/min as Tier 4, chat.stopStream 50/min: bursts
-are refused with 429 + Retry-After); Telegram one message or edit per second per chat and 30 per
+chat.startStream 50/min, chat.appendStream 100/min as Tier 4, chat.stopStream 20/min as Tier 2;
+chat.postMessage 5 per 5 s per channel: bursts are refused with 429 + Retry-After); Telegram one message or edit per second per chat and 30 per
 second per bot. Per platform, strategy and N it reports, in ms: first visible text minus the model's
 first token (p50/p95), final text visible minus the model's last token (p50/p95), API calls per
 answer, 429s received, and answers lost (the final text not shown in full).
@@ -40,7 +40,9 @@ ANSWER = " ".join(
     for i in range(1, 7))
 QUESTION = "How often should the bearings be greased"
 
-SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 50}
+#: The fake Slack's limits: calls per minute per workspace (postMessage: per channel, 1/s with short bursts).
+SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 20}
+SLACK_PER_CHANNEL = {"chat.postMessage": (5, 5.0)}  # calls within seconds, per channel
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -197,6 +199,8 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int)
     async with FakeSlack(team_id="T0KBBOT", bot_user_id="UKBBOT", latency_s=0.01) as fake:
         for method, per_minute in SLACK_TIERS.items():
             fake.limit(method, calls=per_minute, per_s=60.0)
+        for method, (calls, per_s) in SLACK_PER_CHANNEL.items():
+            fake.limit(method, calls=calls, per_s=per_s, per="channel")
         answerer = runtime.answerer
         naive = None
         if strategy == "naive":
@@ -313,7 +317,8 @@ def summary(platform: str, strategy: str, n: int, first: list[float], final: lis
 
 
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
-              platforms: list[str]) -> dict[str, Any]:
+              platforms: list[str], strategies: list[str] | None = None) -> dict[str, Any]:
+    strategies = strategies or ["kbbot", "naive"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
     from tests.fakes.anthropic_server import FakeAnthropic, Script
@@ -338,7 +343,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         try:
             for platform in platforms:
                 for n in conversations:
-                    for strategy in ("kbbot", "naive"):
+                    for strategy in strategies:
                         fake.requests.clear()
                         runner = run_slack if platform == "slack" else run_telegram
                         row = await runner(runtime, fake, n, strategy, every)
@@ -370,13 +375,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--platforms", nargs="+", default=["slack", "telegram"])
+    parser.add_argument("--strategies", nargs="+", default=["kbbot", "naive"], choices=["kbbot", "naive"])
     parser.add_argument("--naive-chars", type=int, default=40)
     parser.add_argument("--tokens-per-second", type=float, default=40)
     parser.add_argument("--first-token-delay", type=float, default=0.5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
-                             args.platforms))
+                             args.platforms, args.strategies))
     if args.json:
         print(json.dumps(result))
     else:

@@ -16,6 +16,8 @@ metric                                                 type       labels / meani
 ``kbbot_platform_api_rate_limited_total``              counter    platform, method (HTTP 429 / flood control)
 ``kbbot_platform_api_errors_total``                    counter    platform, method, status (5xx, network)
 ``kbbot_stream_retry_waits_total``                     counter    platform: Retry-After waits of stream writers
+``kbbot_stream_deferred_total``                        counter    platform: answers posted and edited because no
+                                                                  native stream could start at once
 ``kbbot_refresh_runs_total``                           counter    source, status (ok, error)
 ``kbbot_refresh_documents_total``                      counter    source, change (added, changed, removed,
                                                                   unchanged, failed)
@@ -64,6 +66,9 @@ class Metrics:
                                ["platform", "method"], registry=r)
         self.api_errors = Counter("kbbot_platform_api_errors", "Chat platform API calls failing (5xx, network)",
                                   ["platform", "method", "status"], registry=r)
+        self.stream_deferred = Counter("kbbot_stream_deferred",
+                                       "Answers posted and edited because no native stream could start at once",
+                                       ["platform"], registry=r)
         self.retry_waits = Counter("kbbot_stream_retry_waits", "Retry-After waits of stream writers",
                                    ["platform"], registry=r)
         self.refresh_runs = Counter("kbbot_refresh_runs", "Refresh runs by source and status", ["source", "status"],

@@ -57,7 +57,9 @@ class Sink(Protocol):
         later; the writer then passes the latest text, which may be longer.
 
         A sink may also define ``async ready(final: bool)``: the writer awaits it *before* it takes
-        the text, so a wait for a shared rate budget ends with the latest text being sent.
+        the text, so a wait for a shared rate budget ends with the latest text being sent. An
+        intermediate ``ready`` may return ``False`` ("not now": no budget to spare); the writer then
+        tries again after ``Cadence.min_interval_s`` with the latest text. A final ``ready`` must wait.
         """
 
 
@@ -196,9 +198,14 @@ class StreamWriter:
                 continue
             ready = getattr(self.sink, "ready", None)
             if ready is not None:
-                await ready(self._final is not None)
+                go = await ready(self._final is not None)
                 if self._closed:
                     return
+                if go is False and self._final is None:
+                    # No budget to spare for an intermediate state: look again later (or at the final).
+                    self._next_allowed = max(self._next_allowed, self._clock() + self.cadence.min_interval_s)
+                    self._wake.set()
+                    continue
             final = self._final is not None
             text = self._final if final else self._text
             assert text is not None
@@ -302,6 +309,17 @@ class TokenBucket:
                 await self._sleep(delay)
                 waited += delay
 
+    def try_acquire(self) -> bool:
+        """Take a token only if one is free now and nobody is waiting for one (waiters go first)."""
+        now = self._clock()
+        if self._lock.locked() or now < self._held_until:
+            return False
+        self._refill(now)
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
     def hold(self, seconds: float) -> None:
         """Let nothing through for ``seconds`` (the platform answered 429 with this Retry-After);
         afterwards one call may go at once and the rest follow at the normal rate."""
@@ -344,6 +362,11 @@ class RateBudget:
         if waited > 0.05:
             log.debug("rate budget: %s %s waited %.2f s", scope, method, waited)
         return waited
+
+    def try_acquire(self, scope: str, method: str) -> bool:
+        """Take a token of ``(scope, method)`` if one is free now, without waiting (True when unlimited)."""
+        bucket = self.bucket(scope, method)
+        return True if bucket is None else bucket.try_acquire()
 
     def hold(self, scope: str, method: str, seconds: float) -> None:
         bucket = self.bucket(scope, method)

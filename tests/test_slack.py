@@ -435,6 +435,36 @@ async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_s
     assert len(updates) < 3 * 5, "waiting for the budget, each answer skipped stale states"
 
 
+async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(claude, fake_slack):
+    """Four answers at once, one stream start to spend: one streams, three post and edit at once;
+    every answer shows its first text without waiting for a stream start, and the workspace keeps
+    streaming afterwards (a spent budget is not a refusal)."""
+    model, runtime = claude
+    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(20))
+    model.responder = lambda req: Script(text, tokens_per_second=150)
+    budget = make_budget(SlackSettings())
+    budget.rates = {**budget.rates, "chat.startStream": Rate(per_minute=6, burst=1)}  # one start per 10 s
+    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+        mentions = [slack.mention(channel=f"C0TEAM{i}") for i in range(4)]
+        for mention in mentions:
+            await slack.send(mention, settle=False)
+        await slack.adapter.settle()
+        assert slack.adapter._streaming_allowed(TEAM), "the workspace is not marked as refusing streams"
+
+    assert len(slack.turns) == 4
+    for mention in mentions:
+        [message] = slack.thread(mention)
+        assert message.body == neutralise(slack.turns[0].answer.text) and not message.streaming
+        assert sources_text(message)
+    starts = fake_slack.ok_calls("chat.startStream")
+    posts = [c for c in fake_slack.ok_calls("chat.postMessage") if c.text_sent]
+    assert len(starts) == 1 and len(posts) == 3, "one stream, the others posted"
+    first_sends = sorted(min(c.at for c in fake_slack.calls if c.ok and c.text_sent and c.args.get("channel") == m["channel"])
+                         for m in mentions)
+    assert first_sends[-1] - first_sends[0] < 2.0, "no answer waited ~10 s for the next stream start"
+    assert not [c for c in fake_slack.calls if c.status == 429]
+
+
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (scripts/services.sh start)")
 async def test_two_replicas_sharing_redis_answer_a_redelivered_event_once(kb_runtime, fake_slack):
     from bot.redis_state import RedisIdempotency, connect_redis

@@ -133,6 +133,35 @@ async def test_a_sink_waiting_in_ready_then_sends_what_arrived_meanwhile():
     await writer.finish()
 
 
+async def test_a_sink_with_no_budget_to_spare_skips_intermediates_but_not_the_final():
+    """``ready`` returning False means "not now": the writer looks again later, the final always goes."""
+
+    class SpareOnlySink(RecordingSink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = False
+            self.asked: list[bool] = []
+
+        async def ready(self, final: bool) -> bool:
+            self.asked.append(final)
+            return final or self.spare
+
+    sink = SpareOnlySink()
+    writer = StreamWriter(sink, Cadence(min_interval_s=0.05))
+    writer.push("first ")
+    await asyncio.sleep(0.2)
+    assert sink.texts == [] and len(sink.asked) >= 2, "asked again after min_interval_s, sent nothing"
+    sink.spare = True
+    writer.push("second ")
+    await asyncio.sleep(0.1)
+    assert sink.texts == ["first second "]
+    sink.spare = False
+    writer.push("third")
+    await writer.finish()
+    assert sink.texts == ["first second ", "first second third"]
+    assert sink.sends[-1][1] is True
+
+
 async def test_final_text_survives_repeated_retry_after():
     sink = RecordingSink()
     writer = StreamWriter(sink, Cadence(min_interval_s=0.0))
@@ -230,6 +259,34 @@ async def test_hold_blocks_everyone_for_retry_after():
     bucket.hold(7.0)
     assert await bucket.acquire() == pytest.approx(7.0), "one call right after the hold"
     assert await bucket.acquire() == pytest.approx(1.0), "then the normal rate, no burst saved up while held"
+
+
+async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
+    t = FakeTime()
+    bucket = TokenBucket(Rate(per_minute=60, burst=2), clock=t.clock, sleep=t.sleep)
+    assert [bucket.try_acquire(), bucket.try_acquire(), bucket.try_acquire()] == [True, True, False]
+    t.now += 1.0
+    assert bucket.try_acquire() is True, "refilled at the rate"
+    bucket.hold(5.0)
+    t.now += 2.0
+    assert bucket.try_acquire() is False, "held after a 429"
+
+    woken = asyncio.Event()
+
+    async def slow_sleep(seconds: float) -> None:  # time passes, the waiter has not run yet
+        t.now += seconds
+        await woken.wait()
+
+    queued = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=slow_sleep)
+    assert queued.try_acquire() is True
+    waiter = asyncio.create_task(queued.acquire())
+    await asyncio.sleep(0.01)
+    assert queued.tokens >= 1.0, "a token is due"
+    assert queued.try_acquire() is False, "but a caller (a final) waits for it: spare-only callers get nothing"
+    woken.set()
+    assert await waiter == pytest.approx(1.0)
+    budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)})
+    assert budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
 
 
 async def test_budget_is_shared_per_scope_and_method():

@@ -159,8 +159,8 @@ class FakeSlack:
         self._refused: str | None = None
         self._expire_after: int | None = None
         self._appends: dict[tuple[str, str], int] = defaultdict(int)
-        self._limits: dict[str, tuple[int, float]] = {}
-        self._window: dict[str, deque[float]] = defaultdict(deque)
+        self._limits: dict[str, tuple[int, float, str | None]] = {}
+        self._window: dict[tuple[str, str], deque[float]] = defaultdict(deque)
         self._runner: web.AppRunner | None = None
         self._base_url: str | None = None
         #: Bodies POSTed to response URLs (slash commands' ``respond``), by the key in the URL.
@@ -186,9 +186,10 @@ class FakeSlack:
         """Answer the next ``times`` calls of ``method`` with ``error`` (HTTP ``status``)."""
         self._failures[method].extend([(error, status)] * times)
 
-    def limit(self, method: str, *, calls: int, per_s: float) -> None:
-        """Enforce a rate tier: more than ``calls`` successful calls within ``per_s`` seconds get 429."""
-        self._limits[method] = (calls, per_s)
+    def limit(self, method: str, *, calls: int, per_s: float, per: str | None = None) -> None:
+        """Enforce a rate tier: more than ``calls`` successful calls within ``per_s`` seconds get 429;
+        ``per``: counted separately for each value of that argument (``"channel"`` for postMessage)."""
+        self._limits[method] = (calls, per_s, per)
 
     # ------------------------------------------------------------------ queries
     def calls_to(self, *methods: str) -> list[Call]:
@@ -261,7 +262,7 @@ class FakeSlack:
             retry_after = self._rate_limited[method].popleft()
             call.status, call.response = 429, {"ok": False, "error": "ratelimited"}
             headers["Retry-After"] = str(int(math.ceil(retry_after)))
-        elif (wait := self._over_limit(method, call.at)) is not None:
+        elif (wait := self._over_limit(method, args, call.at)) is not None:
             call.status, call.response = 429, {"ok": False, "error": "ratelimited"}
             headers["Retry-After"] = str(max(1, int(math.ceil(wait))))
         elif self._failures[method]:
@@ -275,7 +276,7 @@ class FakeSlack:
             except SlackError as exc:
                 call.response = {"ok": False, "error": exc.error}
             if call.ok and method in self._limits:
-                self._window[method].append(call.at)
+                self._window[self._window_key(method, args)].append(call.at)
         return web.json_response(call.response, status=call.status, headers=headers)
 
     @staticmethod
@@ -297,11 +298,15 @@ class FakeSlack:
             return value.strip()
         return args.get("token")
 
-    def _over_limit(self, method: str, now: float) -> float | None:
+    def _window_key(self, method: str, args: dict[str, Any]) -> tuple[str, str]:
+        per = self._limits[method][2]
+        return method, str(args.get(per, "")) if per else ""
+
+    def _over_limit(self, method: str, args: dict[str, Any], now: float) -> float | None:
         if method not in self._limits:
             return None
-        calls, per_s = self._limits[method]
-        window = self._window[method]
+        calls, per_s, _ = self._limits[method]
+        window = self._window[self._window_key(method, args)]
         while window and window[0] <= now - per_s:
             window.popleft()
         if len(window) < calls:
