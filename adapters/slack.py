@@ -914,7 +914,8 @@ class SlackAdapter:
         answer_text = None
         try:
             if approving:
-                approved = await self.answers.approve(turn_id, user)
+                clicker = body.get("user") or {}
+                approved = await self.answers.approve(turn_id, user, clicker.get("name") or clicker.get("username") or "")
                 if approved is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     await tell("expired")

@@ -1010,7 +1010,7 @@ class TelegramAdapter:
             return
         try:
             if approving:
-                if await self.answers.approve(turn_id, user) is None:
+                if await self.answers.approve(turn_id, user, query.from_user.full_name) is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     await self._answer_callback(query, text_for("expired", language), alert=True)
                     return

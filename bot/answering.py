@@ -12,7 +12,7 @@ from typing import Any
 from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
-from bot.cache import AnswerCache, CacheKey, wants_fresh
+from bot.cache import AnswerCache, CacheKey, cached_label, wants_fresh
 from bot.history import HistoryStore
 from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
@@ -237,7 +237,7 @@ class Answerer:
             if hit is not None:
                 answer = hit.to_answer()
                 answer.trace = trace
-                answer.text = f"{say('cached_label', detect_language(question))}\n\n{answer.text}"
+                answer.text = f"{cached_label(answer, detect_language(question))}\n\n{answer.text}"
                 return await self._conclude(inquiry, question, answer, reply, started)
 
         prefs = Preferences()

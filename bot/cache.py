@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from bot.messages import say
 from bot.types import Answer, Citation
 
 FRESH_PREFIX = "!fresh"
@@ -61,6 +62,15 @@ class CacheKey:
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+
+def cached_label(answer: Answer, language: str) -> str:
+    """The line above an answer served from the cache: that a reviewer approved it, who and when."""
+    who = " ".join(answer.approved_by.split())[:60]
+    if not who:
+        return say("cached_label", language)
+    when = time.strftime("%Y-%m-%d", time.gmtime(answer.approved_at)) if answer.approved_at else "?"
+    return say("cached_label_by", language, who=who, date=when)
+
 @dataclass
 class ApprovedAnswer:
     text: str
@@ -70,19 +80,22 @@ class ApprovedAnswer:
     turn_id: str
     approved_by: str = ""
     approved_at: float = field(default_factory=time.time)
+    #: The reviewer's display name at approval time (shown with the cached answer); "" if unknown.
+    approver_name: str = ""
 
     def to_answer(self) -> Answer:
         from bot.types import Outcome, Trace
 
         return Answer(text=self.text, outcome=Outcome.CACHED, citations=[Citation(**c) for c in self.citations],
-                      trace=Trace(), approved_turn_id=self.turn_id)
+                      trace=Trace(), approved_turn_id=self.turn_id,
+                      approved_by=self.approver_name or self.approved_by, approved_at=self.approved_at)
 
 
 class AnswerCache(Protocol):
     async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
         """Keep ``answer`` so that a reviewer may approve turn ``turn_id`` later."""
 
-    async def approve(self, turn_id: str, reviewer: str) -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
         """The offered answer of ``turn_id`` becomes the cached one; None if nothing was offered
         (expired, or a turn that cannot be cached)."""
 
@@ -112,12 +125,12 @@ class MemoryAnswerCache:
         self._pending = {t: v for t, v in self._pending.items() if v[0] > now}
         self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer))
 
-    async def approve(self, turn_id: str, reviewer: str) -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
         held = self._pending.get(turn_id)
         if held is None or held[0] <= time.monotonic():
             return None
         key = CacheKey(**{**held[1]["key"], "spaces": tuple(held[1]["key"]["spaces"])})
-        approved = ApprovedAnswer(**held[1]["answer"], approved_by=reviewer)
+        approved = ApprovedAnswer(**held[1]["answer"], approved_by=reviewer, approver_name=name)
         slot = (key.knowledge_version, key.digest)
         self._approved[slot] = approved
         self._by_turn[turn_id] = slot
@@ -148,13 +161,13 @@ class RedisAnswerCache:
         await self.redis.set(self._k("pending", turn_id), json.dumps(_entry(turn_id, key, answer), ensure_ascii=False),
                              ex=self.pending_ttl_s)
 
-    async def approve(self, turn_id: str, reviewer: str) -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
         raw = await self.redis.get(self._k("pending", turn_id))
         if raw is None:
             return None
         held = json.loads(raw)
         key = CacheKey(**{**held["key"], "spaces": tuple(held["key"]["spaces"])})
-        approved = ApprovedAnswer(**held["answer"], approved_by=reviewer)
+        approved = ApprovedAnswer(**held["answer"], approved_by=reviewer, approver_name=name)
         slot = self._k("approved", key.knowledge_version, key.digest)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(slot, json.dumps(asdict(approved), ensure_ascii=False))

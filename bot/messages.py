@@ -21,6 +21,11 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "✅ Previously approved answer (a reviewer confirmed it; ask again starting with !fresh for a new one):",
         "zh": "✅ 这是经审核确认过的回答（如需重新生成，请在问题前加 !fresh）：",
     },
+    "cached_label_by": {
+        "en": "✅ Previously approved answer (approved by {who} on {date}; ask again starting with !fresh "
+              "for a new one):",
+        "zh": "✅ 这是经审核确认过的回答（由 {who} 于 {date} 确认；如需重新生成，请在问题前加 !fresh）：",
+    },
     "stale_notice": {
         "en": "⚠️ Note: a source cited here changed while this answer was written; check the current document.",
         "zh": "⚠️ 注意：本回答引用的资料在生成过程中已更新，请以最新文档为准。",

@@ -84,6 +84,9 @@ class Answer:
     approvable: bool = False
     #: A cached answer: the turn whose approval it is (what withdrawing names).
     approved_turn_id: str | None = None
+    #: A cached answer: who approved it (a display name, else the platform's user id) and when (epoch s).
+    approved_by: str = ""
+    approved_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -161,6 +161,8 @@ async def test_slack_a_reviewers_approval_serves_the_same_question_from_cache_wi
         assert hit.outcome is Outcome.CACHED and hit.approved_turn_id == answer.trace.turn_id
         assert "retrieve" not in hit.trace.stages and hit.trace.model_calls == 0
         assert again.body.startswith("✅ Previously approved answer") and again.body.endswith(answer.text)
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        assert f"approved by {REVIEWER.lower()} on {today}" in again.body, "who approved it, by name, and when"
         assert sources_text(again) == sources_text(message) and [c.doc_id for c in hit.citations] == \
             [c.doc_id for c in answer.citations]
         assert button(again, WITHDRAW_ACTION)["value"] == answer.trace.turn_id, "reviewers may withdraw it here"
@@ -301,6 +303,7 @@ async def test_telegram_approve_and_withdraw_buttons_for_reviewers_only(memory_r
         assert cached.outcome is Outcome.CACHED and "retrieve" not in cached.trace.stages
         served = fake_tg.chat(TG_USER)[-1]
         assert served.text.startswith("✅ Previously approved answer") and "Sources" in served.text
+        assert "approved by Rita on " in served.text
         for citation in answer.citations:
             assert f"[{citation.index}] {citation.title}" in served.text
         assert not any(b.startswith(("kbap:", "kbwd:")) for b in tg_buttons(served))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache, wants_fresh
+from bot.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache, cached_label, wants_fresh
 from bot.preferences import (
     MemoryPreferenceStore,
     PreferenceError,
@@ -55,9 +55,11 @@ async def test_an_offered_answer_is_served_once_approved_and_only_for_its_key(st
     assert key == CacheKey.of("how long is the warranty?", ("default",), 5, "claude-sonnet-5-5", "1")
     await cache.offer("turn-1", key, _answer())
     assert await cache.lookup(key) is None  # offered, not approved
-    approved = await cache.approve("turn-1", "U_REVIEWER")
+    approved = await cache.approve("turn-1", "U_REVIEWER", "Rita Chen")
     assert approved.approved_by == "U_REVIEWER" and approved.text == "24 months [1]."
     hit = await cache.lookup(key)
+    assert hit.to_answer().approved_by == "Rita Chen", "the reviewer's name is kept with the approval"
+    assert cached_label(hit.to_answer(), "zh").startswith("✅ 这是经审核确认过的回答（由 Rita Chen 于 ")
     assert hit.to_answer().outcome is Outcome.CACHED and hit.to_answer().citations[0].version == 3
     for other in (CacheKey.of("How long is the warranty", ["default"], 5, "claude-sonnet-5-5", "1"),  # no "?"
                   CacheKey.of("How long is the warranty?", ["drives"], 5, "claude-sonnet-5-5", "1"),
