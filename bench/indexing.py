@@ -13,7 +13,6 @@ store (Weaviate when ``WEAVIATE_URL`` is set, in a collection of its own that is
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import uuid
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pipelines  # noqa: F401  (telemetry off)
+from bench.report import emit
 from bot.runtime import build_runtime
 from bot.settings import load_settings
 from pipelines.components.embedders import load_e5, passage_text
@@ -140,12 +140,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = measure_corpus(args.corpus) if args.corpus else measure(args.paths)
-    if args.json:
-        print(json.dumps(result))
-        return
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -5,17 +5,20 @@ against the naive strategy of editing after every N new characters, in the same 
 
 Each conversation asks one question at the same moment; the fake model (Anthropic's wire format)
 streams a ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake
-platforms enforce rate limits: Slack per workspace and method (chat.update 50/min as Tier 3,
-chat.startStream 50/min, chat.appendStream 100/min as Tier 4, chat.stopStream 20/min as Tier 2;
-chat.postMessage 5 per 5 s per channel: bursts are refused with 429 + Retry-After); Telegram one message or edit per second per chat and 30 per
-second per bot. Per platform, strategy and N it reports, in ms: first visible text minus the model's
-first token (p50/p95), final text visible minus the model's last token (p50/p95), API calls per
-answer, 429s received, and answers lost (the final text not shown in full).
+platforms enforce rate limits with 429 + Retry-After: Slack per workspace and method
+(chat.update 50/min as Tier 3, chat.startStream 50/min, chat.appendStream 100/min as Tier 4,
+chat.stopStream 20/min as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message
+or edit per second per chat and 30 per second per bot. Per platform, strategy and N it reports, in
+ms: first visible text minus the model's first token (p50/p95), final text visible minus the
+model's last token (p50/p95), API calls per answer, 429s received, and answers lost (the turn did
+not end with the model's answer shown in full, e.g. a naive answer still editing when the
+``--turn-timeout`` budget ran out).
 
 ``kbbot`` is the adapters' own Reply (the shared ``StreamWriter`` and rate budget; Slack in its
-configured ``native`` stream mode, Telegram ``edit`` mode since drafts need a private chat's
-client); ``naive`` replaces the Reply with one that posts, then edits after every N new
-characters, awaiting each call, with slack-sdk's one 429 retry / one Retry-After wait on Telegram.
+configured ``native`` stream mode, where answers that cannot start a stream at once post and edit;
+Telegram in ``edit`` mode, the mode of groups); ``naive`` replaces the Reply with one that posts,
+then edits after every N new characters, awaiting each call, with slack-sdk's one 429 retry / one
+Retry-After wait on Telegram.
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ import asyncio
 import contextlib
 import json
 import os
-import statistics
 import tempfile
 import time
-from collections import defaultdict, deque
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
+from bench.report import table
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER = " ".join(
@@ -224,26 +227,17 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int)
                 await slack.adapter.settle(0.2)
         finally:
             runtime.__dict__["answerer"] = answerer
-        tokens = model_tokens(model)
-        first, final, lost = [], [], 0
+        tally = Tally(model_tokens(model))
         for i, event in enumerate(events):
-            question = f"{QUESTION} (ticket {i})?"
-            token = tokens.get(question)
             calls = [c for c in fake.calls if c.ok and c.args.get("channel") == event["channel"] and c.text_sent]
             turn = next((t for t in slack.turns if t.inquiry.channel == event["channel"]), None)
             messages = slack.thread(event)
-            expected = turn.answer.text if turn and turn.answer else None
+            expected = turn.answer.text if answered(turn) else None
             shown = "\n".join(m.body for m in messages)
-            if expected is None or expected not in shown or any(m.streaming for m in messages):
-                lost += 1
-                if os.environ.get("BENCH_DEBUG"):
-                    print("LOST", strategy, event["channel"], turn and turn.answer and turn.answer.outcome,
-                          repr(shown[:300]), repr((expected or "")[:200]), file=__import__("sys").stderr)
-            if token and calls:
-                first.append((min(c.at for c in calls) - token[0]) * 1000)
-                final.append((max(c.at for c in calls) - token[1]) * 1000)
+            tally.add(i, [c.at for c in calls],
+                      expected is not None and expected in shown and not any(m.streaming for m in messages))
         answer_calls = [c for c in fake.calls if c.method.startswith("chat.")]
-        return summary("slack", strategy, n, first, final, len(answer_calls), fake.calls, lost)
+        return tally.row("slack", strategy, n, len(answer_calls), fake.calls)
 
 
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
@@ -278,22 +272,21 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
     finally:
         runtime.__dict__["answerer"] = answerer
         await fake.stop()
-    tokens = model_tokens(model)
-    first, final, lost = [], [], 0
+    tally = Tally(model_tokens(model))
     for i, chat in enumerate(chats):
-        token = tokens.get(f"{QUESTION} (ticket {i})?")
         calls = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
                  and c.method in ("sendMessage", "editMessageText", "sendMessageDraft") and c.args.get("text")]
         turn = next((t for t in tg.turns if str(t.inquiry.channel) == str(chat)), None)
         shown = "".join("".join(m.text.split()) for m in fake.chat(chat))
-        expected = turn.answer.text if turn and turn.answer else None
-        if expected is None or not _contains_words(shown, expected):
-            lost += 1
-        if token and calls:
-            first.append((min(c.at for c in calls) - token[0]) * 1000)
-            final.append((max(c.at for c in calls) - token[1]) * 1000)
+        expected = turn.answer.text if answered(turn) else None
+        tally.add(i, [c.at for c in calls], expected is not None and _contains_words(shown, expected))
     answer_calls = [c for c in fake.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
-    return summary("telegram", strategy, n, first, final, len(answer_calls), fake.calls, lost)
+    return tally.row("telegram", strategy, n, len(answer_calls), fake.calls)
+
+
+def answered(turn: Any) -> bool:
+    """The turn ended with the model's answer (not the turn budget's or an error's message)."""
+    return bool(turn and turn.answer and turn.answer.outcome == "answered")
 
 
 def _contains_words(shown: str, expected: str) -> bool:
@@ -304,20 +297,37 @@ def _contains_words(shown: str, expected: str) -> bool:
     return strip(expected)[:200] in strip(shown) and strip(expected)[-60:] in strip(shown)
 
 
-def summary(platform: str, strategy: str, n: int, first: list[float], final: list[float], calls: int,
-            all_calls: list[Any], lost: int) -> dict[str, Any]:
-    return {"platform": platform, "strategy": strategy, "conversations": n,
-            "first_visible_minus_first_token_ms_p50": pct(first, 0.5),
-            "first_visible_minus_first_token_ms_p95": pct(first, 0.95),
-            "final_visible_minus_last_token_ms_p50": pct(final, 0.5),
-            "final_visible_minus_last_token_ms_p95": pct(final, 0.95),
-            "api_calls_per_answer": round(calls / max(n, 1), 1),
-            "429s": sum(1 for c in all_calls if c.status == 429),
-            "lost": lost}
+class Tally:
+    """One run's per-conversation figures, against the model's token times of each question."""
+
+    def __init__(self, tokens: dict[str, tuple[float, float]]):
+        self.tokens = tokens
+        self.first: list[float] = []
+        self.final: list[float] = []
+        self.lost = 0
+
+    def add(self, i: int, shown_at: list[float], delivered: bool) -> None:
+        """Conversation ``i``: when its text-carrying calls landed; whether its final text is shown in full."""
+        self.lost += not delivered
+        token = self.tokens.get(f"{QUESTION} (ticket {i})?")
+        if token and shown_at:
+            self.first.append((min(shown_at) - token[0]) * 1000)
+            self.final.append((max(shown_at) - token[1]) * 1000)
+
+    def row(self, platform: str, strategy: str, n: int, calls: int, all_calls: list[Any]) -> dict[str, Any]:
+        return {"platform": platform, "strategy": strategy, "conversations": n,
+                "first_visible_minus_first_token_ms_p50": pct(self.first, 0.5),
+                "first_visible_minus_first_token_ms_p95": pct(self.first, 0.95),
+                "final_visible_minus_last_token_ms_p50": pct(self.final, 0.5),
+                "final_visible_minus_last_token_ms_p95": pct(self.final, 0.95),
+                "api_calls_per_answer": round(calls / max(n, 1), 1),
+                "429s": sum(1 for c in all_calls if c.status == 429),
+                "lost": self.lost}
 
 
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
-              platforms: list[str], strategies: list[str] | None = None) -> dict[str, Any]:
+              platforms: list[str], strategies: list[str] | None = None,
+              turn_timeout_s: float = 75.0) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
@@ -337,6 +347,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         settings.limits.per_user = settings.limits.per_channel = 0
         settings.memory.approved_answers = False
         settings.generator.max_tokens = 4096
+        settings.answering.turn_timeout_s = turn_timeout_s
         runtime = build_runtime(settings)
         runtime.indexer.index([REPO / "examples" / "kb"])
         await runtime.start()
@@ -351,24 +362,18 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
                         print(json.dumps(row), flush=True, file=__import__("sys").stderr)
         finally:
             await runtime.close()
-    return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second,
+    return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second, "turn_timeout_s": turn_timeout_s,
             "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows}
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
           f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
-    head = ["platform", "strategy", "N", "first p50", "first p95", "final p50", "final p95", "calls/ans", "429s",
-            "lost"]
-    print(" | ".join(head))
-    print(" | ".join("---" for _ in head))
-    for r in result["rows"]:
-        print(" | ".join(str(v) for v in (r["platform"], r["strategy"], r["conversations"],
-                                          r["first_visible_minus_first_token_ms_p50"],
-                                          r["first_visible_minus_first_token_ms_p95"],
-                                          r["final_visible_minus_last_token_ms_p50"],
-                                          r["final_visible_minus_last_token_ms_p95"], r["api_calls_per_answer"],
-                                          r["429s"], r["lost"])))
+    columns = ["platform", "strategy", "conversations", "first_visible_minus_first_token_ms_p50",
+               "first_visible_minus_first_token_ms_p95", "final_visible_minus_last_token_ms_p50",
+               "final_visible_minus_last_token_ms_p95", "api_calls_per_answer", "429s", "lost"]
+    print(table(result["rows"], columns, ["platform", "strategy", "N", "first p50", "first p95", "final p50",
+                                          "final p95", "calls/answer", "429s", "lost"]))
 
 
 def main() -> None:
@@ -379,10 +384,12 @@ def main() -> None:
     parser.add_argument("--naive-chars", type=int, default=40)
     parser.add_argument("--tokens-per-second", type=float, default=40)
     parser.add_argument("--first-token-delay", type=float, default=0.5)
+    parser.add_argument("--turn-timeout", type=float, default=75.0,
+                        help="the turn budget (s); a naive answer still editing at the end of it is lost")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
-                             args.platforms, args.strategies))
+                             args.platforms, args.strategies, args.turn_timeout))
     if args.json:
         print(json.dumps(result))
     else:

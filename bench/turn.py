@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import statistics
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import pipelines  # noqa: F401  (telemetry off)
+from bench.report import emit
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER = ("Regrease the HL-M200 bearings every 4,000 operating hours with 15 g of lithium-complex grease [1]. "
@@ -122,12 +122,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args.turns, args.threads))
-    if args.json:
-        print(json.dumps(result))
-        return
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""How every benchmark prints its result: a Markdown table, or with ``--json`` one JSON object."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+          headers: Sequence[str] | None = None) -> str:
+    """Rows (dicts with the same keys) as a Markdown table; ``columns`` picks and orders the keys."""
+    keys = list(columns or (rows[0] if rows else []))
+    head = list(headers or keys)
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def figures(result: Mapping[str, Any]) -> str:
+    """One result's figures as a two-column table (figure, value)."""
+    return table([{"figure": key, "value": value} for key, value in result.items()])
+
+
+def emit(result: Mapping[str, Any], as_json: bool) -> None:
+    """Print ``result``: one JSON object, or its figures as a table."""
+    print(json.dumps(result, ensure_ascii=False) if as_json else figures(result))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:g}"
+    return str(value)
