@@ -35,6 +35,8 @@ from typing import Any, TypeAlias
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
+
 __all__ = [
     "ERROR_MESSAGES",
     "ERROR_TYPES",
@@ -231,13 +233,14 @@ def _sse(event: str, data: JSON) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-class FakeAnthropic:
+class FakeAnthropic(LocalServer):
     """An aiohttp server speaking the Anthropic Messages API, scripted per request by tests.
 
     Reply selection, first match wins: scripts queued with :meth:`enqueue` (in order), then :attr:`responder`.
     """
 
     def __init__(self, responder: Responder | None = None, *, require_auth: bool = True) -> None:
+        super().__init__()
         self.responder: Responder = responder or default_responder
         #: When ``False`` requests without credentials are served, for clients that cannot set a key.
         self.require_auth = require_auth
@@ -245,8 +248,6 @@ class FakeAnthropic:
         self.requests: list[RecordedRequest] = []
         self._queue: deque[Script | str] = deque()
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._base_url: str | None = None
 
     # ------------------------------------------------------------------ scripting
 
@@ -260,43 +261,13 @@ class FakeAnthropic:
             raise AssertionError("the fake Anthropic server has received no request")
         return self.requests[-1]
 
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:<port>``, the value for ``ANTHROPIC_BASE_URL``."""
-        if self._base_url is None:
-            raise RuntimeError("FakeAnthropic is not running; call start() first")
-        return self._base_url
-
     # ------------------------------------------------------------------ lifecycle (async)
 
-    async def start(self) -> str:
-        """Listen on an ephemeral port of 127.0.0.1 and return the base URL."""
-        if self._runner is not None:
-            return self.base_url
-        app = web.Application()
+    # ``base_url`` (``http://127.0.0.1:<port>``, the value for ``ANTHROPIC_BASE_URL``), start, stop and
+    # ``async with`` come from LocalServer; the short shutdown timeout keeps a test that stops the
+    # server while a slow stream is in flight from hanging.
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._handle_messages)
-        # A short shutdown timeout: a test that stops the server while a slow stream is in flight must not hang.
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        self._runner = runner
-        self._base_url = f"http://127.0.0.1:{port}"
-        return self._base_url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-        self._base_url = None
-
-    async def __aenter__(self) -> FakeAnthropic:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------ lifecycle (sync)
 

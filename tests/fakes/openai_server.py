@@ -10,8 +10,10 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
 
-class FakeOpenAI:
+
+class FakeOpenAI(LocalServer):
     """``POST /v1/chat/completions`` (JSON or SSE stream) and ``POST /rerank``.
 
     ``reply(request_json) -> str`` chooses the answer; ``rerank(query, texts) -> scores``
@@ -20,27 +22,14 @@ class FakeOpenAI:
 
     def __init__(self, reply: Callable[[dict[str, Any]], str] | None = None,
                  rerank: Callable[[str, list[str]], list[float]] | None = None):
+        super().__init__()
         self.reply = reply or (lambda req: "ok")
         self.rerank = rerank or (lambda query, texts: [float(len(t)) for t in texts])
         self.requests: list[dict[str, Any]] = []
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
 
-    async def __aenter__(self) -> FakeOpenAI:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/rerank", self._rerank)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner:
-            await self._runner.cleanup()
 
     async def _rerank(self, request: web.Request) -> web.Response:
         body = await request.json()

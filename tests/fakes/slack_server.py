@@ -33,6 +33,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
+
 __all__ = ["Call", "Ephemeral", "FakeSlack", "Message", "STREAM_METHODS"]
 
 STREAM_METHODS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
@@ -138,11 +140,12 @@ class SlackError(Exception):
         self.error = error
 
 
-class FakeSlack:
+class FakeSlack(LocalServer):
     """An aiohttp server speaking the parts of the Slack Web API kbbot uses (``/api/{method}``)."""
 
     def __init__(self, *, team_id: str = "T0KBBOT", bot_user_id: str = "UKBBOT", bot_id: str = "BKBBOT",
                  token: str = "xoxb-test", latency_s: float = 0.0):
+        super().__init__()
         self.team_id = team_id
         self.bot_user_id = bot_user_id
         self.bot_id = bot_id
@@ -161,8 +164,6 @@ class FakeSlack:
         self._appends: dict[tuple[str, str], int] = defaultdict(int)
         self._limits: dict[str, tuple[int, float, str | None]] = {}
         self._window: dict[tuple[str, str], deque[float]] = defaultdict(deque)
-        self._runner: web.AppRunner | None = None
-        self._base_url: str | None = None
         #: Bodies POSTed to response URLs (slash commands' ``respond``), by the key in the URL.
         self.responses: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: Messages posted with chat.postEphemeral, oldest first.
@@ -204,45 +205,17 @@ class FakeSlack:
                  if m.channel == channel and m.thread_ts == thread_ts and not m.deleted]
         return sorted(found, key=lambda m: float(m.ts))
 
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:<port>/api/``, the ``base_url`` for ``AsyncWebClient`` (``SLACK_API_URL``)."""
-        if self._base_url is None:
-            raise RuntimeError("FakeSlack is not running; call start() first")
-        return self._base_url
-
     # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> str:
-        if self._runner is not None:
-            return self.base_url
-        app = web.Application()
+    #: ``base_url`` is ``http://127.0.0.1:<port>/api/``, the ``base_url`` for ``AsyncWebClient`` (``SLACK_API_URL``).
+    path = "/api/"
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/api/{method}", self._handle)
         app.router.add_post("/respond/{key}", self._respond)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        self._runner = runner
-        self._base_url = f"http://127.0.0.1:{port}/api/"
-        return self._base_url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-        self._base_url = None
-
-    async def __aenter__(self) -> FakeSlack:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
     def response_url(self, key: str) -> str:
         """A slash command's ``response_url``; what is posted there lands in ``responses[key]``."""
-        return self.base_url.removesuffix("/api/") + f"/respond/{key}"
+        return self.root_url + f"/respond/{key}"
 
     async def _respond(self, request: web.Request) -> web.Response:
         self.responses[request.match_info["key"]].append(json.loads(await request.read()))

@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
+
 JSON = dict[str, Any]
 
 
@@ -57,10 +59,11 @@ class Message:
         return [button for row in rows for button in row]
 
 
-class FakeTelegram:
+class FakeTelegram(LocalServer):
     """The fake Bot API server; ``async with FakeTelegram() as fake`` then ``fake.base_url``."""
 
     def __init__(self, token: str = "123456789:TEST-token_abc", username: str = "kbbot_test_bot") -> None:
+        super().__init__()
         self.token = token
         self.bot_id = int(token.split(":", 1)[0])
         self.username = username
@@ -76,14 +79,8 @@ class FakeTelegram:
         self._storms: dict[str, list[float]] = {}
         self._draft_refusal: tuple[int, str] | None = None
         self._entity_errors: dict[str, int] = {}
-        self._runner: web.AppRunner | None = None
-        self._port = 0
 
     # --- test controls ---------------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
-
     def push(self, update: JSON) -> JSON:
         """Queue an update for ``getUpdates`` (an ``update_id`` is assigned when missing)."""
         update = dict(update)
@@ -122,28 +119,14 @@ class FakeTelegram:
         return [m for m in self.messages.get(chat_id, []) if not m.deleted]
 
     # --- lifecycle -------------------------------------------------------------------------------
-    async def start(self) -> str:
-        app = web.Application()
+    shutdown_timeout_s = 0.2
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-        return self.base_url
 
     async def stop(self) -> None:
-        self._new_update.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeTelegram:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+        self._new_update.set()  # wakes long polls, which then end with the server
+        await super().stop()
 
     # --- the API ---------------------------------------------------------------------------------
     async def _args(self, request: web.Request) -> JSON:
