@@ -395,9 +395,19 @@ class TelegramSink:
         self.markup: InlineKeyboardMarkup | None = None
         self.language = "en"
         self.calls = 0
+        self._prepaid = False  # ready() took the budget of the next call
         self.on_first_text: Callable[[], None] | None = None
 
     # --- the Sink protocol -----------------------------------------------------------------------
+    async def ready(self, final: bool) -> bool:
+        """The first text and the final text wait for the budget (in ``_call``); an intermediate
+        state goes only with budget to spare in this chat and bot-wide, so it never delays another
+        answer's first or final text."""
+        if final or self._prepaid or not (self.posted or self.drafted):
+            return True
+        self._prepaid = self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        return self._prepaid
+
     async def send(self, text: str, final: bool) -> bool:
         if final:
             await self._send_final(text)
@@ -469,7 +479,9 @@ class TelegramSink:
     # --- building blocks ---------------------------------------------------------------------------
     async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
         scope = str(self.where.chat_id)
-        if budgeted:
+        if budgeted and self._prepaid:
+            self._prepaid = False
+        elif budgeted:
             await self.budget.acquire(scope, "send")
             await self.budget.acquire("bot", BOT_SEND)
         self.calls += 1

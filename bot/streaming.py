@@ -320,6 +320,10 @@ class TokenBucket:
             return True
         return False
 
+    def refund(self) -> None:
+        """Give back a token taken but not used (its call was not made)."""
+        self._tokens = min(float(self.rate.burst), self._tokens + 1.0)
+
     def hold(self, seconds: float) -> None:
         """Let nothing through for ``seconds`` (the platform answered 429 with this Retry-After);
         afterwards one call may go at once and the rest follow at the normal rate."""
@@ -367,6 +371,20 @@ class RateBudget:
         """Take a token of ``(scope, method)`` if one is free now, without waiting (True when unlimited)."""
         bucket = self.bucket(scope, method)
         return True if bucket is None else bucket.try_acquire()
+
+    def try_acquire_all(self, *keys: tuple[str, str]) -> bool:
+        """``try_acquire`` of several ``(scope, method)`` buckets: all of them, or none (refunded)."""
+        taken: list[TokenBucket] = []
+        for scope, method in keys:
+            bucket = self.bucket(scope, method)
+            if bucket is None:
+                continue
+            if not bucket.try_acquire():
+                for other in taken:
+                    other.refund()
+                return False
+            taken.append(bucket)
+        return True
 
     def hold(self, scope: str, method: str, seconds: float) -> None:
         bucket = self.bucket(scope, method)

@@ -289,6 +289,16 @@ async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
     assert budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
 
 
+async def test_try_acquire_all_takes_every_bucket_or_none():
+    t = FakeTime()
+    budget = RateBudget({"send": Rate(per_minute=60, burst=2), "bot": Rate(per_minute=60, burst=1)},
+                        clock=t.clock, sleep=t.sleep)
+    assert budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
+    assert budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
+    assert budget.bucket("chat1", "send").tokens == pytest.approx(1.0), "the chat's token was given back"
+    assert budget.try_acquire_all(("chat1", "send"), ("all", "unlimited")) is True
+
+
 async def test_budget_is_shared_per_scope_and_method():
     t = FakeTime()
     budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)}, clock=t.clock, sleep=t.sleep)
