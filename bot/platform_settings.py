@@ -14,8 +14,35 @@ from typing import Any
 STREAM_MODES = ("native", "edit")
 
 
+class _Checked:
+    """``problems()`` lists what is wrong, one line each naming the setting; ``validate()`` raises the first."""
+
+    def problems(self, *, serving: bool = True) -> list[str]:
+        raise NotImplementedError
+
+    def validate(self, *, serving: bool = True) -> None:
+        from bot.settings import SettingsError  # here, not at import: bot.settings imports this module
+
+        problems = self.problems(serving=serving)
+        if problems:
+            raise SettingsError(problems[0])
+
+
+def _stream_problems(section: str, mode: str, modes: tuple[str, ...], length_name: str, length: int,
+                     max_length: int, intervals: Mapping[str, float]) -> list[str]:
+    """The checks both platforms' streaming settings share."""
+    found = []
+    if mode not in modes:
+        found.append(f"{section}.stream_mode is {mode!r}; expected one of {', '.join(modes)}")
+    if not 1 <= length <= max_length:
+        found.append(f"{section}.{length_name} must be between 1 and {max_length}")
+    if any(value < 0 for value in intervals.values()):
+        found.append(" and ".join(f"{section}.{name}" for name in intervals) + " must not be negative")
+    return found
+
+
 @dataclass
-class SlackSettings:
+class SlackSettings(_Checked):
     #: native: chat.startStream/appendStream/stopStream; edit: chat.postMessage + chat.update.
     #: native falls back to edit by itself where Slack refuses streaming.
     stream_mode: str = "native"
@@ -102,15 +129,11 @@ class SlackSettings:
         ``serving=False`` checks only the file's values: ``kbbot ask`` must not fail because the
         environment holds a Slack token without its signing secret.
         """
-        found = []
-        if self.stream_mode not in STREAM_MODES:
-            found.append(f"slack.stream_mode is {self.stream_mode!r}; expected one of {', '.join(STREAM_MODES)}")
-        if not 1 <= self.max_message_chars <= 12000:
-            found.append("slack.max_message_chars must be between 1 and 12000")
+        found = _stream_problems("slack", self.stream_mode, STREAM_MODES, "max_message_chars", self.max_message_chars,
+                                 12000, {"stream_interval_s": self.stream_interval_s,
+                                         "edit_interval_s": self.edit_interval_s})
         if self.buffer_size < 1:
             found.append("slack.buffer_size must be at least 1")
-        if self.stream_interval_s < 0 or self.edit_interval_s < 0:
-            found.append("slack.stream_interval_s and slack.edit_interval_s must not be negative")
         for method, per_minute in self.rate_limits.items():
             if not isinstance(per_minute, (int, float)) or per_minute <= 0:
                 found.append(f"slack.rate_limits.{method} must be a positive number of calls per minute")
@@ -126,13 +149,6 @@ class SlackSettings:
             found.append("SLACK_APP_TOKEN must be an app-level token (xapp-…)")
         return found
 
-    def validate(self, *, serving: bool = True) -> None:
-        from bot.settings import SettingsError  # here, not at import: bot.settings imports this module
-
-        problems = self.problems(serving=serving)
-        if problems:
-            raise SettingsError(problems[0])
-
 
 TELEGRAM_STREAM_MODES = ("draft", "edit")
 _WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -140,7 +156,7 @@ _BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
 
 
 @dataclass
-class TelegramSettings:
+class TelegramSettings(_Checked):
     #: draft: sendMessageDraft previews in private chats, then sendMessage; edit: sendMessage +
     #: editMessageText. Groups (and chats that refuse drafts) always use edit.
     stream_mode: str = "draft"
@@ -215,14 +231,9 @@ class TelegramSettings:
 
     def problems(self, *, serving: bool = True) -> list[str]:
         """What is wrong, one line each, naming the setting (empty when valid)."""
-        found = []
-        if self.stream_mode not in TELEGRAM_STREAM_MODES:
-            found.append(f"telegram.stream_mode is {self.stream_mode!r}; "
-                         f"expected one of {', '.join(TELEGRAM_STREAM_MODES)}")
-        if not 1 <= self.max_message_units <= 4096:
-            found.append("telegram.max_message_units must be between 1 and 4096")
-        if self.edit_interval_s < 0 or self.draft_interval_s < 0:
-            found.append("telegram.edit_interval_s and telegram.draft_interval_s must not be negative")
+        found = _stream_problems("telegram", self.stream_mode, TELEGRAM_STREAM_MODES, "max_message_units",
+                                 self.max_message_units, 4096, {"edit_interval_s": self.edit_interval_s,
+                                                                 "draft_interval_s": self.draft_interval_s})
         if self.dedupe_ttl_s <= 0:
             found.append("telegram.dedupe_ttl_s must be positive")
         if not 0 <= self.polling_timeout_s <= 50:
@@ -242,13 +253,6 @@ class TelegramSettings:
         if self.webhook_secret and not _WEBHOOK_SECRET.match(self.webhook_secret):
             found.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
         return found
-
-    def validate(self, *, serving: bool = True) -> None:
-        from bot.settings import SettingsError
-
-        problems = self.problems(serving=serving)
-        if problems:
-            raise SettingsError(problems[0])
 
 
 def _user_ids(value: Any) -> bool:
