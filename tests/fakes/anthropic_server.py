@@ -20,16 +20,14 @@ Sync tests (CLI, ``generator.run``) cannot share the test's loop, so the server 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 import json
 import re
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -268,37 +266,6 @@ class FakeAnthropic(LocalServer):
     # server while a slow stream is in flight from hanging.
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._handle_messages)
-
-    # ------------------------------------------------------------------ lifecycle (sync)
-
-    @contextlib.contextmanager
-    def run_in_thread(self) -> Iterator[FakeAnthropic]:
-        """Serve from a background thread with its own event loop.
-
-        Sync callers (the CLI, haystack's blocking ``run``) would block the loop a same-thread server needs.
-        Responders then run on that thread; keep them free of the test loop's objects.
-        """
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            loop.run_forever()
-
-        thread = threading.Thread(target=serve, name="fake-anthropic", daemon=True)
-        thread.start()
-        ready.wait()
-        try:
-            asyncio.run_coroutine_threadsafe(self.start(), loop).result(timeout=10)
-            yield self
-        finally:
-            try:
-                asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout=10)
-            finally:
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join(timeout=10)
-                loop.close()
 
     # ------------------------------------------------------------------ HTTP
 

@@ -3,6 +3,10 @@ stopped explicitly or with ``async with``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -56,6 +60,36 @@ class LocalServer:
             runner, self._runner = self._runner, None
             await runner.cleanup()
         self._root = None
+
+    @contextlib.contextmanager
+    def run_in_thread(self) -> Iterator[Any]:
+        """Serve from a background thread with its own event loop.
+
+        Sync callers (the CLI, haystack's blocking ``run``) would block the loop a same-thread server
+        needs, and a benchmark should not charge the server's work to the loop it measures. Handlers
+        and responders then run on that thread; keep them free of the caller's loop objects.
+        """
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        thread = threading.Thread(target=serve, name=f"{type(self).__name__} server", daemon=True)
+        thread.start()
+        ready.wait()
+        try:
+            asyncio.run_coroutine_threadsafe(self.start(), loop).result(timeout=10)
+            yield self
+        finally:
+            try:
+                asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout=10)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=10)
+                loop.close()
 
     async def __aenter__(self) -> Any:
         await self.start()
