@@ -17,10 +17,16 @@ key                                   type    contents
 ``{prefix}refresh:run:{source}``      string  the source's last ``RunRecord`` as JSON
 ``{prefix}refresh:fetch:{source}``    hash    url -> ``FetchState`` JSON (ETag, Last-Modified,
                                               content hash; a sitemap's listed pages)
+``{prefix}refresh:roots``             hash    root -> when a configured source last completed a
+                                              run with it (``Orphans``)
 ``{prefix}lock:refresh``              string  the refresh lock (``bot.redis_state.RedisLock``)
 ====================================  ======  ==================================================
 
-Without Redis both live in ``<data_dir>/refresh.json``.
+Without Redis they live in ``<data_dir>/refresh.json``.
+
+Every run also reconciles the configuration: once its own documents are published, it revokes the
+documents of sources that are no longer configured (renamed or removed; see ``Orphans`` for when it
+waits instead).
 """
 
 from __future__ import annotations
@@ -42,9 +48,9 @@ from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
-from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source
-from pipelines.sources import Fetcher, FetchState, UrlSource
-from pipelines.store import KnowledgeStore
+from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
+from pipelines.sources import Fetcher, FetchState, UrlSource, is_sitemap, normalise_url
+from pipelines.store import DocRecord, KnowledgeStore
 
 log = logging.getLogger("kbbot.refresh")
 
@@ -93,6 +99,7 @@ class RunRecord:
     unchanged: int = 0
     failed: list[dict[str, str]] = field(default_factory=list)  # {"source", "reason"} per document
     knowledge_version: int | None = None
+    orphaned: int = 0  # documents revoked because their source is no longer configured
 
     MAX_FAILURES = 200
 
@@ -118,6 +125,7 @@ class RunRecord:
         if report is not None:
             record.added, record.changed = len(report.added), len(report.changed)
             record.removed, record.unchanged = len(report.removed), len(report.unchanged)
+            record.orphaned = len(report.orphaned)
             record.failed = [{"source": f.source, "reason": f.reason} for f in report.failed[: cls.MAX_FAILURES]]
             record.knowledge_version = report.knowledge_version or None
         return record
@@ -126,6 +134,8 @@ class RunRecord:
         """One line: what the run did, or why it failed."""
         counts = (f"{self.added} new, {self.changed} changed, {self.removed} removed, {self.unchanged} unchanged, "
                   f"{len(self.failed)} failed")
+        if self.orphaned:
+            counts += f", {self.orphaned} removed with a source no longer configured"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok
                                      else f"refresh failed after {self.duration_s:.1f} s ({self.error}); so far {counts}")
         if self.knowledge_version is not None:
@@ -142,9 +152,18 @@ class RunLog(Protocol):
 
     async def save_fetch_states(self, source: str, states: dict[str, FetchState]) -> None: ...
 
+    async def completed_roots(self) -> dict[str, str]:
+        """root -> when a configured source last completed a run with it (ISO time)."""
+        ...
+
+    async def save_completed_roots(self, roots: list[str], at: str) -> None: ...
+
+    async def forget_roots(self, roots: list[str]) -> None: ...
+
 
 class FileRunLog:
-    """``<data_dir>/refresh.json``: ``{"runs": {source: record}, "fetch": {source: {url: state}}}``."""
+    """``<data_dir>/refresh.json``: ``{"runs": {source: record}, "fetch": {source: {url: state}},
+    "roots": {root: time}}``."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -154,12 +173,13 @@ class FileRunLog:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return {"runs": {}, "fetch": {}}
+            return {"runs": {}, "fetch": {}, "roots": {}}
         except (OSError, ValueError) as exc:
             log.warning("cannot read %s (%s); starting a new refresh log", self.path, exc)
-            return {"runs": {}, "fetch": {}}
+            return {"runs": {}, "fetch": {}, "roots": {}}
         data.setdefault("runs", {})
         data.setdefault("fetch", {})
+        data.setdefault("roots", {})
         return data
 
     def _update(self, change: Callable[[dict[str, Any]], None]) -> None:
@@ -189,6 +209,19 @@ class FileRunLog:
 
     async def save_fetch_states(self, source: str, states: dict[str, FetchState]) -> None:
         self._update(lambda data: data["fetch"].__setitem__(source, {u: s.to_dict() for u, s in states.items()}))
+
+    async def completed_roots(self) -> dict[str, str]:
+        return dict(self._read()["roots"])
+
+    async def save_completed_roots(self, roots: list[str], at: str) -> None:
+        self._update(lambda data: data["roots"].update(dict.fromkeys(roots, at)))
+
+    async def forget_roots(self, roots: list[str]) -> None:
+        def forget(data: dict[str, Any]) -> None:
+            for root in roots:
+                data["roots"].pop(root, None)
+
+        self._update(forget)
 
 
 class RedisRunLog:
@@ -226,6 +259,23 @@ class RedisRunLog:
             if states:
                 pipe.hset(key, mapping={u: json.dumps(s.to_dict(), ensure_ascii=False) for u, s in states.items()})
             await pipe.execute()
+
+    @property
+    def roots_key(self) -> str:
+        return f"{self.prefix}refresh:roots"
+
+    async def completed_roots(self) -> dict[str, str]:
+        raw = await self.client.hgetall(self.roots_key)
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in raw.items()}
+
+    async def save_completed_roots(self, roots: list[str], at: str) -> None:
+        if roots:
+            await self.client.hset(self.roots_key, mapping=dict.fromkeys(roots, at))
+
+    async def forget_roots(self, roots: list[str]) -> None:
+        if roots:
+            await self.client.hdel(self.roots_key, *roots)
 
 
 # --- schedules -------------------------------------------------------------------------------------
@@ -371,6 +421,104 @@ def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
     return "\n".join(lines)
 
 
+# --- reconciling the configuration ----------------------------------------------------------------
+class Orphans:
+    """Which documents of sources that are no longer configured one run of ``own`` revokes.
+
+    A document is an orphan when its root is no configured source's (``source_roots``): the
+    ``urls:<name>`` of a URL source renamed or removed, or a folder that a configured source once
+    completed a run with (the completed-roots registry of the ``RunLog``) and none has now. A folder
+    indexed ad hoc (``kbbot index PATH``) never was a configured source's root and is left alone.
+
+    Safety, so that no answer goes missing on the way:
+
+    - nothing is revoked until every configured source has completed a run with its current roots
+      and a full listing (this run counts once it is through its items): a renamed source has then
+      published its documents under its new name first. Until then the orphans are kept, with a warning;
+    - a document that a configured source still lists is not an orphan, even if that source could not
+      read it (it keeps its version until it is read): what this run listed, the other URL sources'
+      pages (configured, or from their sitemaps' last listings) and the files in the other folders.
+    """
+
+    def __init__(self, own: SourceSettings, sources: list[SourceSettings], completed: dict[str, str],
+                 url_claims: set[str], suffixes: list[str]):
+        self.own = own
+        self.sources = sources
+        self.completed = set(completed)
+        self.configured = {root for src in sources for root in source_roots(src)}
+        self.url_claims = url_claims
+        self.suffixes = suffixes
+        #: Roots of the orphans a run kept (None until it checked): the registry forgets the others.
+        self.kept_roots: set[str] | None = None
+
+    def is_orphan_root(self, root: str | None) -> bool:
+        return (root is not None and root not in self.configured
+                and (root.startswith("urls:") or root in self.completed))
+
+    def waiting_for(self, own_complete: bool) -> list[str]:
+        """The configured sources that have not completed a run with their current roots."""
+        done = self.completed | (set(source_roots(self.own)) if own_complete else set())
+        return [src.name for src in self.sources if not set(source_roots(src)) <= done]
+
+    def _folder_claims(self, doc_ids: list[str]) -> set[str]:
+        claimed: set[str] = set()
+        for src in self.sources:
+            if src.name == self.own.name or not src.path:
+                continue
+            root = source_roots(src)[0]
+            inside = [d for d in doc_ids if d.startswith(root + "/")]
+            if not inside:
+                continue
+            try:
+                files = {p.as_posix() for p in discover([src.path], self.suffixes, include=src.include,
+                                                        exclude=src.exclude)}
+            except OSError:  # a folder that cannot be listed may still hold them all
+                files = set(inside)
+            claimed.update(d for d in inside if d in files)
+        return claimed
+
+    def select(self, records: dict[str, DocRecord], seen: set[str], *, own_complete: bool) -> list[str]:
+        """The doc ids to revoke now (``Indexer.refresh``'s ``orphans``); never raises: a surprise revokes nothing."""
+        try:
+            return self._select(records, seen, own_complete)
+        except Exception:  # noqa: BLE001 - keeping documents is the safe way to fail
+            log.exception("refresh source=%s: checking for documents of sources no longer configured failed; "
+                          "none revoked", self.own.name)
+            return []
+
+    def _select(self, records: dict[str, DocRecord], seen: set[str], own_complete: bool) -> list[str]:
+        candidates = {doc_id: r for doc_id, r in records.items() if self.is_orphan_root(r.root)}
+        if not candidates:
+            self.kept_roots = set()
+            return []
+        waiting = self.waiting_for(own_complete)
+        if waiting:
+            self.kept_roots = {r.root for r in candidates.values() if r.root}
+            log.warning("refresh source=%s: %d documents of sources no longer configured (%s) are kept until %s "
+                        "completed a run", self.own.name, len(candidates), ", ".join(sorted(self.kept_roots)),
+                        ", ".join(waiting))
+            return []
+        claimed = (seen | self.url_claims | self._folder_claims(list(candidates))) & set(candidates)
+        chosen = [doc_id for doc_id in candidates if doc_id not in claimed]
+        self.kept_roots = {candidates[d].root for d in claimed if candidates[d].root}  # type: ignore[misc]
+        by_root: dict[str, list[str]] = {}
+        for doc_id in chosen:
+            by_root.setdefault(candidates[doc_id].root or "", []).append(candidates[doc_id].source)
+        for root, docs in sorted(by_root.items()):
+            log.info("refresh source=%s: revoking %d documents of %s, which is no configured source's (e.g. %s)",
+                     self.own.name, len(docs), root, docs[0])
+        if claimed:
+            log.info("refresh source=%s: %d documents of sources no longer configured are kept: a configured "
+                     "source still lists them", self.own.name, len(claimed))
+        return chosen
+
+    def forgettable(self) -> list[str]:
+        """Registry roots no configured source has and no document is kept under any more."""
+        if self.kept_roots is None:
+            return []
+        return sorted(r for r in self.completed if r not in self.configured and r not in self.kept_roots)
+
+
 # --- running ---------------------------------------------------------------------------------------
 class Refresher:
     """Runs sources (configured ones by name, or an ad-hoc ``Source``) under the refresh lock."""
@@ -425,6 +573,25 @@ class Refresher:
         return UrlSource(src.name, src.urls, self._fetcher(), states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls)
 
+    async def orphans(self, src: SourceSettings) -> Orphans | None:
+        """What a run of ``src`` needs to reconcile the configuration; None (reconcile nothing) when the
+        run log cannot be read."""
+        try:
+            completed = await self.runs.completed_roots()
+            url_claims: set[str] = set()
+            for other in self.settings.sources:
+                if other.name == src.name or not other.urls:
+                    continue
+                url_claims.update(u for u in map(normalise_url, other.urls) if not is_sitemap(u))
+                for url, state in (await self.runs.fetch_states(other.name)).items():
+                    url_claims.add(url)
+                    url_claims.update(map(normalise_url, state.urls))
+        except Exception as exc:  # noqa: BLE001 - keeping documents is the safe way to fail
+            log.warning("refresh source=%s: cannot read the run log (%s); documents of sources no longer "
+                        "configured are not checked this run", src.name, _reason(exc))
+            return None
+        return Orphans(src, list(self.settings.sources), completed, url_claims, list(self.settings.indexing.extensions))
+
     async def _acquire(self, wait_s: float, on_wait: Callable[[], None] | None) -> RenewingLock:
         lock = self.lock(wait_s)
         if await lock.acquire():
@@ -461,14 +628,23 @@ class Refresher:
                           progress: Progress | None) -> RunRecord:
         states = await self.runs.fetch_states(src.name) if src.urls else {}
         source = self.build_source(src, states)
+        orphans = await self.orphans(src)
         started = utcnow()
         report = IndexReport()
         error: str | None = None
 
+        def listed_completely() -> bool:
+            return source.listed_completely if isinstance(source, UrlSource) else True
+
+        def select_orphans(records: dict[str, DocRecord], seen: set[str]) -> list[str]:
+            assert orphans is not None
+            return orphans.select(records, seen, own_complete=listed_completely())
+
         def work() -> None:
             try:
                 self.indexer.refresh(source, space=src.space, progress=progress, report=report,
-                                     should_stop=lambda: lock.lost or self.stopping)
+                                     should_stop=lambda: lock.lost or self.stopping,
+                                     orphans=select_orphans if orphans is not None else None)
             finally:
                 if isinstance(source, UrlSource):
                     source.fetcher.close()
@@ -480,6 +656,7 @@ class Refresher:
         except Exception as exc:  # noqa: BLE001 - recorded; the next run retries
             log.exception("refresh of %s failed", src.name)
             error = f"{type(exc).__name__}: {_reason(exc)}"
+        finished = error is None
         duration = (utcnow() - started).total_seconds()
         record = RunRecord.of(src.name, trigger, started, duration, report, error)
         try:
@@ -488,6 +665,10 @@ class Refresher:
                 # A finished run keeps the validators of what it saw; a broken one also keeps the old ones.
                 kept = source.updated_states if error is None else {**states, **source.updated_states}
                 await self.runs.save_fetch_states(src.name, kept)
+            if error is None and listed_completely():
+                await self.runs.save_completed_roots(source_roots(src), record.started_at)
+            if finished and orphans is not None and orphans.forgettable():
+                await self.runs.forget_roots(orphans.forgettable())
         except Exception:  # noqa: BLE001 - the knowledge is refreshed; only its record is missing
             log.exception("could not record the refresh of %s", src.name)
         log_run(record)
@@ -512,6 +693,7 @@ def log_run(record: RunRecord) -> None:
     level = logging.INFO if record.ok and not record.failed else logging.WARNING
     error = f" error={json.dumps(record.error, ensure_ascii=False)}" if record.error else ""
     log.log(level, "refresh source=%s trigger=%s status=%s added=%d changed=%d removed=%d unchanged=%d failed=%d "
-            "duration_s=%.2f knowledge_version=%s%s", record.source, record.trigger, "ok" if record.ok else "error",
-            record.added, record.changed, record.removed, record.unchanged, len(record.failed), record.duration_s,
-            record.knowledge_version, error, extra={"refresh": record.to_dict()})
+            "duration_s=%.2f knowledge_version=%s orphaned=%d%s", record.source, record.trigger,
+            "ok" if record.ok else "error", record.added, record.changed, record.removed, record.unchanged,
+            len(record.failed), record.duration_s, record.knowledge_version, record.orphaned,
+            error, extra={"refresh": record.to_dict()})

@@ -74,6 +74,8 @@ class IndexReport:
     changed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    #: Documents revoked because no configured source has them any more (see ``Indexer.refresh``'s ``orphans``).
+    orphaned: list[str] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
     chunks: int = 0
     knowledge_version: int = 0
@@ -81,7 +83,7 @@ class IndexReport:
 
     @property
     def changed_anything(self) -> bool:
-        return bool(self.added or self.changed or self.removed)
+        return bool(self.added or self.changed or self.removed or self.orphaned)
 
     def summary(self) -> str:
         return (
@@ -301,8 +303,13 @@ class Indexer:
         progress: Progress | None = None,
         should_stop: Callable[[], bool] | None = None,
         report: IndexReport | None = None,
+        orphans: Callable[[dict[str, DocRecord], set[str]], Iterable[str]] | None = None,
     ) -> IndexReport:
         """Brings the store in step with ``source``; see the module docstring.
+
+        ``orphans``, once every item is refreshed, is given the store's records and the doc ids the
+        source listed this run, and names documents to revoke as well (``report.orphaned``): those of
+        sources that are no longer configured, revoked only after their replacement is published.
 
         A store that cannot be reached ends the refresh (``ServiceUnavailable``); any other error of
         one document is reported as its failure and the others go on. ``should_stop`` is asked before
@@ -325,6 +332,15 @@ class Indexer:
                 if record.root in roots and doc_id not in seen:
                     self.store.revoke(doc_id)
                     report.removed.append(record.source)
+            if orphans is not None:
+                records = self.store.records()
+                doomed = list(orphans(records, seen))
+                if doomed and should_stop is not None and should_stop():
+                    raise RefreshAborted(f"stopped after all {scan.total} documents, before revoking "
+                                         f"{len(doomed)} of sources no longer configured")
+                for doc_id in doomed:
+                    if self.store.revoke(doc_id):
+                        report.orphaned.append(records[doc_id].source)
         finally:
             try:
                 report.knowledge_version = self.store.commit()

@@ -287,6 +287,11 @@ class UrlSource:
         self.listing_failures: list[tuple[str, str]] = []
 
     @property
+    def listed_completely(self) -> bool:
+        """Whether this run knows every page the source lists (no sitemap failed)."""
+        return not self.listing_failures
+
+    @property
     def root(self) -> str:
         return f"urls:{self.name}"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -78,6 +79,7 @@ class Page:
     last_modified: bool = True
     delay_s: float = 0.0
     version: int = 1
+    status: int = 200  # anything else is answered as it is, with the body, and no validators
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Served:
     status: int
     body_bytes: int
     conditional: bool
+    at: float = field(default_factory=time.monotonic)  # when the request arrived
 
 
 @dataclass
@@ -115,8 +118,12 @@ class Site:
         if page is None:
             self.log.append(Served(request.path, 404, 0, conditional))
             return web.Response(status=404, text="not here")
+        arrived = time.monotonic()
         if page.delay_s:
             await asyncio.sleep(page.delay_s)
+        if page.status != 200:
+            self.log.append(Served(request.path, page.status, len(page.body), conditional, arrived))
+            return web.Response(status=page.status, body=page.body, content_type="text/plain")
         tag = '"' + hashlib.sha1(page.body).hexdigest()[:16] + '"'
         modified = formatdate(1_700_000_000 + page.version * 3600, usegmt=True)
         headers = {}
@@ -127,9 +134,9 @@ class Site:
         match = request.headers.get("If-None-Match")
         since = request.headers.get("If-Modified-Since")
         if (page.etag and match == tag) or (not match and page.last_modified and since == modified):
-            self.log.append(Served(request.path, 304, 0, conditional))
+            self.log.append(Served(request.path, 304, 0, conditional, arrived))
             return web.Response(status=304, headers=headers)
-        self.log.append(Served(request.path, 200, len(page.body), conditional))
+        self.log.append(Served(request.path, 200, len(page.body), conditional, arrived))
         return web.Response(body=page.body, headers={**headers, "Content-Type": page.content_type})
 
     async def __aenter__(self) -> Site:
