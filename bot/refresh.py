@@ -26,7 +26,8 @@ Without Redis they live in ``<data_dir>/refresh.json``.
 
 Every run also reconciles the configuration: once its own documents are published, it revokes the
 documents of sources that are no longer configured (renamed or removed; see ``Orphans`` for when it
-waits instead).
+waits instead). A URL source reads robots.txt unless ``respect_robots: false``; a host whose
+robots.txt cannot be had fails the run with the reason (its pages keep their versions).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
 from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
-from pipelines.sources import Fetcher, FetchState, UrlSource, is_sitemap, normalise_url
+from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
 from pipelines.store import DocRecord, KnowledgeStore
 
 log = logging.getLogger("kbbot.refresh")
@@ -100,6 +101,7 @@ class RunRecord:
     failed: list[dict[str, str]] = field(default_factory=list)  # {"source", "reason"} per document
     knowledge_version: int | None = None
     orphaned: int = 0  # documents revoked because their source is no longer configured
+    disallowed: int = 0  # pages robots.txt kept this run from fetching (revoked if they were indexed)
 
     MAX_FAILURES = 200
 
@@ -119,9 +121,9 @@ class RunRecord:
 
     @classmethod
     def of(cls, source: str, trigger: str, started: datetime, duration_s: float, report: IndexReport | None,
-           error: str | None) -> RunRecord:
+           error: str | None, *, disallowed: int = 0) -> RunRecord:
         record = cls(source=source, trigger=trigger, started_at=iso(started) or "", duration_s=round(duration_s, 3),
-                     ok=error is None, error=error)
+                     ok=error is None, error=error, disallowed=disallowed)
         if report is not None:
             record.added, record.changed = len(report.added), len(report.changed)
             record.removed, record.unchanged = len(report.removed), len(report.unchanged)
@@ -134,6 +136,8 @@ class RunRecord:
         """One line: what the run did, or why it failed."""
         counts = (f"{self.added} new, {self.changed} changed, {self.removed} removed, {self.unchanged} unchanged, "
                   f"{len(self.failed)} failed")
+        if self.disallowed:
+            counts += f", {self.disallowed} disallowed by robots.txt"
         if self.orphaned:
             counts += f", {self.orphaned} removed with a source no longer configured"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok
@@ -570,8 +574,10 @@ class Refresher:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
                                 exclude=src.exclude)
-        return UrlSource(src.name, src.urls, self._fetcher(), states=states or {},
-                         concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls)
+        fetcher = self._fetcher()
+        return UrlSource(src.name, src.urls, fetcher, states=states or {},
+                         concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
+                         robots=Robots(fetcher) if src.respect_robots else None)
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:
         """What a run of ``src`` needs to reconcile the configuration; None (reconcile nothing) when the
@@ -657,8 +663,15 @@ class Refresher:
             log.exception("refresh of %s failed", src.name)
             error = f"{type(exc).__name__}: {_reason(exc)}"
         finished = error is None
+        disallowed = 0
+        if isinstance(source, UrlSource):
+            disallowed = len(source.disallowed)
+            unreachable = source.robots_unreachable
+            if unreachable and error is None:
+                error = "; ".join(f"robots.txt of {host} unreachable ({why})" for host, why in unreachable.items())
+                error += ": not fetched this run, its pages keep their indexed versions"
         duration = (utcnow() - started).total_seconds()
-        record = RunRecord.of(src.name, trigger, started, duration, report, error)
+        record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
         try:
             await self.runs.save_run(record)
             if isinstance(source, UrlSource):
@@ -693,7 +706,7 @@ def log_run(record: RunRecord) -> None:
     level = logging.INFO if record.ok and not record.failed else logging.WARNING
     error = f" error={json.dumps(record.error, ensure_ascii=False)}" if record.error else ""
     log.log(level, "refresh source=%s trigger=%s status=%s added=%d changed=%d removed=%d unchanged=%d failed=%d "
-            "duration_s=%.2f knowledge_version=%s orphaned=%d%s", record.source, record.trigger,
+            "duration_s=%.2f knowledge_version=%s orphaned=%d disallowed=%d%s", record.source, record.trigger,
             "ok" if record.ok else "error", record.added, record.changed, record.removed, record.unchanged,
-            len(record.failed), record.duration_s, record.knowledge_version, record.orphaned,
+            len(record.failed), record.duration_s, record.knowledge_version, record.orphaned, record.disallowed,
             error, extra={"refresh": record.to_dict()})

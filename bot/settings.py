@@ -151,6 +151,8 @@ class SourceSettings:
     exclude: list[str] = field(default_factory=list)
     #: Pages and sitemaps (a URL ending in .xml or .xml.gz is read as a sitemap).
     urls: list[str] = field(default_factory=list)
+    #: Read each host's robots.txt and keep to it (Disallow, Crawl-delay); false only for hosts you own.
+    respect_robots: bool = True
     #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
     interval: str | None = None
     cron: str | None = None
@@ -397,6 +399,8 @@ def _validate_refresh(s: Settings) -> None:
             raise SettingsError(f"{where} needs exactly one of path (a local folder) or urls (pages and sitemaps)")
         if src.urls and (src.include or src.exclude):
             raise SettingsError(f"{where}: include/exclude apply to folders; a URL source lists its urls")
+        if not isinstance(src.respect_robots, bool):
+            raise SettingsError(f"{where}.respect_robots must be true or false, got {src.respect_robots!r}")
         for url in src.urls:
             from urllib.parse import urlsplit
 

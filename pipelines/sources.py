@@ -15,6 +15,15 @@
   410 is gone and is revoked; a sitemap that failed still yields the pages it listed last time, so
   its pages are neither lost nor revoked because of it.
 
+- robots.txt (RFC 9309) is read once per host and run (``Robots``, unless the source opts out with
+  ``respect_robots: false``), with the fetcher's user agent (its product token, e.g. ``kbbot``, picks
+  the group; else ``*``). A page it disallows is not fetched: it counts as ``disallowed`` and, if it
+  was indexed, is revoked like a page that is gone. A disallowed sitemap is a sitemap that failed.
+  ``Crawl-delay`` spaces the requests to that host (at most ``MAX_CRAWL_DELAY_S`` apart). A robots.txt
+  answering 4xx means no restrictions; one that cannot be had (5xx, 429, timeout, connection error)
+  makes the whole host disallowed for this run, but nothing of it is revoked: its URLs fail with the
+  reason and keep their versions (``UrlSource.robots_unreachable``).
+
 ``states`` (url -> ``FetchState``) are what the caller keeps between refreshes (Redis or a file, see
 ``bot.refresh``); ``updated_states`` after a scan holds the ones to keep next time.
 """
@@ -23,6 +32,9 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
+import re
+import threading
 import time
 import xml.etree.ElementTree as ET
 import zlib
@@ -32,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urldefrag, urlsplit
+from urllib.parse import quote, unquote, urldefrag, urlsplit
 
 import httpx
 
@@ -106,6 +118,7 @@ class Fetcher:
                  user_agent: str = "kbbot", transport: httpx.BaseTransport | None = None):
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
+        self.user_agent = user_agent
         self.client = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
             follow_redirects=True, max_redirects=5, headers={"User-Agent": user_agent}, transport=transport,
@@ -149,15 +162,41 @@ class Fetcher:
                                response.headers.get("ETag"), response.headers.get("Last-Modified"))
         except FetchError:
             raise
-        except httpx.TimeoutException as exc:
-            what = "to connect" if isinstance(exc, httpx.ConnectTimeout) else "for an answer"
-            raise FetchError(f"timed out after {self.timeout_s:g} s waiting {what}") from None
-        except httpx.TooManyRedirects:
-            raise FetchError("too many redirects") from None
-        except httpx.ConnectError as exc:
-            raise FetchError(f"cannot connect ({_short(exc)})") from None
         except httpx.HTTPError as exc:
-            raise FetchError(f"{type(exc).__name__}: {_short(exc)}") from None
+            raise FetchError(self.reason(exc)) from None
+
+    def reason(self, exc: httpx.HTTPError) -> str:
+        """What went wrong with a request, for people."""
+        if isinstance(exc, httpx.TimeoutException):
+            what = "to connect" if isinstance(exc, httpx.ConnectTimeout) else "for an answer"
+            return f"timed out after {self.timeout_s:g} s waiting {what}"
+        if isinstance(exc, httpx.TooManyRedirects):
+            return "too many redirects"
+        if isinstance(exc, httpx.ConnectError):
+            return f"cannot connect ({_short(exc)})"
+        return f"{type(exc).__name__}: {_short(exc)}"
+
+    def fetch_robots(self, url: str) -> tuple[int, bytes]:
+        """The status and (for a 2xx) the first ``ROBOTS_MAX_BYTES`` of a robots.txt; ``FetchError``
+        when no answer came at all. More than five redirects answer 310 (RFC 9309: unavailable)."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            with self.client.stream("GET", url, headers={"Accept-Encoding": "gzip, deflate"}) as response:
+                if not 200 <= response.status_code < 300:
+                    return response.status_code, b""
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body.extend(chunk)
+                    if len(body) >= ROBOTS_MAX_BYTES:  # the rest is not read (RFC 9309 2.5)
+                        break
+                    if time.monotonic() > deadline:
+                        raise FetchError(f"no complete answer within {self.timeout_s:g} s")
+                self.downloaded_bytes += response.num_bytes_downloaded
+                return response.status_code, bytes(body[:ROBOTS_MAX_BYTES])
+        except httpx.TooManyRedirects:
+            return 310, b""
+        except httpx.HTTPError as exc:
+            raise FetchError(self.reason(exc)) from None
 
 
 def _short(exc: BaseException) -> str:
@@ -199,6 +238,216 @@ def normalise_url(url: str) -> str:
     return urldefrag(url.strip())[0]
 
 
+# --- robots.txt (RFC 9309) ------------------------------------------------------------------------
+#: RFC 9309 2.5: a crawler parses at least the first 500 KiB; what follows is not read.
+ROBOTS_MAX_BYTES = 512_000
+#: The most a robots.txt ``Crawl-delay`` may space our requests to one host (seconds).
+MAX_CRAWL_DELAY_S = 5.0
+_URL_SAFE = "/?&=:;@!$'()*+,~"
+
+
+def product_token(user_agent: str) -> str:
+    """The name robots.txt groups are matched against: ``kbbot`` of ``kbbot/0.1 (knowledge refresh)``."""
+    words = user_agent.split()
+    return words[0].split("/", 1)[0].lower() if words else ""
+
+
+def _canonical(text: str) -> str:
+    """One spelling per path: percent-encoding decoded, then re-encoded the same way for rules and URLs."""
+    return quote(unquote(text), safe=_URL_SAFE)
+
+
+@dataclass(frozen=True)
+class RobotsRule:
+    allow: bool
+    pattern: str  # as written (``*`` any characters, a final ``$`` the end of the path)
+    pieces: tuple[str, ...]  # the canonical text between the ``*``
+    anchored: bool
+
+    @classmethod
+    def of(cls, allow: bool, pattern: str) -> RobotsRule:
+        anchored = pattern.endswith("$")
+        body = pattern[:-1] if anchored else pattern
+        if not body.startswith(("/", "*")):
+            body = "/" + body
+        return cls(allow, pattern, tuple(_canonical(piece) for piece in body.split("*")), anchored)
+
+    @property
+    def length(self) -> int:
+        return len(self.pattern)
+
+    def matches(self, target: str) -> bool:
+        """Whether the rule matches the start of ``target`` (all of it when anchored). Greedy, in
+        linear time: a regular expression of many ``*`` would backtrack without end on a long URL."""
+        first, *rest = self.pieces
+        if not target.startswith(first):
+            return False
+        at = len(first)
+        if not rest:
+            return not self.anchored or at == len(target)
+        *middle, last = rest
+        for piece in middle:
+            found = target.find(piece, at)
+            if found < 0:
+                return False
+            at = found + len(piece)
+        if self.anchored:
+            return target.endswith(last) and len(target) - len(last) >= at
+        return target.find(last, at) >= 0
+
+
+@dataclass
+class RobotsRules:
+    """The rules of a robots.txt that apply to us, and its crawl delay (None when it sets none)."""
+
+    rules: list[RobotsRule] = field(default_factory=list)
+    crawl_delay_s: float | None = None
+
+    def allows(self, url: str) -> bool:
+        """RFC 9309 2.2.2: the longest matching rule decides, an allow winning a tie; no match allows."""
+        parts = urlsplit(url)
+        target = _canonical(parts.path or "/") + ("?" + _canonical(parts.query) if parts.query else "")
+        if target == "/robots.txt":
+            return True
+        best: RobotsRule | None = None
+        for rule in self.rules:
+            if rule.matches(target) and (best is None or rule.length > best.length
+                                             or (rule.length == best.length and rule.allow and not best.allow)):
+                best = rule
+        return best is None or best.allow
+
+
+def parse_robots(text: str, token: str) -> RobotsRules:
+    """The rules of ``text`` for the product token ``token``: the groups naming it (merged), else the
+    ``*`` groups, else none. Lenient as RFC 9309 asks: lines it does not understand are skipped.
+
+    Python's ``urllib.robotparser`` is not used: it knows no ``*`` / ``$`` wildcards and lets the first
+    matching rule win instead of the longest one, so it would fetch pages a site disallows."""
+    groups: list[tuple[list[str], list[RobotsRule], list[float]]] = []
+    reading_agents = False
+    for raw in text.removeprefix("\ufeff").splitlines():
+        key, colon, value = raw.split("#", 1)[0].partition(":")
+        if not colon:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if key == "user-agent":
+            if not reading_agents:
+                groups.append(([], [], []))
+            groups[-1][0].append(value.split("/", 1)[0].strip().lower())
+            reading_agents = True
+        elif key in ("allow", "disallow", "crawl-delay"):
+            reading_agents = False
+            if not groups:  # a rule before any user-agent line belongs to no group
+                continue
+            if key == "crawl-delay":
+                try:
+                    delay = float(value)
+                except ValueError:
+                    continue
+                if math.isfinite(delay) and delay >= 0:
+                    groups[-1][2].append(delay)
+            elif value:  # an empty "Disallow:" allows everything: no rule
+                groups[-1][1].append(RobotsRule.of(key == "allow", value))
+    mine = [g for g in groups if token and token in g[0]] or [g for g in groups if "*" in g[0]]
+    delays = [d for g in mine for d in g[2]]
+    return RobotsRules([r for g in mine for r in g[1]], max(delays) if delays else None)
+
+
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{(parts.netloc or '').lower()}"
+
+
+class HostRobots:
+    """What one host's robots.txt says for this run, and the pacing of our requests to it."""
+
+    def __init__(self, origin: str, rules: RobotsRules | None, *, unreachable: str | None = None,
+                 delay_s: float = 0.0, last_request: float | None = None):
+        self.origin = origin
+        self.rules = rules
+        #: Why the robots.txt could not be had (the host is then disallowed for this run), else None.
+        self.unreachable = unreachable
+        self.delay_s = delay_s
+        self._next = (last_request or time.monotonic()) + delay_s
+        self._lock = threading.Lock()
+
+    def allows(self, url: str) -> bool:
+        return self.unreachable is None and (self.rules is None or self.rules.allows(url))
+
+    def skip_reason(self, kept: str = "the indexed version is kept") -> str:
+        """Why a URL of an unreachable host was not fetched."""
+        return (f"not fetched: the robots.txt of {self.origin} is unreachable ({self.unreachable}), so the host "
+                f"is treated as disallowed this run; {kept}")
+
+    def wait_turn(self) -> None:
+        """Blocks until this request may start: ``delay_s`` after the previous one to this host."""
+        if self.delay_s <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + self.delay_s
+        if start > now:
+            time.sleep(start - now)
+
+
+class Robots:
+    """robots.txt per host, fetched once per run (an instance lives for one run); thread-safe."""
+
+    def __init__(self, fetcher: Fetcher, *, max_crawl_delay_s: float = MAX_CRAWL_DELAY_S):
+        self.fetcher = fetcher
+        self.token = product_token(fetcher.user_agent)
+        self.max_crawl_delay_s = max_crawl_delay_s
+        self._hosts: dict[str, HostRobots] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._mutex = threading.Lock()
+
+    def host(self, url: str) -> HostRobots:
+        key = origin(url)
+        with self._mutex:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # one fetch per host; the other threads wait for its answer
+            if key not in self._hosts:
+                self._hosts[key] = self._load(key)
+            return self._hosts[key]
+
+    def unreachable(self) -> dict[str, str]:
+        """origin -> why its robots.txt could not be had, for the hosts this run was kept from."""
+        with self._mutex:
+            return {o: h.unreachable for o, h in self._hosts.items() if h.unreachable}
+
+    def _load(self, key: str) -> HostRobots:
+        url = key + "/robots.txt"
+        started = time.monotonic()
+        try:
+            status, body = self.fetcher.fetch_robots(url)
+        except FetchError as exc:
+            log.warning("robots.txt %s is unreachable (%s): the host is treated as disallowed this run and keeps "
+                        "its indexed pages", url, exc)
+            return HostRobots(key, None, unreachable=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a surprise is no permission
+            log.exception("reading %s failed", url)
+            return HostRobots(key, None, unreachable=f"{type(exc).__name__}: {_short(exc)}")
+        if status == 429 or status >= 500:
+            # RFC 9309 2.3.1.4 (server errors: assume complete disallow); a 429 asks us to back off, likewise.
+            reason = f"HTTP {status}"
+            log.warning("robots.txt %s answered %s: the host is treated as disallowed this run and keeps its "
+                        "indexed pages", url, reason)
+            return HostRobots(key, None, unreachable=reason)
+        if not 200 <= status < 300:  # RFC 9309 2.3.1.3: unavailable (4xx, endless redirects): no restrictions
+            log.info("robots.txt %s answered HTTP %d: no restrictions", url, status)
+            return HostRobots(key, None)
+        rules = parse_robots(body.decode("utf-8", errors="replace"), self.token)
+        delay = 0.0
+        if rules.crawl_delay_s:
+            delay = min(rules.crawl_delay_s, self.max_crawl_delay_s)
+            if delay < rules.crawl_delay_s:
+                log.info("robots.txt %s asks for a crawl delay of %g s; %g s is used", url, rules.crawl_delay_s, delay)
+        log.info("robots.txt %s read: %d rules for %s, crawl delay %g s", url, len(rules.rules), self.token or "*",
+                 delay)
+        return HostRobots(key, rules, delay_s=delay, last_request=started)
+
+
 class _UrlScan:
     def __init__(self, source: UrlSource, pages: list[str], current: dict[str, DocRecord], space: str, *,
                  failures: list[tuple[str, str]]):
@@ -225,6 +474,18 @@ class _UrlScan:
         src = self.source
         path = PurePosixPath(urlsplit(url).path)
         item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page")
+        if src.robots is not None:
+            host = src.robots.host(url)
+            if host.unreachable:
+                item.error = host.skip_reason()
+                return item
+            if not host.allows(url):
+                log.info("robots.txt of %s disallows %s for %s: skipped%s", host.origin, url, src.robots.token,
+                         " (its indexed version is revoked)" if url in self.current else "")
+                src.disallowed.append(url)
+                item.gone = True  # like a page that is gone: revoked if it was indexed, else nothing
+                return item
+            host.wait_turn()
         state = self._validators(url)
         try:
             got = src.fetcher.fetch(url, state)
@@ -275,7 +536,7 @@ class UrlSource:
     """Pages and sitemaps as one source; ``root`` (``urls:<name>``) scopes revocation to it."""
 
     def __init__(self, name: str, urls: list[str], fetcher: Fetcher, *, states: dict[str, FetchState] | None = None,
-                 concurrency: int = 4, max_urls: int = 10000):
+                 concurrency: int = 4, max_urls: int = 10000, robots: Robots | None = None):
         self.name = name
         self.urls = [normalise_url(u) for u in urls]
         self.fetcher = fetcher
@@ -285,11 +546,20 @@ class UrlSource:
         self.max_urls = max_urls
         #: Sitemap failures met while listing the pages (reported with the pages' own).
         self.listing_failures: list[tuple[str, str]] = []
+        #: robots.txt of each host (None: robots.txt is not read for this source).
+        self.robots = robots
+        #: Pages robots.txt kept this run from fetching.
+        self.disallowed: list[str] = []
+
+    @property
+    def robots_unreachable(self) -> dict[str, str]:
+        """origin -> reason, for the hosts whose robots.txt could not be had this run (nothing fetched there)."""
+        return self.robots.unreachable() if self.robots is not None else {}
 
     @property
     def listed_completely(self) -> bool:
-        """Whether this run knows every page the source lists (no sitemap failed)."""
-        return not self.listing_failures
+        """Whether this run knows every page the source lists (no sitemap failed, no host was skipped)."""
+        return not self.listing_failures and not self.robots_unreachable
 
     @property
     def root(self) -> str:
@@ -305,6 +575,14 @@ class UrlSource:
         try:
             if depth > MAX_SITEMAP_DEPTH:
                 raise FetchError(f"sitemaps nested more than {MAX_SITEMAP_DEPTH} deep")
+            if self.robots is not None:
+                host = self.robots.host(url)
+                if host.unreachable:
+                    raise FetchError(host.skip_reason("a listing from an earlier run is kept"))
+                if not host.allows(url):
+                    raise FetchError(f"disallowed by the robots.txt of {host.origin} for {self.robots.token}; "
+                                     "a listing from an earlier run is kept")
+                host.wait_turn()
             got = self.fetcher.fetch(url, state if known else None)
             if got.status == 304 and state is not None:
                 listed, nested = list(state.urls), list(state.sitemaps)

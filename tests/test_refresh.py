@@ -130,8 +130,10 @@ async def test_url_source_pages_and_sitemap_with_conditional_requests_and_clear_
                                              + ["http://127.0.0.1:9/refused.html"])]
 
         first = await refresher.run("site")
-        assert first is not None and first.ok
-        assert first.added == 3, first
+        assert first is not None and first.added == 3, first
+        # A host that cannot be reached has no readable robots.txt: the run says so (RFC 9309: disallowed).
+        assert not first.ok and (first.error or "").startswith("robots.txt of http://127.0.0.1:9 unreachable "
+                                                               "(cannot connect")
         reasons = {f["source"].removeprefix(site.base): f["reason"] for f in first.failed}
         assert set(reasons) == {"/missing.html", "/broken-sitemap.xml", "/not-a-sitemap.xml", "/slow.html",
                                 "/huge.html", "/logo.png", "http://127.0.0.1:9/refused.html"}, reasons
@@ -142,7 +144,8 @@ async def test_url_source_pages_and_sitemap_with_conditional_requests_and_clear_
         assert reasons["/slow.html"].startswith("timed out after 2 s")
         assert reasons["/huge.html"].startswith("too large (1.8 MB > 1.0 MB limit)")
         assert reasons["/logo.png"] == "unsupported content type image/png"
-        assert reasons["http://127.0.0.1:9/refused.html"].startswith("cannot connect")
+        assert "robots.txt of http://127.0.0.1:9 is unreachable (cannot connect" in reasons[
+            "http://127.0.0.1:9/refused.html"]
 
         answer = await stack.ask("What does fault E-917 mean?")
         assert answer.outcome.value == "answered" and site.url("/e917.html") in cited(answer)

@@ -172,6 +172,8 @@ async def test_serve_runs_the_configured_sources_on_schedule(deployment):
     ([{"name": "a", "path": "/tmp", "interval": "1h", "colour": "red"}], "unknown setting sources[0] (a).colour"),
     ([{"name": "a", "path": "/tmp", "interval": "1h", "include": "*.md", "exclude": [3]}],
      "sources[0] (a).exclude must be a list of non-empty strings"),
+    ([{"name": "a", "urls": ["https://x.example/"], "interval": "1h", "respect_robots": "no"}],
+     "sources[0] (a).respect_robots must be true or false, got 'no'"),
     ("examples/kb", "sources must be a list of sources, got str"),
 ])
 def test_bad_sources_are_one_clear_settings_error(tmp_path: Path, sources: object, message: str):

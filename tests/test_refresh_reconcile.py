@@ -109,7 +109,7 @@ async def test_a_renamed_source_keeps_answering_throughout_and_leaves_no_orphan(
         answer = await stack.ask("What torque for the HL-M200 terminal screws?")
         assert torque not in cited(answer) and "2.5 N·m" not in answer.text
         assert any(r.getMessage().startswith("refresh source=helpdesk trigger=manual status=ok")
-                   and "orphaned=1" in r.getMessage() for r in caplog.records)
+                   and "orphaned=1 disallowed=0" in r.getMessage() for r in caplog.records)
         assert any("revoking 1 documents of urls:support, which is no configured source's" in r.getMessage()
                    for r in caplog.records)
 
