@@ -79,13 +79,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -104,6 +106,8 @@ from weaviate.util import generate_uuid5
 from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
 from pipelines.errors import ServiceUnavailable
 from pipelines.store import DocRecord, prepare_chunks
+
+log = logging.getLogger("kbbot.weaviate")
 
 DEFAULT_TOKENIZATION = "trigram"
 DEFAULT_FUSION = "relative_score"
@@ -347,6 +351,9 @@ class WeaviateKnowledgeStore:
         self._cache: dict[str, DocRecord] | None = None
         self._cache_seq = -1
         self._cache_full_at = 0.0
+        # Languages with chunks, and what they were probed at: (manifest seq last read, own publishes).
+        self._languages: tuple[tuple[int, int], tuple[str, ...]] | None = None
+        self._publishes = 0
         self._async: tuple[asyncio.AbstractEventLoop, Any, Any] | None = None
         # Set when a call found the server unreachable: the next call connects anew, because a gRPC
         # channel that failed keeps answering "unavailable" for its reconnect backoff (up to two
@@ -468,6 +475,7 @@ class WeaviateKnowledgeStore:
                 client.collections.delete(name)
         with self._refresh_lock:
             self._cache = None
+        self._languages = None
 
     # --- manifest ---------------------------------------------------------------------------
     def _meta(self) -> dict[str, int]:
@@ -563,6 +571,33 @@ class WeaviateKnowledgeStore:
         with self._guard():
             return self.document_store.count_documents()
 
+    def _languages_key(self) -> tuple[int, int]:
+        return self._cache_seq, self._publishes
+
+    def cached_languages(self) -> tuple[str, ...] | None:
+        """``chunk_languages()`` when nothing changed since it was last probed, else None (no server call)."""
+        known = self._languages
+        return known[1] if known is not None and known[0] == self._languages_key() else None
+
+    def chunk_languages(self) -> tuple[str, ...]:
+        """The languages of ``LANGUAGES`` that have chunks (one ``limit 1`` probe each, ~2 ms).
+
+        Probed again once the manifest moved: a publish or revocation by this store, or a new
+        sequence number seen by ``records()`` (which ``CurrentKnowledge`` calls on every query), so
+        a change made by another process shows on the query after the one that read it. Chunks
+        written straight to ``document_store`` (the bench's 50,000-chunk copy) do not move the
+        manifest: they count once the next change does.
+        """
+        cached = self.cached_languages()
+        if cached is not None:
+            return cached
+        key = self._languages_key()
+        with self._guard():
+            present = tuple(lang for lang in LANGUAGES if self.collection.query.fetch_objects(
+                filters=Filter.by_property("language").equal(lang), limit=1, return_properties=[]).objects)
+        self._languages = (key, present)
+        return present
+
     def retriever(self, *, mode: str, candidates: int, fusion: str | None = None) -> WeaviateHybridRetriever:
         """Our retriever; ``fusion`` also takes the in-memory store's names: ``dbsf`` (score-based,
         like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the store's own."""
@@ -603,6 +638,7 @@ class WeaviateKnowledgeStore:
             self.manifest.data.insert_many([DataObject(properties=self._record_properties(record, seq),
                                                        uuid=self._record_uuid(record.doc_id))])
             self._set_seq(seq)
+            self._publishes += 1
             self._delete_chunks(record.doc_id, below=record.version)
             return record
 
@@ -614,6 +650,7 @@ class WeaviateKnowledgeStore:
             # A tombstone, not a delete: readers refreshing by sequence number must see it go.
             self.manifest.data.update(self._record_uuid(doc_id), {"revoked": True, "seq": seq})
             self._set_seq(seq)
+            self._publishes += 1
             self._delete_chunks(doc_id)
             return True
 
@@ -634,7 +671,8 @@ def _dense(objects: list[Any]) -> list[Document]:
     for obj in objects:
         similarity = 1.0 - float(obj.metadata.distance)
         doc = to_document(obj, score=similarity)
-        docs.append(replace(doc, meta={**doc.meta, "similarity": similarity}))
+        doc.meta["similarity"] = similarity  # a fresh dict, made by to_document
+        docs.append(doc)
     return docs
 
 
@@ -644,18 +682,71 @@ def _merge_dense(per_language: list[list[Document]]) -> list[Document]:
     return merged
 
 
+# How Weaviate (1.35, relative-score fusion) explains the vector side of a hybrid result: the
+# "original score" there is the cosine similarity, 1 - the cosine distance a near-vector query returns.
+_EXPLAINED_VECTOR = re.compile(r"\(Result Set vector[^)]*\) Document ([0-9a-fA-F-]{36}): original score ([-+0-9.eE]+)")
+
+
+def explained_similarity(obj: Any) -> float | None:
+    """The cosine between a hybrid result and the query vector, read from the result's score
+    explanation; None when the object was not among the vector side's results (or the
+    explanation has another form)."""
+    match = _EXPLAINED_VECTOR.search(getattr(obj.metadata, "explain_score", None) or "")
+    if match is None or match.group(1).lower() != str(obj.uuid).lower():
+        return None
+    try:
+        return float(match.group(2))
+    except ValueError:
+        return None
+
+
+def _hybrid_with_dense(objects: list[Any]) -> tuple[list[Document], list[Document]] | None:
+    """The hybrid results and, from their explanations, the dense candidates (cosine as ``score``
+    and ``meta.similarity``, best first); None when no result explains its vector side."""
+    documents: list[Document] = []
+    dense: list[Document] = []
+    for obj in objects:
+        doc = to_document(obj, score=obj.metadata.score)
+        documents.append(doc)
+        similarity = explained_similarity(obj)
+        if similarity is not None:  # built directly: dataclasses.replace took twice as long
+            dense.append(Document(id=doc.id, content=doc.content, meta={**doc.meta, "similarity": similarity},
+                                  score=similarity, embedding=doc.embedding))
+    if objects and not dense:
+        return None
+    dense.sort(key=lambda d: -(d.score or 0.0))
+    return documents, dense
+
+
 @component
 class WeaviateHybridRetriever:
     """BM25, vector or hybrid retrieval straight on the chunk collection, fusion done by Weaviate.
 
     ``documents``: one hybrid query (BM25 over ``content``/``title``/``header`` and the vector,
     fused server-side with ``fusion`` and ``alpha``), or one BM25 query, with ``filters`` applied in
-    the query. ``dense_documents``: one nearest-vector query per language with its raw cosine as
-    ``score`` and ``meta.similarity`` (what the relevance gate reads); empty in ``bm25`` mode.
-    The queries go out together (threads in ``run``, ``asyncio.gather`` in ``run_async``); all
-    three took a p50 of 12 / 16 ms on cmrc2018 / clapnq, against 13 / 17 ms for weaviate-haystack's
-    WeaviateHybridRetriever, which asks for the collection config first and returns one list only
-    (bench ``latency``). No answer within ``timeout_s`` raises WeaviateUnavailable.
+    the query. ``dense_documents``: the vector candidates with their raw cosine as ``score`` and
+    ``meta.similarity`` (what the relevance gate reads and the ranker's language slots use); empty
+    in ``bm25`` mode. Where they come from:
+
+    * hybrid, relative-score fusion, chunks in one language (``store.chunk_languages()``): from the
+      hybrid query itself, which is asked to explain its scores; the vector side's "original
+      score" there is the cosine. One query, no more. The best cosine (what the gate compares
+      with its threshold) is a near-vector query's best: the nearest chunk gets at least ``alpha``
+      of the fused score, so it is among the ``k`` results (on all 307 clapnq questions, with and
+      without answer: bench ``retrieval`` checks it on its questions);
+    * otherwise (two languages, ranked fusion, vector mode, no query text): one near-vector query
+      per language (one unfiltered query for a single language), sent with the hybrid or BM25
+      query: a Chinese question's best English chunks, and vice versa, are candidates even when
+      the other language fills the hybrid list (see ``components/ranker.py``).
+
+    Should no hybrid result explain its vector side (another server version's wording), the
+    near-vector queries are sent after it, and a warning logged once.
+
+    Measured (clapnq, 1,369 chunks, p50, vectors precomputed, against a bare
+    ``collection.query.hybrid``; bench ``retrieval``): x1.07 on a quiet machine, up to x1.12 under
+    load, where the hybrid plus per-language queries took x1.25-1.35. Most of what is left is the
+    thread that bounds the wait (the same query without it: x1.01); ``run_async`` needs none.
+    No answer within ``timeout_s`` raises WeaviateUnavailable.
     """
 
     def __init__(self, store: WeaviateKnowledgeStore, mode: str = "hybrid", candidates: int = 30,
@@ -673,27 +764,42 @@ class WeaviateHybridRetriever:
         self.parallel = parallel
         self.timeout_s = timeout_s
         self._executor: ThreadPoolExecutor | None = None
+        self._warned = False
 
-    def _plan(self, query: str, query_embedding: list[float] | None) -> tuple[bool, bool]:
-        """(run the keyword/hybrid query, run the per-language vector queries)."""
+    def _plan(self, query: str, query_embedding: list[float] | None,
+              languages: tuple[str, ...]) -> tuple[bool, bool, bool]:
+        """(run the keyword/hybrid query, dense candidates from its explanations, run vector queries)."""
         if self.mode in ("hybrid", "vector") and query_embedding is None:
             raise ValueError(f"{self.mode} retrieval needs a query embedding")
-        return self.mode in ("hybrid", "bm25") and bool(query.strip()), self.mode in ("hybrid", "vector")
+        keyword = self.mode in ("hybrid", "bm25") and bool(query.strip())
+        explained = (keyword and self.mode == "hybrid" and self.fusion == "relative_score" and self.alpha > 0
+                     and len(languages) <= 1)
+        return keyword, explained, self.mode in ("hybrid", "vector") and not explained
 
-    def _keyword_kwargs(self, query: str, query_embedding: list[float] | None, where: Any, k: int) -> dict[str, Any]:
+    def _keyword_kwargs(self, query: str, query_embedding: list[float] | None, where: Any, k: int,
+                        explained: bool) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"query": query, "query_properties": self.query_properties, "filters": where,
-                                  "limit": k, "return_metadata": MetadataQuery(score=True)}
+                                  "limit": k, "return_metadata": MetadataQuery(score=True, explain_score=explained)}
         if self.mode == "hybrid":
             kwargs.update(vector=query_embedding, alpha=self.alpha, fusion_type=_FUSIONS[self.fusion])
         return kwargs
 
     @staticmethod
-    def _vector_kwargs(query_embedding: list[float], filters: dict[str, Any] | None, language: str,
-                       k: int) -> dict[str, Any]:
-        return {"near_vector": query_embedding, "filters": weaviate_filters(filters, language=language),
-                "limit": k, "return_metadata": MetadataQuery(distance=True)}
+    def _vector_calls(query_embedding: list[float], filters: dict[str, Any] | None, languages: tuple[str, ...],
+                      k: int) -> list[dict[str, Any]]:
+        # One language (or none known): no language filter needed, the results are the same.
+        per_language: tuple[str | None, ...] = languages if len(languages) > 1 else (None,)
+        return [{"near_vector": query_embedding, "filters": weaviate_filters(filters, language=lang), "limit": k,
+                 "return_metadata": MetadataQuery(distance=True)} for lang in per_language]
 
-    def _finish(self, keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
+    def _unexplained(self) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("Weaviate hybrid results do not explain their vector scores; sending near-vector "
+                        "queries for the similarities instead (one more round trip per query)")
+
+    @staticmethod
+    def _finish(keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
         dense = _merge_dense([_dense(objs) for objs in per_language])
         if keyword is None:  # vector mode, or hybrid without query text
             return {"documents": dense[:k], "dense_documents": dense}
@@ -708,49 +814,91 @@ class WeaviateHybridRetriever:
             self._executor = ThreadPoolExecutor(max_workers=1 + len(LANGUAGES), thread_name_prefix="kb-retrieve")
         return self._executor
 
+    def _call(self, calls: list[tuple[Any, dict[str, Any]]], deadline: float) -> list[Any]:
+        """The calls' results, sent together (``parallel``) and bounded by ``deadline``."""
+        with self.store._guard():
+            if not self.parallel:
+                return [search(**kwargs) for search, kwargs in calls]
+            futures = [self._pool().submit(search, **kwargs) for search, kwargs in calls]
+            if len(futures) == 1:  # the usual case; lighter than wait()
+                try:
+                    return [futures[0].result(timeout=max(0.0, deadline - time.monotonic()))]
+                except FutureTimeout:
+                    raise self._too_slow() from None
+            if wait(futures, timeout=max(0.0, deadline - time.monotonic())).not_done:
+                raise self._too_slow()
+            return [f.result() for f in futures]
+
     @component.output_types(documents=list[Document], dense_documents=list[Document])
     def run(self, query: str, query_embedding: list[float] | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
-        run_keyword, run_vector = self._plan(query, query_embedding)
+        deadline = time.monotonic() + self.timeout_s
+        languages = self.store.cached_languages()
+        if languages is None:
+            languages = self._call([(self.store.chunk_languages, {})], deadline)[0]
+        run_keyword, explained, run_vector = self._plan(query, query_embedding, languages)
         collection = self.store.collection
         calls: list[tuple[Any, dict[str, Any]]] = []
         if run_keyword:
             search = collection.query.hybrid if self.mode == "hybrid" else collection.query.bm25
-            calls.append((search, self._keyword_kwargs(query, query_embedding, weaviate_filters(filters), k)))
+            calls.append((search, self._keyword_kwargs(query, query_embedding, weaviate_filters(filters), k,
+                                                       explained)))
         if run_vector:
             assert query_embedding is not None
-            calls.extend((collection.query.near_vector, self._vector_kwargs(query_embedding, filters, lang, k))
-                         for lang in LANGUAGES)
-        with self.store._guard():
-            if self.parallel:  # the queries are independent: send them together
-                futures = [self._pool().submit(search, **kwargs) for search, kwargs in calls]
-                if wait(futures, timeout=self.timeout_s).not_done:
-                    raise self._too_slow()
-                results = [f.result().objects for f in futures]
-            else:
-                results = [search(**kwargs).objects for search, kwargs in calls]
+            calls.extend((collection.query.near_vector, kwargs)
+                         for kwargs in self._vector_calls(query_embedding, filters, languages, k))
+        results = [r.objects for r in self._call(calls, deadline)]
         keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
+        if explained:
+            assert keyword is not None and query_embedding is not None
+            found = _hybrid_with_dense(keyword)
+            if found is not None:
+                return {"documents": found[0][:k], "dense_documents": found[1]}
+            self._unexplained()
+            vector_calls = self._vector_calls(query_embedding, filters, languages, k)
+            results = [r.objects for r in self._call([(collection.query.near_vector, kw) for kw in vector_calls],
+                                                      deadline)]
         return self._finish(keyword, results, k)
 
     @component.output_types(documents=list[Document], dense_documents=list[Document])
     async def run_async(self, query: str, query_embedding: list[float] | None = None,
                         filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
-        run_keyword, run_vector = self._plan(query, query_embedding)
+        deadline = time.monotonic() + self.timeout_s
+        languages = self.store.cached_languages()
+        if languages is None:
+            languages = (await self._gather([asyncio.to_thread(self.store.chunk_languages)], deadline))[0]
+        run_keyword, explained, run_vector = self._plan(query, query_embedding, languages)
         collection = await self.store.async_collection()
         calls = []
         if run_keyword:
-            kwargs = self._keyword_kwargs(query, query_embedding, weaviate_filters(filters), k)
+            kwargs = self._keyword_kwargs(query, query_embedding, weaviate_filters(filters), k, explained)
             calls.append((collection.query.hybrid if self.mode == "hybrid" else collection.query.bm25)(**kwargs))
         if run_vector:
             assert query_embedding is not None
-            calls.extend(collection.query.near_vector(**self._vector_kwargs(query_embedding, filters, lang, k))
-                         for lang in LANGUAGES)
+            calls.extend(collection.query.near_vector(**kwargs)
+                         for kwargs in self._vector_calls(query_embedding, filters, languages, k))
+        results = [r.objects for r in await self._gather(calls, deadline)]
+        keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
+        if explained:
+            assert keyword is not None and query_embedding is not None
+            found = _hybrid_with_dense(keyword)
+            if found is not None:
+                return {"documents": found[0][:k], "dense_documents": found[1]}
+            self._unexplained()
+            vector_calls = self._vector_calls(query_embedding, filters, languages, k)
+            searches = [collection.query.near_vector(**kw) for kw in vector_calls]
+            results = [r.objects for r in await self._gather(searches, deadline)]
+        return self._finish(keyword, results, k)
+
+    async def _gather(self, calls: list[Any], deadline: float) -> list[Any]:
+        """The awaitables' results, bounded by ``deadline``; one is awaited in place (no task)."""
         with self.store._guard():
             try:
-                results = [r.objects for r in await asyncio.wait_for(asyncio.gather(*calls), self.timeout_s)]
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    if len(calls) == 1:
+                        return [await calls[0]]
+                    return list(await asyncio.gather(*calls))
+            except TimeoutError:
                 raise self._too_slow() from None
-        keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
-        return self._finish(keyword, results, k)

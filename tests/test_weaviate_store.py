@@ -26,6 +26,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import weaviate  # noqa: E402
+from weaviate.classes.query import MetadataQuery  # noqa: E402
 from haystack import Document  # noqa: E402
 from haystack.testing.document_store import (  # noqa: E402
     CountDocumentsByFilterTest,
@@ -297,6 +298,93 @@ def test_hybrid_retrieval_in_chinese_and_english(store, embedders, sample_chunks
     assert len(vector["documents"]) == 3 and vector["documents"] == vector["dense_documents"][:3]
 
 
+class CountingQueries:
+    """Counts the searches a retriever sends through the store's (sync) chunk collection."""
+
+    def __init__(self, store: WeaviateKnowledgeStore, monkeypatch: pytest.MonkeyPatch):
+        self.calls: list[str] = []
+        query = store.collection.query
+        for name in ("hybrid", "bm25", "near_vector"):
+            original = getattr(query, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.calls.append(_name)
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(query, name, counted)
+
+
+def test_one_language_takes_one_hybrid_query_with_the_same_cosines(store, embedders, sample_chunks, monkeypatch):
+    """Chunks in one language: the similarities come from the hybrid query's explanations, and
+    they are the cosines a near-vector query gives (the gate's threshold reads them)."""
+    text_embedder = embedders[0]
+    english = [(row, chunk) for row, chunk in zip(SAMPLE, sample_chunks) if row[1] == "en"]
+    for (doc_id, lang, title, _), chunk in english:
+        store.publish(DocRecord(doc_id=doc_id, version=0, content_hash=doc_id, title=title, source=f"{doc_id}.md",
+                                language=lang), [chunk])
+    store.commit()
+    assert store.chunk_languages() == ("en",)
+    retriever = store.retriever(mode="hybrid", candidates=10)
+    counted = CountingQueries(store, monkeypatch)
+    for question in ("How long is the warranty?", "What does fault E-004 mean?", "How do I install the motor?"):
+        embedding = text_embedder.run(question)["embedding"]
+        counted.calls.clear()
+        out = retriever.run(query=question, query_embedding=embedding)
+        assert counted.calls == ["hybrid"]
+        near = store.collection.query.near_vector(near_vector=embedding, limit=10,
+                                                  return_metadata=MetadataQuery(distance=True)).objects
+        cosines = {o.properties["doc_id"]: 1.0 - o.metadata.distance for o in near}
+        dense = out["dense_documents"]
+        assert {d.meta["doc_id"] for d in dense} == set(cosines) == {d.meta["doc_id"] for d in out["documents"]}
+        assert [d.score for d in dense] == sorted((d.score for d in dense), reverse=True)
+        for d in dense:
+            assert d.meta["similarity"] == d.score == pytest.approx(cosines[d.meta["doc_id"]], abs=1e-6)
+
+        async def run_async(q=question, e=embedding) -> dict:
+            try:
+                return await retriever.run_async(query=q, query_embedding=e)
+            finally:
+                await store.close_async()
+
+        async_out = asyncio.run(run_async())
+        assert doc_ids(async_out["documents"]) == doc_ids(out["documents"])
+        assert [d.score for d in async_out["dense_documents"]] == [d.score for d in dense]
+
+    # A Chinese document makes the knowledge base bilingual: from the next query on, each language's
+    # nearest chunks are asked for again, so both languages have candidates.
+    (doc_id, lang, title, _), chunk = next((row, c) for row, c in zip(SAMPLE, sample_chunks) if row[1] == "zh")
+    store.publish(DocRecord(doc_id=doc_id, version=0, content_hash=doc_id, title=title, source=f"{doc_id}.md",
+                            language=lang), [chunk])
+    counted.calls.clear()
+    out = retriever.run(query="How long is the warranty?",
+                        query_embedding=text_embedder.run("How long is the warranty?")["embedding"])
+    assert sorted(counted.calls) == ["hybrid", "near_vector", "near_vector"]
+    assert {d.meta["language"] for d in out["dense_documents"]} == {"zh", "en"}
+
+
+def test_hybrid_results_without_explanations_fall_back_to_near_vector_queries(store, embedders, sample_chunks,
+                                                                           monkeypatch, caplog):
+    text_embedder = embedders[0]
+    for (doc_id, lang, title, _), chunk in zip(SAMPLE, sample_chunks):
+        if lang == "en":
+            store.publish(DocRecord(doc_id=doc_id, version=0, content_hash=doc_id, title=title,
+                                    source=f"{doc_id}.md", language=lang), [chunk])
+    question = "How long is the warranty?"
+    embedding = text_embedder.run(question)["embedding"]
+    retriever = store.retriever(mode="hybrid", candidates=10)
+    expected = retriever.run(query=question, query_embedding=embedding)
+    monkeypatch.setattr("pipelines.weaviate_store.explained_similarity", lambda obj: None)
+    counted = CountingQueries(store, monkeypatch)
+    with caplog.at_level("WARNING", logger="kbbot.weaviate"):
+        out = retriever.run(query=question, query_embedding=embedding)
+    assert counted.calls == ["hybrid", "near_vector"]
+    assert "do not explain their vector scores" in caplog.text
+    assert doc_ids(out["documents"]) == doc_ids(expected["documents"])
+    assert doc_ids(out["dense_documents"]) == doc_ids(expected["dense_documents"])
+    for got, want in zip(out["dense_documents"], expected["dense_documents"]):
+        assert got.meta["similarity"] == pytest.approx(want.meta["similarity"], abs=1e-6)
+
+
 def test_space_isolation(store, embedders, sample_chunks):
     text_embedder = embedders[0]
     publish_sample(store, sample_chunks, space="sales", prefix="sales/")
@@ -496,3 +584,23 @@ def test_a_retrieval_without_answer_is_reported_within_its_timeout(store, monkey
     with pytest.raises(WeaviateUnavailable, match=r"cannot reach Weaviate at .*: no answer within 0\.2 s"):
         retriever.run(query="pump", query_embedding=[1.0] + [0.0] * 383)
     assert time.perf_counter() - started < 1.5
+
+
+def test_an_async_retrieval_without_answer_is_reported_within_its_timeout(store, monkeypatch):
+    async def no_answer(**_kwargs):
+        await asyncio.sleep(2)
+
+    retriever = WeaviateHybridRetriever(store, mode="hybrid", timeout_s=0.2)
+
+    async def attempt() -> float:
+        collection = await store.async_collection()
+        monkeypatch.setattr(collection.query, "hybrid", no_answer)
+        started = time.perf_counter()
+        try:
+            with pytest.raises(WeaviateUnavailable, match=r"cannot reach Weaviate at .*: no answer within 0\.2 s"):
+                await retriever.run_async(query="pump", query_embedding=[1.0] + [0.0] * 383)
+            return time.perf_counter() - started
+        finally:
+            await store.close_async()
+
+    assert asyncio.run(attempt()) < 1.5
