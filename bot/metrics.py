@@ -20,7 +20,9 @@ metric                                                 type       labels / meani
                                                                   native stream could start at once
 ``kbbot_refresh_runs_total``                           counter    source, status (ok, error)
 ``kbbot_refresh_documents_total``                      counter    source, change (added, changed, removed,
-                                                                  unchanged, failed)
+                                                                  unchanged, failed, orphaned: revoked with a
+                                                                  source no longer configured, disallowed:
+                                                                  kept out by robots.txt)
 ``kbbot_refresh_seconds``                              histogram  source
 ``kbbot_rate_limit_refusals_total``                    counter    scope (user, channel)
 =====================================================  =========  =================================================
@@ -107,7 +109,7 @@ class Metrics:
     def observe_refresh(self, record: Any) -> None:
         source = record.source
         self.refresh_runs.labels(source, "ok" if record.ok else "error").inc()
-        for change in ("added", "changed", "removed", "unchanged"):
+        for change in ("added", "changed", "removed", "unchanged", "orphaned", "disallowed"):
             count = getattr(record, change, 0)
             if count:
                 self.refresh_documents.labels(source, change).inc(count)

@@ -205,7 +205,8 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
     from bot.refresh import RunRecord, log_run
 
     log_run(RunRecord(source="metrics-src", trigger="manual", started_at="2026-01-01T00:00:00Z", duration_s=1.5,
-                      ok=True, added=3, changed=1, removed=2, failed=[{"source": "x.pdf", "reason": "corrupt"}]))
+                      ok=True, added=3, changed=1, removed=2, failed=[{"source": "x.pdf", "reason": "corrupt"}],
+                      orphaned=4, disallowed=5))
     METRICS.observe_api_call("slack", "chat.update", 429)
     runner = web.AppRunner(build_web_app([], runtime), access_log=None)
     await runner.setup()
@@ -227,6 +228,8 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
     assert "kbbot_model_first_token_seconds_count" in text
     assert 'kbbot_refresh_documents_total{change="added",source="metrics-src"} 3.0' in text
     assert 'kbbot_refresh_documents_total{change="failed",source="metrics-src"} 1.0' in text
+    assert 'kbbot_refresh_documents_total{change="orphaned",source="metrics-src"} 4.0' in text
+    assert 'kbbot_refresh_documents_total{change="disallowed",source="metrics-src"} 5.0' in text
     assert 'kbbot_refresh_runs_total{source="metrics-src",status="ok"} 1.0' in text
     assert 'kbbot_platform_api_rate_limited_total{method="chat.update",platform="slack"}' in text
 
