@@ -22,7 +22,9 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
 from adapters.server import build_web_app
-from adapters.slack import SlackAdapter, TurnRecord, make_budget, neutralise, question_text, stable_prefix
+from adapters.slack import SlackAdapter, TurnRecord
+from adapters.slack_reply import make_budget
+from adapters.slack_text import neutralise, question_text, stable_prefix
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
