@@ -3,19 +3,10 @@
 Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long polling (any webhook is
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
-for ``Answerer.answer`` with a ``TelegramReply``:
-
-- a typing action while retrieving;
-- private chats: ``sendMessageDraft`` previews (one non-zero draft id per answer), paced by a
-  ``StreamWriter``, then the final answer with ``sendMessage``; groups, ``stream_mode: edit``, or a
-  chat that refuses drafts: one message sent and edited with ``editMessageText`` (``edit_interval_s``
-  apart, "message is not modified" ignored), ``TelegramRetryAfter`` turned into ``RetryAfter`` so the
-  writer sleeps it out and then sends the latest text;
-- model Markdown converted to plain text + entities (``telegramify_markdown``), never ``parse_mode``;
-  plain text when Telegram still cannot parse the entities; split at paragraph boundaries into
-  messages of at most ``max_message_units`` UTF-16 units; sources ``[n] title`` (linked when the
-  source is a URL) and 👍/👎 buttons carrying the turn id on the last message;
-- a failed turn ends with the Answerer's friendly message in the chat.
+for ``Answerer.answer`` with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
+edits, the final messages with sources and 👍/👎, the rate budget); texts, entities and buttons are
+built in ``adapters/telegram_text.py``. A Bot API server without ``sendMessageDraft`` is remembered
+for an hour, so later answers edit directly.
 
 An update delivered twice (webhook retry, restart during polling) is claimed in the shared
 ``Idempotency`` store by bot id and update id, and released when the turn fails.
@@ -37,612 +28,54 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import telegramify_markdown
 from aiogram import Bot, Dispatcher, F, Router
-from aiogram.client.session.aiohttp import AiohttpSession
-from aiogram.client.telegram import TelegramAPIServer
-from aiogram.enums import ChatAction, ChatType, MessageEntityType
-from aiogram.exceptions import (
-    TelegramAPIError,
-    TelegramBadRequest,
-    TelegramNotFound,
-    TelegramRetryAfter,
-)
+from aiogram.enums import ChatType, MessageEntityType
+from aiogram.exceptions import TelegramAPIError, TelegramBadRequest
 from aiogram.filters import Command, CommandObject, CommandStart
-from aiogram.types import (
-    CallbackQuery,
-    InlineKeyboardButton,
-    InlineKeyboardMarkup,
-    Message,
-    MessageEntity,
-    Update,
-)
+from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
 from aiohttp import web
 
 from adapters.memory_commands import VERBS as PREFERENCE_VERBS
 from adapters.memory_commands import run_command as run_preferences_command
-from bot.platform_settings import TelegramSettings
+from adapters.telegram_reply import (
+    BOT_SEND,
+    DEFAULT_BOT_RATE,
+    DEFAULT_CHAT_RATE,
+    TelegramChat,
+    TelegramReply,
+    TelegramSink,
+    is_not_modified,
+    make_bot,
+)
+from adapters.telegram_text import (
+    APPROVE_PREFIX,
+    FEEDBACK_PREFIX,
+    WITHDRAW_PREFIX,
+    Rendered,
+    is_review_button,
+    plain_parts,
+    review_row,
+    text_for,
+    user_language,
+)
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.platform_settings import TelegramSettings
 from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
-from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point
-from bot.types import Answer, Citation, Inquiry, Outcome
+from bot.streaming import RateBudget, RetryAfter
+from bot.types import Answer, Inquiry, Outcome
 from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
 
-FEEDBACK_PREFIX = "kbfb"
-APPROVE_PREFIX = "kbap"  # callback data: "kbap:{turn_id}" approves, "kbwd:{turn_id}" withdraws
-WITHDRAW_PREFIX = "kbwd"
-#: Messages and edits per chat: Telegram allows about one a second per chat, with short bursts.
-DEFAULT_CHAT_RATE = Rate(per_minute=60, burst=5)
-#: Telegram's bot-wide limit (about 30 messages a second across all chats), shared by every answer.
-BOT_SEND = "bot-send"
-DEFAULT_BOT_RATE = Rate(per_minute=20 * 60, burst=10)  # any 1-s window: at most 10 saved + 20 = 30
 DRAFT_REFUSAL_MEMORY_S = 3600.0
 REFUSAL_MEMORY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
-
-TEXTS: dict[str, dict[str, str]] = {
-    "help": {
-        "en": ("Hi! I am kbbot. I answer questions from the company knowledge base: products and models, "
-               "fault codes, installation, maintenance, spare parts and warranty. Every answer lists its "
-               "sources; when the knowledge base does not cover a question I say so instead of guessing.\n\n"
-               "Ask in English or Chinese, e.g. “What does fault E-004 mean?”. I remember this "
-               "conversation for follow-up questions; /new starts a fresh one. "
-               "Rate answers with 👍 / 👎.\n\n"
-               "How I answer you: /prefs concise|detailed|default, /prefs lang en|zh|auto, "
-               "/prefs steps on|off|default (/prefs alone shows them). /remember on lets me pick up "
-               "preferences you state in your messages (/remember off stops that); /forget clears them all."),
-        "zh": ("你好！我是 kbbot，根据公司知识库回答问题：产品与型号、故障代码、安装、维护保养、备件和保修。"
-               "每个回答都会列出来源；知识库中没有的内容我会直接说明，不会猜测。\n\n"
-               "可以用中文或英文提问，例如“故障代码 E-004 是什么意思？”。我会记住本次对话以便追问；"
-               "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。\n\n"
-               "回答方式：/prefs concise|detailed|default（简洁/详细/默认）、/prefs lang en|zh|auto、"
-               "/prefs steps on|off|default（单独发送 /prefs 查看当前设置）。/remember on 允许我从您的消息中记下"
-               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"),
-    },
-    "new": {
-        "en": "Started a new conversation: earlier questions are forgotten.",
-        "zh": "已开始新的对话，之前的问题不再作为上下文。",
-    },
-    "refused": {
-        "en": "Sorry, you are not on the list of people kbbot may answer. Please ask your administrator for access.",
-        "zh": "抱歉，您不在 kbbot 的可用用户名单中，请联系管理员开通权限。",
-    },
-    "sources": {"en": "Sources", "zh": "来源"},
-    "thanks": {"en": "Thanks for the feedback!", "zh": "感谢您的反馈！"},
-    "not_admin": {"en": "Sorry, /status and /refresh are for kbbot admins only. Please ask whoever runs kbbot "
-                        "to add your user id to telegram.admins.",
-                  "zh": "抱歉，/status 和 /refresh 仅供 kbbot 管理员使用。如需权限，请联系 kbbot 的管理员将您的用户 ID "
-                        "加入 telegram.admins。"},
-    "no_admin": {"en": "Knowledge refresh is not available in this kbbot process.",
-                 "zh": "此 kbbot 进程不支持知识库刷新。"},
-    "refreshing": {"en": "Refreshing {what} now; the result follows.", "zh": "正在刷新 {what}，完成后会发送结果。"},
-    "admin_failed": {"en": "Sorry, that failed. The logs have the details.", "zh": "抱歉，操作失败，详情见日志。"},
-    "feedback_failed": {"en": "Sorry, the feedback could not be saved.", "zh": "抱歉，反馈未能保存。"},
-    "approve": {"en": "✅ Approve", "zh": "✅ 批准"},
-    "withdraw": {"en": "↩️ Withdraw approval", "zh": "↩️ 撤销批准"},
-    "approved": {"en": "✅ Approved: the same question now gets this answer at once.",
-                 "zh": "✅ 已批准：之后相同的问题会直接得到这个回答。"},
-    "withdrawn": {"en": "Approval withdrawn: the question is answered afresh again.",
-                  "zh": "已撤销批准：相同的问题将重新生成回答。"},
-    "not_reviewer": {"en": "Sorry, only kbbot reviewers can approve answers or withdraw approvals.",
-                     "zh": "抱歉，只有 kbbot 审核人可以批准回答或撤销批准。"},
-    "expired": {"en": "This answer can no longer be approved (approval is open for a limited time, and only "
-                      "for a conversation's first answer). Ask again to get a new one.",
-                "zh": "这个回答已无法批准（仅在有限时间内、且仅对对话中的第一个回答开放）。请重新提问。"},
-    "nothing_to_withdraw": {"en": "There is no approval of this answer to withdraw.",
-                            "zh": "这个回答没有可撤销的批准。"},
-    "approvals_off": {"en": "Approved answers are turned off.", "zh": "已关闭批准回答功能。"},
-    "review_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
-                      "zh": "抱歉，暂时无法保存，请重试。"},
-    "crashed": {"en": "Something went wrong while answering. Please try again.",
-                "zh": "回答时出现错误，请重试。"},
-}
-
-
-def text_for(key: str, language: str) -> str:
-    table = TEXTS[key]
-    return table.get(language, table["en"])
-
-
-def user_language(language_code: str | None, text: str = "") -> str:
-    if (language_code or "").lower().startswith("zh"):
-        return "zh"
-    return detect_language(text) if text.strip() else "en"
-
-
-# --- formatting --------------------------------------------------------------------------------
-def utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """One message as Telegram gets it: plain text and entities (dicts with UTF-16 offsets)."""
-
-    text: str
-    entities: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def units(self) -> int:
-        return utf16_len(self.text)
-
-    def aiogram_entities(self) -> list[MessageEntity] | None:
-        return [MessageEntity(**e) for e in self.entities] or None
-
-    def joined(self, other: Rendered, separator: str = "\n\n") -> Rendered:
-        shift = utf16_len(self.text + separator)
-        moved = tuple({**e, "offset": e["offset"] + shift} for e in other.entities)
-        return Rendered(self.text + separator + other.text, self.entities + moved)
-
-
-def render(markdown: str) -> Rendered:
-    """Model Markdown as plain text + entities; partial markup (``**Refu``) stays literal."""
-    text, entities = telegramify_markdown.convert(markdown)
-    return Rendered(text, tuple({k: v for k, v in e.to_dict().items() if v is not None} for e in entities))
-
-
-def _paragraphs(markdown: str) -> list[str]:
-    """Paragraphs of ``markdown``; a fenced code block with blank lines stays one paragraph."""
-    out: list[str] = []
-    for piece in re.split(r"\n[ \t]*\n", markdown):
-        if out and out[-1].count("```") % 2 == 1:
-            out[-1] += "\n\n" + piece
-        elif piece.strip():
-            out.append(piece)
-    return out
-
-
-def _hard_split(paragraph: str, limit: int) -> list[str]:
-    """A paragraph too long for one message, cut at lines, sentences or spaces."""
-    pieces: list[str] = []
-    rest = paragraph
-    while rest and render(rest).units > limit:
-        chars = min(len(rest), limit)
-        while True:
-            cut = cut_point(rest, chars)
-            if render(rest[:cut]).units <= limit or chars < 16:
-                break
-            chars = int(chars * 0.9)
-        pieces.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip()
-    if rest.strip():
-        pieces.append(rest)
-    return pieces
-
-
-def render_parts(markdown: str, limit: int = 4096) -> list[Rendered]:
-    """``markdown`` rendered as messages of at most ``limit`` UTF-16 units, split at paragraphs."""
-    markdown = markdown.strip()
-    if not markdown:
-        return []
-    whole = render(markdown)
-    if whole.units <= limit:
-        return [whole]
-    parts: list[Rendered] = []
-    current = ""
-    for paragraph in _paragraphs(markdown):
-        candidate = f"{current}\n\n{paragraph}" if current else paragraph
-        if render(candidate).units <= limit:
-            current = candidate
-            continue
-        if current:
-            parts.append(render(current))
-        current = ""
-        if render(paragraph).units <= limit:
-            current = paragraph
-        else:
-            pieces = _hard_split(paragraph, limit)
-            parts.extend(render(p) for p in pieces[:-1])
-            current = pieces[-1] if pieces else ""
-    if current:
-        parts.append(render(current))
-    return parts
-
-
-def plain_parts(text: str, limit: int = 4096) -> list[str]:
-    """Plain text in messages of at most ``limit`` UTF-16 units, cut at line ends (long lines hard)."""
-    parts: list[str] = []
-    current = ""
-    for line in text.splitlines():
-        while utf16_len(line) > limit:
-            cut = limit
-            while utf16_len(line[:cut]) > limit:
-                cut -= 1
-            parts.extend([current] if current else [])
-            current = ""
-            parts.append(line[:cut])
-            line = line[cut:]
-        candidate = f"{current}\n{line}" if current else line
-        if utf16_len(candidate) > limit:
-            parts.append(current)
-            candidate = line
-        current = candidate
-    if current.strip():
-        parts.append(current)
-    return parts
-
-
-def sources_rendered(citations: list[Citation], language: str = "en") -> Rendered | None:
-    """``Sources`` then one line per citation: ``[n] title``, the title linked when the source is a URL."""
-    if not citations:
-        return None
-    heading = text_for("sources", language)
-    text = heading
-    entities: list[dict[str, Any]] = [{"type": "bold", "offset": 0, "length": utf16_len(heading)}]
-    for c in citations:
-        title = " ".join((c.title or c.source or c.doc_id or f"source {c.index}").split())
-        if len(title) > 120:
-            title = title[:119] + "…"
-        line_start = utf16_len(text + "\n")
-        label = f"[{c.index}] "
-        text += f"\n{label}{title}"
-        if c.source.startswith(("http://", "https://")):
-            entities.append({"type": "text_link", "offset": line_start + utf16_len(label),
-                             "length": utf16_len(title), "url": c.source})
-    return Rendered(text, tuple(entities))
-
-
-def final_parts(answer_markdown: str, citations: list[Citation], limit: int, language: str) -> list[Rendered]:
-    parts = render_parts(answer_markdown, limit) or [Rendered("…")]
-    sources = sources_rendered(citations, language)
-    if sources is not None:
-        if sources.units > limit:
-            sources = Rendered(sources.text[: limit - 1] + "…", ())
-        combined = parts[-1].joined(sources)
-        if combined.units <= limit:
-            parts[-1] = combined
-        else:
-            parts.append(sources)
-    return parts
-
-
-def feedback_markup(turn_id: str) -> InlineKeyboardMarkup:
-    return InlineKeyboardMarkup(inline_keyboard=[feedback_row(turn_id)])
-
-
-def feedback_row(turn_id: str) -> list[InlineKeyboardButton]:
-    return [InlineKeyboardButton(text="👍", callback_data=f"{FEEDBACK_PREFIX}:up:{turn_id}"),
-            InlineKeyboardButton(text="👎", callback_data=f"{FEEDBACK_PREFIX}:down:{turn_id}")]
-
-
-def review_row(turn_id: str, *, approved: bool, language: str = "en") -> list[InlineKeyboardButton]:
-    """"✅ Approve" or "↩️ Withdraw approval"; the callback data names only the turn."""
-    if approved:
-        return [InlineKeyboardButton(text=text_for("withdraw", language), callback_data=f"{WITHDRAW_PREFIX}:{turn_id}")]
-    return [InlineKeyboardButton(text=text_for("approve", language), callback_data=f"{APPROVE_PREFIX}:{turn_id}")]
-
-
-def answer_markup(answer: Answer, *, feedback: bool, review: bool, language: str = "en") -> InlineKeyboardMarkup | None:
-    """👍/👎, and for reviewers "✅ Approve" (an answer offered to the cache) or "↩️ Withdraw approval"
-    (an answer served from it)."""
-    rows: list[list[InlineKeyboardButton]] = []
-    if answer.outcome is Outcome.ERROR:
-        return None
-    if feedback:
-        rows.append(feedback_row(answer.trace.turn_id))
-    if review and answer.approvable:
-        rows.append(review_row(answer.trace.turn_id, approved=False, language=language))
-    elif review and answer.outcome is Outcome.CACHED and answer.approved_turn_id:
-        rows.append(review_row(answer.approved_turn_id, approved=True, language=language))
-    return InlineKeyboardMarkup(inline_keyboard=rows) if rows else None
-
-
-def _is_review_button(button: InlineKeyboardButton) -> bool:
-    return (button.callback_data or "").startswith((f"{APPROVE_PREFIX}:", f"{WITHDRAW_PREFIX}:"))
-
-
-# --- where an answer goes ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class TelegramChat:
-    bot_id: int
-    chat_id: int
-    user_id: int
-    private: bool
-    topic: int | None = None  # message_thread_id of a forum topic
-    reply_to: int | None = None  # the question's message id (groups: answers are replies)
-
-    @property
-    def key(self) -> str:
-        base = f"telegram:{self.bot_id}:{self.chat_id}"
-        return f"{base}:{self.topic}" if self.topic else base
-
-
-@dataclass
-class _Posted:
-    message_id: int
-    shown: Rendered
-    markup: InlineKeyboardMarkup | None = None
-
-
-def _is_not_modified(error: TelegramBadRequest) -> bool:
-    return "message is not modified" in error.message
-
-
-def _is_entity_error(error: TelegramBadRequest) -> bool:
-    return "can't parse entities" in error.message or "can't find end" in error.message
-
-
-class TelegramSink:
-    """Puts one answer's text into a chat; called by that answer's ``StreamWriter`` only.
-
-    ``posted`` are the messages already sent for this answer. Drafting, the message being filled is a
-    draft and ``posted`` holds only completed parts; editing, the last posted message is the one being
-    filled. The final call reconciles every posted message with the final parts.
-    """
-
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
-                 draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
-        self.bot = bot
-        self.where = where
-        self.settings = settings
-        self.budget = budget
-        self.limit = settings.max_message_units
-        self.draft = draft
-        self.draft_id = random.randint(1, 2**31 - 1)
-        self.on_draft_refused = on_draft_refused
-        self.posted: list[_Posted] = []
-        self.drafted: Rendered | None = None
-        self.citations: list[Citation] = []
-        self.markup: InlineKeyboardMarkup | None = None
-        self.language = "en"
-        self.calls = 0
-        self._prepaid = False  # ready() took the budget of the next call
-        self.on_first_text: Callable[[], None] | None = None
-
-    # --- the Sink protocol -----------------------------------------------------------------------
-    async def ready(self, final: bool) -> bool:
-        """The first text and the final text wait for the budget (in ``_call``); an intermediate
-        state goes only with budget to spare in this chat and bot-wide, so it never delays another
-        answer's first or final text."""
-        if final or self._prepaid or not (self.posted or self.drafted):
-            return True
-        self._prepaid = self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
-        return self._prepaid
-
-    async def send(self, text: str, final: bool) -> bool:
-        if final:
-            await self._send_final(text)
-            return True
-        parts = render_parts(text, self.limit)
-        if not parts:
-            return False
-        if self.draft:
-            for i, part in enumerate(parts[:-1]):
-                if i >= len(self.posted):
-                    await self._post(part)
-            current = parts[-1]
-            if current == self.drafted:
-                return False
-            if await self._send_draft(current):
-                self.drafted = current
-                return True
-        sent = False
-        for i, part in enumerate(parts):
-            if i < len(self.posted) - 1:
-                continue  # completed messages are repaired by the final call only
-            if i < len(self.posted):
-                if self.posted[i].shown != part:
-                    await self._edit(self.posted[i], part)
-                    sent = True
-            else:
-                await self._post(part)
-                sent = True
-        return sent
-
-    async def _send_final(self, markdown: str) -> None:
-        parts = final_parts(markdown, self.citations, self.limit, self.language)
-        for i, part in enumerate(parts):
-            markup = self.markup if i == len(parts) - 1 else None
-            if i < len(self.posted):
-                posted = self.posted[i]
-                if posted.shown != part or _markup_key(posted.markup) != _markup_key(markup):
-                    await self._edit(posted, part, markup)
-            else:
-                await self._post(part, markup)
-        while len(self.posted) > len(parts):  # the final text is shorter than what was shown
-            extra = self.posted[-1]
-            try:
-                await self._call("deleteMessage", lambda: self.bot.delete_message(
-                    chat_id=self.where.chat_id, message_id=extra.message_id))
-            except TelegramBadRequest as exc:
-                log.warning("could not delete a superseded message %s: %s", extra.message_id, exc.message)
-            self.posted.pop()
-
-    # --- failure -----------------------------------------------------------------------------------
-    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
-        """Show ``message`` in the chat: in the message being filled, else as a new message."""
-        body = Rendered(f"⚠️ {message}")
-        for attempt in range(attempts):
-            try:
-                if self.posted and not self.draft:
-                    try:
-                        await self._edit(self.posted[-1], body, None)
-                        return
-                    except TelegramBadRequest as exc:
-                        log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
-                await self._post(body)
-                return
-            except RetryAfter as wait:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(wait.seconds)
-
-    # --- building blocks ---------------------------------------------------------------------------
-    async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
-        scope = str(self.where.chat_id)
-        if budgeted and self._prepaid:
-            self._prepaid = False
-        elif budgeted:
-            await self.budget.acquire(scope, "send")
-            await self.budget.acquire("bot", BOT_SEND)
-        self.calls += 1
-        try:
-            return await call()
-        except TelegramRetryAfter as exc:
-            if budgeted:
-                self.budget.hold(scope, "send", exc.retry_after)
-            raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
-
-    async def _with_plain_fallback(self, method: str, part: Rendered,
-                                   call: Callable[[list[MessageEntity] | None], Awaitable[Any]]) -> Any:
-        try:
-            return await self._call(method, lambda: call(part.aiogram_entities()))
-        except TelegramBadRequest as exc:
-            if not part.entities or not _is_entity_error(exc):
-                raise
-            log.warning("chat %s: Telegram could not parse the entities (%s); sending plain text",
-                        self.where.chat_id, exc.message)
-            return await self._call(method, lambda: call(None))
-
-    def _shown_text(self) -> None:
-        if self.on_first_text is not None:
-            hook, self.on_first_text = self.on_first_text, None
-            hook()
-
-    async def _post(self, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
-        first = not self.posted
-        reply_to = self.where.reply_to if first else None
-
-        def call(entities: list[MessageEntity] | None) -> Awaitable[Message]:
-            return self.bot.send_message(
-                chat_id=self.where.chat_id, text=part.text, entities=entities, parse_mode=None,
-                message_thread_id=self.where.topic, reply_markup=markup, link_preview_options=None,
-                reply_parameters=None if reply_to is None else _reply_parameters(reply_to))
-
-        sent: Message = await self._with_plain_fallback("sendMessage", part, call)
-        self.posted.append(_Posted(sent.message_id, part, markup))
-        self._shown_text()
-
-    async def _edit(self, posted: _Posted, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
-        def call(entities: list[MessageEntity] | None) -> Awaitable[Any]:
-            return self.bot.edit_message_text(
-                chat_id=self.where.chat_id, message_id=posted.message_id, text=part.text, entities=entities,
-                parse_mode=None, reply_markup=markup)
-
-        try:
-            await self._with_plain_fallback("editMessageText", part, call)
-        except TelegramBadRequest as exc:
-            if not _is_not_modified(exc):
-                raise
-        posted.shown, posted.markup = part, markup
-
-    async def _send_draft(self, part: Rendered) -> bool:
-        """One draft preview; False (after switching to edits) when the chat refuses drafts."""
-        def call(entities: list[MessageEntity] | None) -> Awaitable[Any]:
-            return self.bot.send_message_draft(chat_id=self.where.chat_id, draft_id=self.draft_id,
-                                               message_thread_id=self.where.topic, text=part.text,
-                                               entities=entities, parse_mode=None)
-
-        try:
-            await self._with_plain_fallback("sendMessageDraft", part, call)
-        except (TelegramBadRequest, TelegramNotFound) as exc:
-            method_missing = isinstance(exc, TelegramNotFound) or "not found" in exc.message.lower()
-            log.info("chat %s: drafts refused (%s); editing a message instead", self.where.chat_id, exc.message)
-            self.draft = False
-            self.drafted = None
-            if self.on_draft_refused is not None:
-                self.on_draft_refused(method_missing)
-            return False
-        self._shown_text()
-        return True
-
-
-def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
-    return None if markup is None else markup.model_dump_json()
-
-
-def _reply_parameters(message_id: int) -> Any:
-    from aiogram.types import ReplyParameters
-
-    return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
-
-
-class TelegramReply:
-    """``Reply`` for one Telegram answer: typing while retrieving, drafts or edits, the final messages."""
-
-    TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
-
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
-                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
-                 review: bool = False):
-        self.bot = bot
-        self.language = language
-        self.review = review  # show the approve / withdraw button (someone here may use it)
-        self.where = where
-        self.settings = settings
-        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
-        self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
-        self._on_drafts_unavailable = on_drafts_unavailable
-        self.sink = TelegramSink(bot, where, settings, budget, draft=draft, on_draft_refused=self._drafts_refused)
-        self.sink.language = language
-        self.sink.on_first_text = self._stop_typing
-        self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
-        self._typing: asyncio.Task[None] | None = None
-        self.failed: str | None = None
-
-    def _drafts_refused(self, method_missing: bool) -> None:
-        self.writer.cadence = self.edit_cadence
-        if method_missing and self._on_drafts_unavailable is not None:
-            self._on_drafts_unavailable()
-
-    async def _keep_typing(self) -> None:
-        while True:
-            try:
-                await self.bot.send_chat_action(chat_id=self.where.chat_id, action=ChatAction.TYPING,
-                                                message_thread_id=self.where.topic)
-            except TelegramRetryAfter as exc:
-                await asyncio.sleep(exc.retry_after)
-                continue
-            except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
-                log.debug("chat %s: typing action failed: %s", self.where.chat_id, exc)
-                return
-            await asyncio.sleep(self.TYPING_EVERY_S)
-
-    def _stop_typing(self) -> None:
-        if self._typing is not None:
-            self._typing.cancel()
-            self._typing = None
-
-    # --- Reply ---------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        self._typing = asyncio.create_task(self._keep_typing(), name=f"typing {self.where.key}")
-
-    async def push(self, delta: str) -> None:
-        self.writer.push(delta)
-
-    async def finish(self, answer: Answer) -> None:
-        self.sink.citations = list(answer.citations)
-        self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
-                                         language=self.language)
-        try:
-            await self.writer.finish(answer.text)
-        finally:
-            self._stop_typing()
-
-    async def fail(self, message: str) -> None:
-        self.failed = message
-        self._stop_typing()
-        await self.writer.close()
-        try:
-            await self.sink.show_failure(message)
-        except Exception:
-            log.exception("chat %s: could not show the failure message", self.where.chat_id)
-
-
-# --- the adapter -----------------------------------------------------------------------------------
-def make_bot(settings: TelegramSettings) -> Bot:
-    """The aiogram ``Bot``; ``TELEGRAM_API_URL`` points it at another Bot API server."""
-    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.api_url)) if settings.api_url else None
-    return Bot(settings.token or "", session=session)
 
 
 @dataclass
@@ -1043,13 +476,13 @@ class TelegramAdapter:
         if not isinstance(message, Message):  # too old: Telegram no longer shows it to the bot
             return
         rows = [row for row in (message.reply_markup.inline_keyboard if message.reply_markup else [])
-                if not any(_is_review_button(b) for b in row)]
+                if not any(is_review_button(b) for b in row)]
         rows.append(review_row(turn_id, approved=approved, language=language))
         try:
             await self.bot.edit_message_reply_markup(chat_id=message.chat.id, message_id=message.message_id,
                                                      reply_markup=InlineKeyboardMarkup(inline_keyboard=rows))
         except TelegramBadRequest as exc:
-            if not _is_not_modified(exc):
+            if not is_not_modified(exc):
                 log.warning("turn %s: could not update the buttons (%s)", turn_id, exc.message)
         except TelegramAPIError as exc:
             log.warning("turn %s: could not update the buttons (%s)", turn_id, exc)

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from adapters.server import build_web_app
 from bot.feedback import MemoryFeedback
-from adapters.telegram import TelegramAdapter, TurnRecord, render, render_parts, utf16_len
+from adapters.telegram import TelegramAdapter, TurnRecord
+from adapters.telegram_text import render, render_parts, utf16_len
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
 from bot.types import Outcome

@@ -1,0 +1,358 @@
+"""Telegram replies: one answer shown in its chat, paced and within the chat's and the bot's rate budget.
+
+``TelegramReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one question; its
+``TelegramSink`` puts the text into the chat:
+
+- a typing action while retrieving;
+- private chats: ``sendMessageDraft`` previews (one non-zero draft id per answer), paced by a
+  ``StreamWriter``, then the final answer with ``sendMessage``; groups, ``stream_mode: edit``, or a
+  chat that refuses drafts: one message sent and edited with ``editMessageText`` (``edit_interval_s``
+  apart, "message is not modified" ignored), ``TelegramRetryAfter`` turned into ``RetryAfter`` so the
+  writer sleeps it out and then sends the latest text;
+- the text as ``adapters.telegram_text`` renders it (plain text + entities, never ``parse_mode``),
+  plain text when Telegram still cannot parse the entities; the sources and the buttons on the last
+  message; the final call reconciles every message already sent with the final parts;
+- a failed turn ends with the Answerer's friendly message in the chat.
+
+Every send and edit takes a token from its chat's bucket and from the bot-wide one (``BOT_SEND``),
+shared by all answers; intermediate states go only with budget to spare in both. Also here: the
+aiogram ``Bot`` (``make_bot``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiogram import Bot
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.enums import ChatAction
+from aiogram.exceptions import (
+    TelegramAPIError,
+    TelegramBadRequest,
+    TelegramNotFound,
+    TelegramRetryAfter,
+)
+from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity
+
+from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
+from bot.platform_settings import TelegramSettings
+from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter
+from bot.types import Answer, Citation
+
+log = logging.getLogger("kbbot.telegram")
+
+#: Messages and edits per chat: Telegram allows about one a second per chat, with short bursts.
+DEFAULT_CHAT_RATE = Rate(per_minute=60, burst=5)
+#: Telegram's bot-wide limit (about 30 messages a second across all chats), shared by every answer.
+BOT_SEND = "bot-send"
+DEFAULT_BOT_RATE = Rate(per_minute=20 * 60, burst=10)  # any 1-s window: at most 10 saved + 20 = 30
+
+
+# --- where an answer goes ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TelegramChat:
+    bot_id: int
+    chat_id: int
+    user_id: int
+    private: bool
+    topic: int | None = None  # message_thread_id of a forum topic
+    reply_to: int | None = None  # the question's message id (groups: answers are replies)
+
+    @property
+    def key(self) -> str:
+        base = f"telegram:{self.bot_id}:{self.chat_id}"
+        return f"{base}:{self.topic}" if self.topic else base
+
+
+@dataclass
+class _Posted:
+    message_id: int
+    shown: Rendered
+    markup: InlineKeyboardMarkup | None = None
+
+
+def is_not_modified(error: TelegramBadRequest) -> bool:
+    return "message is not modified" in error.message
+
+
+def _is_entity_error(error: TelegramBadRequest) -> bool:
+    return "can't parse entities" in error.message or "can't find end" in error.message
+
+
+class TelegramSink:
+    """Puts one answer's text into a chat; called by that answer's ``StreamWriter`` only.
+
+    ``posted`` are the messages already sent for this answer. Drafting, the message being filled is a
+    draft and ``posted`` holds only completed parts; editing, the last posted message is the one being
+    filled. The final call reconciles every posted message with the final parts.
+    """
+
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+                 draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
+        self.bot = bot
+        self.where = where
+        self.settings = settings
+        self.budget = budget
+        self.limit = settings.max_message_units
+        self.draft = draft
+        self.draft_id = random.randint(1, 2**31 - 1)
+        self.on_draft_refused = on_draft_refused
+        self.posted: list[_Posted] = []
+        self.drafted: Rendered | None = None
+        self.citations: list[Citation] = []
+        self.markup: InlineKeyboardMarkup | None = None
+        self.language = "en"
+        self.calls = 0
+        self._prepaid = False  # ready() took the budget of the next call
+        self.on_first_text: Callable[[], None] | None = None
+
+    # --- the Sink protocol -----------------------------------------------------------------------
+    async def ready(self, final: bool) -> bool:
+        """The first text and the final text wait for the budget (in ``_call``); an intermediate
+        state goes only with budget to spare in this chat and bot-wide, so it never delays another
+        answer's first or final text."""
+        if final or self._prepaid or not (self.posted or self.drafted):
+            return True
+        self._prepaid = self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        return self._prepaid
+
+    async def send(self, text: str, final: bool) -> bool:
+        if final:
+            await self._send_final(text)
+            return True
+        parts = render_parts(text, self.limit)
+        if not parts:
+            return False
+        if self.draft:
+            for i, part in enumerate(parts[:-1]):
+                if i >= len(self.posted):
+                    await self._post(part)
+            current = parts[-1]
+            if current == self.drafted:
+                return False
+            if await self._send_draft(current):
+                self.drafted = current
+                return True
+        sent = False
+        for i, part in enumerate(parts):
+            if i < len(self.posted) - 1:
+                continue  # completed messages are repaired by the final call only
+            if i < len(self.posted):
+                if self.posted[i].shown != part:
+                    await self._edit(self.posted[i], part)
+                    sent = True
+            else:
+                await self._post(part)
+                sent = True
+        return sent
+
+    async def _send_final(self, markdown: str) -> None:
+        parts = final_parts(markdown, self.citations, self.limit, self.language)
+        for i, part in enumerate(parts):
+            markup = self.markup if i == len(parts) - 1 else None
+            if i < len(self.posted):
+                posted = self.posted[i]
+                if posted.shown != part or _markup_key(posted.markup) != _markup_key(markup):
+                    await self._edit(posted, part, markup)
+            else:
+                await self._post(part, markup)
+        while len(self.posted) > len(parts):  # the final text is shorter than what was shown
+            extra = self.posted[-1]
+            try:
+                await self._call("deleteMessage", lambda: self.bot.delete_message(
+                    chat_id=self.where.chat_id, message_id=extra.message_id))
+            except TelegramBadRequest as exc:
+                log.warning("could not delete a superseded message %s: %s", extra.message_id, exc.message)
+            self.posted.pop()
+
+    # --- failure -----------------------------------------------------------------------------------
+    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
+        """Show ``message`` in the chat: in the message being filled, else as a new message."""
+        body = Rendered(f"⚠️ {message}")
+        for attempt in range(attempts):
+            try:
+                if self.posted and not self.draft:
+                    try:
+                        await self._edit(self.posted[-1], body, None)
+                        return
+                    except TelegramBadRequest as exc:
+                        log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
+                await self._post(body)
+                return
+            except RetryAfter as wait:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(wait.seconds)
+
+    # --- building blocks ---------------------------------------------------------------------------
+    async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
+        scope = str(self.where.chat_id)
+        if budgeted and self._prepaid:
+            self._prepaid = False
+        elif budgeted:
+            await self.budget.acquire(scope, "send")
+            await self.budget.acquire("bot", BOT_SEND)
+        self.calls += 1
+        try:
+            return await call()
+        except TelegramRetryAfter as exc:
+            if budgeted:
+                self.budget.hold(scope, "send", exc.retry_after)
+            raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
+
+    async def _with_plain_fallback(self, method: str, part: Rendered,
+                                   call: Callable[[list[MessageEntity] | None], Awaitable[Any]]) -> Any:
+        try:
+            return await self._call(method, lambda: call(part.aiogram_entities()))
+        except TelegramBadRequest as exc:
+            if not part.entities or not _is_entity_error(exc):
+                raise
+            log.warning("chat %s: Telegram could not parse the entities (%s); sending plain text",
+                        self.where.chat_id, exc.message)
+            return await self._call(method, lambda: call(None))
+
+    def _shown_text(self) -> None:
+        if self.on_first_text is not None:
+            hook, self.on_first_text = self.on_first_text, None
+            hook()
+
+    async def _post(self, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
+        first = not self.posted
+        reply_to = self.where.reply_to if first else None
+
+        def call(entities: list[MessageEntity] | None) -> Awaitable[Message]:
+            return self.bot.send_message(
+                chat_id=self.where.chat_id, text=part.text, entities=entities, parse_mode=None,
+                message_thread_id=self.where.topic, reply_markup=markup, link_preview_options=None,
+                reply_parameters=None if reply_to is None else _reply_parameters(reply_to))
+
+        sent: Message = await self._with_plain_fallback("sendMessage", part, call)
+        self.posted.append(_Posted(sent.message_id, part, markup))
+        self._shown_text()
+
+    async def _edit(self, posted: _Posted, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
+        def call(entities: list[MessageEntity] | None) -> Awaitable[Any]:
+            return self.bot.edit_message_text(
+                chat_id=self.where.chat_id, message_id=posted.message_id, text=part.text, entities=entities,
+                parse_mode=None, reply_markup=markup)
+
+        try:
+            await self._with_plain_fallback("editMessageText", part, call)
+        except TelegramBadRequest as exc:
+            if not is_not_modified(exc):
+                raise
+        posted.shown, posted.markup = part, markup
+
+    async def _send_draft(self, part: Rendered) -> bool:
+        """One draft preview; False (after switching to edits) when the chat refuses drafts."""
+        def call(entities: list[MessageEntity] | None) -> Awaitable[Any]:
+            return self.bot.send_message_draft(chat_id=self.where.chat_id, draft_id=self.draft_id,
+                                               message_thread_id=self.where.topic, text=part.text,
+                                               entities=entities, parse_mode=None)
+
+        try:
+            await self._with_plain_fallback("sendMessageDraft", part, call)
+        except (TelegramBadRequest, TelegramNotFound) as exc:
+            method_missing = isinstance(exc, TelegramNotFound) or "not found" in exc.message.lower()
+            log.info("chat %s: drafts refused (%s); editing a message instead", self.where.chat_id, exc.message)
+            self.draft = False
+            self.drafted = None
+            if self.on_draft_refused is not None:
+                self.on_draft_refused(method_missing)
+            return False
+        self._shown_text()
+        return True
+
+
+def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
+    return None if markup is None else markup.model_dump_json()
+
+
+def _reply_parameters(message_id: int) -> Any:
+    from aiogram.types import ReplyParameters
+
+    return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
+
+
+class TelegramReply:
+    """``Reply`` for one Telegram answer: typing while retrieving, drafts or edits, the final messages."""
+
+    TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
+
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
+                 review: bool = False):
+        self.bot = bot
+        self.language = language
+        self.review = review  # show the approve / withdraw button (someone here may use it)
+        self.where = where
+        self.settings = settings
+        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
+        self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
+        self._on_drafts_unavailable = on_drafts_unavailable
+        self.sink = TelegramSink(bot, where, settings, budget, draft=draft, on_draft_refused=self._drafts_refused)
+        self.sink.language = language
+        self.sink.on_first_text = self._stop_typing
+        self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
+        self._typing: asyncio.Task[None] | None = None
+        self.failed: str | None = None
+
+    def _drafts_refused(self, method_missing: bool) -> None:
+        self.writer.cadence = self.edit_cadence
+        if method_missing and self._on_drafts_unavailable is not None:
+            self._on_drafts_unavailable()
+
+    async def _keep_typing(self) -> None:
+        while True:
+            try:
+                await self.bot.send_chat_action(chat_id=self.where.chat_id, action=ChatAction.TYPING,
+                                                message_thread_id=self.where.topic)
+            except TelegramRetryAfter as exc:
+                await asyncio.sleep(exc.retry_after)
+                continue
+            except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
+                log.debug("chat %s: typing action failed: %s", self.where.chat_id, exc)
+                return
+            await asyncio.sleep(self.TYPING_EVERY_S)
+
+    def _stop_typing(self) -> None:
+        if self._typing is not None:
+            self._typing.cancel()
+            self._typing = None
+
+    # --- Reply ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._typing = asyncio.create_task(self._keep_typing(), name=f"typing {self.where.key}")
+
+    async def push(self, delta: str) -> None:
+        self.writer.push(delta)
+
+    async def finish(self, answer: Answer) -> None:
+        self.sink.citations = list(answer.citations)
+        self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
+                                         language=self.language)
+        try:
+            await self.writer.finish(answer.text)
+        finally:
+            self._stop_typing()
+
+    async def fail(self, message: str) -> None:
+        self.failed = message
+        self._stop_typing()
+        await self.writer.close()
+        try:
+            await self.sink.show_failure(message)
+        except Exception:
+            log.exception("chat %s: could not show the failure message", self.where.chat_id)
+
+
+def make_bot(settings: TelegramSettings) -> Bot:
+    """The aiogram ``Bot``; ``TELEGRAM_API_URL`` points it at another Bot API server."""
+    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.api_url)) if settings.api_url else None
+    return Bot(settings.token or "", session=session)
