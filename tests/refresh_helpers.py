@@ -4,10 +4,12 @@ a local website that serves ETag / Last-Modified and counts what it sends, and a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
@@ -164,6 +166,29 @@ async def drop_prefix(redis_url: str, prefix: str) -> None:
             await client.delete(*keys)
     finally:
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def isolated_stack(tmp_path: Path, name: str, files: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+    """A started Stack on a Weaviate collection and Redis prefix of its own, dropped afterwards. With
+    ``files`` it has one folder source ``docs`` (``tmp_path/docs``, holding them); else no source."""
+    assert REDIS_URL
+    tag = uuid.uuid4().hex[:10]
+    sources = []
+    if files is not None:
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        for file_name, text in files.items():
+            (docs / file_name).write_text(text, encoding="utf-8")
+        sources.append(folder_source("docs", docs))
+    s = Stack(tmp_path / "data", f"{name}{tag}", f"kbbot-test-{tag}:", sources)
+    await s.start()
+    try:
+        yield s
+    finally:
+        s.runtime.store.drop()
+        await s.close()
+        await drop_prefix(REDIS_URL, s.settings.redis_prefix)
 
 
 def cited(answer: Answer) -> list[str]:

@@ -4,20 +4,17 @@ a refresh that dies halfway leaves the previous versions answering."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.refresh_helpers import (
-    REDIS_URL,
     SERVICES_MISSING,
     Site,
     Stack,
     cited,
-    drop_prefix,
-    folder_source,
+    isolated_stack,
     url_source,
 )
 
@@ -33,16 +30,8 @@ VIBRATION = "# Vibration limits\n\nThe HL-M200 motor vibration must stay below 2
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    assert REDIS_URL
-    tag = uuid.uuid4().hex[:10]
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    s = Stack(tmp_path / "data", f"Refresh{tag}", f"kbbot-test-{tag}:", [folder_source("docs", docs)])
-    await s.start()
-    yield s
-    s.runtime.store.drop()
-    await s.close()
-    await drop_prefix(REDIS_URL, s.settings.redis_prefix)
+    async with isolated_stack(tmp_path, "Refresh", {}) as s:
+        yield s
 
 
 def write(folder: Path, name: str, text: str) -> None:

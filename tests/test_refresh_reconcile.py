@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,13 +15,12 @@ import pytest
 from bot.refresh import FileRunLog, knowledge_status
 from pipelines.indexing import FolderSource
 from tests.refresh_helpers import (
-    REDIS_URL,
     SERVICES_MISSING,
     Site,
     Stack,
     cited,
-    drop_prefix,
     folder_source,
+    isolated_stack,
     url_source,
 )
 
@@ -37,17 +35,8 @@ TORQUE = "# Terminal torque\n\nTighten the HL-M200 terminal screws to 2.5 N·m.\
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    assert REDIS_URL
-    tag = uuid.uuid4().hex[:10]
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "warranty.md").write_text(WARRANTY, encoding="utf-8")
-    s = Stack(tmp_path / "data", f"Reconcile{tag}", f"kbbot-test-{tag}:", [folder_source("docs", docs)])
-    await s.start()
-    yield s
-    s.runtime.store.drop()
-    await s.close()
-    await drop_prefix(REDIS_URL, s.settings.redis_prefix)
+    async with isolated_stack(tmp_path, "Reconcile", {"warranty.md": WARRANTY}) as s:
+        yield s
 
 
 def roots(stack: Stack) -> dict[str, str | None]:

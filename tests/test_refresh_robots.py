@@ -6,14 +6,20 @@ and ``respect_robots: false`` reads none."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from pipelines.sources import Fetcher, Robots, parse_robots, product_token
-from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, Site, Stack, cited, drop_prefix, url_source
+from tests.refresh_helpers import (
+    SERVICES_MISSING,
+    Site,
+    Stack,
+    cited,
+    isolated_stack,
+    url_source,
+)
 
 needs_services = pytest.mark.skipif(bool(SERVICES_MISSING), reason=SERVICES_MISSING or "")
 
@@ -107,14 +113,8 @@ async def test_a_huge_or_garbled_robots_txt_is_read_as_far_as_the_rfc_asks():
 # --- refreshes -------------------------------------------------------------------------------------
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    assert REDIS_URL
-    tag = uuid.uuid4().hex[:10]
-    s = Stack(tmp_path / "data", f"Robots{tag}", f"kbbot-test-{tag}:", [])
-    await s.start()
-    yield s
-    s.runtime.store.drop()
-    await s.close()
-    await drop_prefix(REDIS_URL, s.settings.redis_prefix)
+    async with isolated_stack(tmp_path, "Robots") as s:
+        yield s
 
 
 def robots_txt(site: Site, text: str, **options: object) -> None:
