@@ -328,7 +328,7 @@ class Tally:
 
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
               platforms: list[str], strategies: list[str] | None = None,
-              turn_timeout_s: float = 75.0) -> dict[str, Any]:
+              turn_timeout_s: float = 60.0) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--naive-chars", type=int, default=40)
     parser.add_argument("--tokens-per-second", type=float, default=40)
     parser.add_argument("--first-token-delay", type=float, default=0.5)
-    parser.add_argument("--turn-timeout", type=float, default=75.0,
+    parser.add_argument("--turn-timeout", type=float, default=60.0,
                         help="the turn budget (s); a naive answer still editing at the end of it is lost")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
