@@ -797,6 +797,15 @@ class WeaviateHybridRetriever:
         return [{"near_vector": query_embedding, "filters": weaviate_filters(filters, language=lang), "limit": k,
                  "return_metadata": MetadataQuery(distance=True)} for lang in per_language]
 
+    def _from_explanations(self, keyword: list[Any] | None, k: int) -> dict[str, Any] | None:
+        """The results of an explained hybrid query, the dense candidates read from its explanations;
+        None (after a warning, once) when they explain no vector score: then near-vector queries follow."""
+        found = _hybrid_with_dense(keyword or [])
+        if found is not None:
+            return {"documents": found[0][:k], "dense_documents": found[1]}
+        self._unexplained()
+        return None
+
     def _unexplained(self) -> None:
         if not self._warned:
             self._warned = True
@@ -856,11 +865,9 @@ class WeaviateHybridRetriever:
         results = [r.objects for r in self._call(calls, deadline)]
         keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
         if explained:
-            assert keyword is not None and query_embedding is not None
-            found = _hybrid_with_dense(keyword)
-            if found is not None:
-                return {"documents": found[0][:k], "dense_documents": found[1]}
-            self._unexplained()
+            assert query_embedding is not None
+            if (answer := self._from_explanations(keyword, k)) is not None:
+                return answer
             vector_calls = self._vector_calls(query_embedding, filters, languages, k)
             results = [r.objects for r in self._call([(collection.query.near_vector, kw) for kw in vector_calls],
                                                       deadline)]
@@ -887,11 +894,9 @@ class WeaviateHybridRetriever:
         results = [r.objects for r in await self._gather(calls, deadline)]
         keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
         if explained:
-            assert keyword is not None and query_embedding is not None
-            found = _hybrid_with_dense(keyword)
-            if found is not None:
-                return {"documents": found[0][:k], "dense_documents": found[1]}
-            self._unexplained()
+            assert query_embedding is not None
+            if (answer := self._from_explanations(keyword, k)) is not None:
+                return answer
             vector_calls = self._vector_calls(query_embedding, filters, languages, k)
             searches = [collection.query.near_vector(**kw) for kw in vector_calls]
             results = [r.objects for r in await self._gather(searches, deadline)]
