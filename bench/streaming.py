@@ -91,19 +91,17 @@ def limited_telegram() -> Any:
 
 
 # --- the naive strategy -----------------------------------------------------------------------------
-class NaiveSlackReply:
-    def __init__(self, client: Any, channel: str, thread_ts: str, every: int):
-        self.client, self.channel, self.thread_ts, self.every = client, channel, thread_ts, every
-        self.text, self.sent, self.ts, self.lost = "", 0, None, False
+class NaiveReply:
+    """Post the first text, then edit after every ``every`` new characters, awaiting each call."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.text, self.sent, self.lost = "", 0, False
 
     async def start(self) -> None: ...
 
     async def _show(self, text: str) -> None:
-        if self.ts is None:
-            resp = await self.client.chat_postMessage(channel=self.channel, thread_ts=self.thread_ts, text=text)
-            self.ts = resp["ts"]
-        else:
-            await self.client.chat_update(channel=self.channel, ts=self.ts, text=text)
+        raise NotImplementedError
 
     async def push(self, delta: str) -> None:
         self.text += delta
@@ -123,12 +121,23 @@ class NaiveSlackReply:
             await self._show(message)
 
 
-class NaiveTelegramReply:
-    def __init__(self, bot: Any, chat_id: int, every: int):
-        self.bot, self.chat_id, self.every = bot, chat_id, every
-        self.text, self.sent, self.message_id, self.lost = "", 0, None, False
+class NaiveSlackReply(NaiveReply):
+    def __init__(self, client: Any, channel: str, thread_ts: str, every: int):
+        super().__init__(every)
+        self.client, self.channel, self.thread_ts, self.ts = client, channel, thread_ts, None
 
-    async def start(self) -> None: ...
+    async def _show(self, text: str) -> None:
+        if self.ts is None:
+            resp = await self.client.chat_postMessage(channel=self.channel, thread_ts=self.thread_ts, text=text)
+            self.ts = resp["ts"]
+        else:
+            await self.client.chat_update(channel=self.channel, ts=self.ts, text=text)
+
+
+class NaiveTelegramReply(NaiveReply):
+    def __init__(self, bot: Any, chat_id: int, every: int):
+        super().__init__(every)
+        self.bot, self.chat_id, self.message_id = bot, chat_id, None
 
     async def _show(self, text: str) -> None:
         if self.message_id is None:
@@ -136,14 +145,8 @@ class NaiveTelegramReply:
         else:
             await self.bot.edit_message_text(text, chat_id=self.chat_id, message_id=self.message_id)
 
-    async def push(self, delta: str) -> None:
-        self.text += delta
-        if len(self.text) - self.sent >= self.every:
-            self.sent = len(self.text)
-            with contextlib.suppress(Exception):
-                await self._show(self.text)
-
     async def finish(self, answer: Any) -> None:
+        """One Retry-After wait for the final text (aiogram has no retry of its own)."""
         from aiogram.exceptions import TelegramRetryAfter
 
         for attempt in range(2):
@@ -156,10 +159,6 @@ class NaiveTelegramReply:
             except Exception:  # noqa: BLE001
                 break
         self.lost = True
-
-    async def fail(self, message: str) -> None:
-        with contextlib.suppress(Exception):
-            await self._show(message)
 
 
 class NaiveAnswerer:

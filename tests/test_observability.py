@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import pytest
@@ -31,6 +32,19 @@ QUESTION = "How often should the bearings be greased?"
 
 def inquiry(text: str = QUESTION, *, user: str = "u1", channel: str = "c1", platform: str = "test") -> Inquiry:
     return Inquiry(platform, "t", channel, f"{platform}:{channel}:{user}", user, text)
+
+
+async def http_get(app: web.Application, path: str) -> tuple[int, Any, str]:
+    """Serve ``app`` on an ephemeral port and GET ``path``: status, headers, body."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{runner.addresses[0][1]}{path}") as resp:
+                return resp.status, resp.headers, await resp.text()
+    finally:
+        await runner.cleanup()
 
 
 class Captured:
@@ -208,18 +222,9 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
                       ok=True, added=3, changed=1, removed=2, failed=[{"source": "x.pdf", "reason": "corrupt"}],
                       orphaned=4, disallowed=5))
     METRICS.observe_api_call("slack", "chat.update", 429)
-    runner = web.AppRunner(build_web_app([], runtime), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{runner.addresses[0][1]}/metrics") as resp:
-                assert resp.status == 200
-                assert resp.headers["Content-Type"].startswith("text/plain")
-                text = await resp.text()
-    finally:
-        await runner.cleanup()
+    status, headers, text = await http_get(build_web_app([], runtime), "/metrics")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
     assert METRICS.value("kbbot_turns_total", platform="metrics-test", outcome="answered") == before + 1
     assert METRICS.value("kbbot_model_tokens_total", direction="output") > tokens_before
     assert 'kbbot_turns_total{outcome="answered",platform="metrics-test"}' in text
@@ -333,18 +338,9 @@ async def test_healthz_checks_redis_weaviate_scheduler_and_adapters(tmp_path: Pa
         assert REDIS_PASSWORD not in json.dumps(body)
 
         # The HTTP endpoint answers the same.
-        app = build_web_app([_Adapter()], runtime, _Scheduler(True))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                async with session.get(f"http://127.0.0.1:{runner.addresses[0][1]}/healthz") as resp:
-                    assert resp.status == 503
-                    assert (await resp.json())["checks"]["redis"]["status"] == "down"
-        finally:
-            await runner.cleanup()
+        status, _, text = await http_get(build_web_app([_Adapter()], runtime, _Scheduler(True)), "/healthz")
+        assert status == 503
+        assert json.loads(text)["checks"]["redis"]["status"] == "down"
     finally:
         await client.aclose()
 
