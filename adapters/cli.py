@@ -18,7 +18,7 @@ from bot.logs import log_format, setup_logging
 from bot.runtime import Runtime, build_runtime, make_ranker, make_store
 from bot.settings import Settings, SettingsError, load_settings
 from bot.types import Answer
-from pipelines.errors import ServiceUnavailable
+from pipelines.errors import ServiceUnavailable, diagnose
 
 
 class UserError(Exception):
@@ -232,14 +232,26 @@ def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable:
     fresh = Runtime(settings=settings, store=runtime.store)  # components belong to one pipeline each
     pipeline = build_query_pipeline(
         fresh.store, fresh.text_embedder, make_ranker(settings), ExtractiveAnswerer(),
-        system_template="", user_template="", mode=mode, candidates=r.candidates, fusion=r.fusion,
+        system_template="", user_template="", mode=mode, candidates=r.candidates, fusion=r.fusion, alpha=r.alpha,
         budget_chars=settings.prompt.budget_chars, min_similarity=r.min_similarity,
         off_topic_similarity=a.off_topic_similarity, clarify=False)
     result = evaluate_abstention(pipeline, answerable, unanswerable, budget=lambda: TurnBudget(retries_left=0))
     return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity, **result}
 
 
-def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False) -> int:
+def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False,
+             per_query: str | None = None) -> int:
+    try:
+        return _run_eval(settings, dataset, k, mode, as_json, unanswerable, per_query)
+    except Exception as exc:
+        if diagnose(exc).kind != "store":
+            raise
+        # A store error is the user's to fix (a server down, a name it refuses): one line, no trace.
+        raise ServiceUnavailable(f"the document store failed: {' '.join(str(exc).split())[:500]}") from exc
+
+
+def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool,
+              per_query: str | None) -> int:
     from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
     from pipelines.indexing import build_indexing_pipeline
     from pipelines.query import build_retrieval_pipeline
@@ -262,12 +274,18 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
     indexed = index_corpus(store, indexing, docs, progress=tqdm_progress("embedding corpus"))
     if indexed:
         print(f"indexed {indexed} passages of {name}", file=sys.stderr)
-    retrieval = build_retrieval_pipeline(store, runtime.text_embedder, mode=mode,
-                                         candidates=max(settings.retrieval.candidates, k * 3),
-                                         fusion=settings.retrieval.fusion,
-                                         ranker=make_ranker(settings))
+
+    def retrieval(m: str) -> Any:  # components belong to one pipeline each: a fresh embedder per pipeline
+        return build_retrieval_pipeline(store, Runtime(settings=settings, store=store).text_embedder, mode=m,
+                                        candidates=max(settings.retrieval.candidates, k * 3),
+                                        fusion=settings.retrieval.fusion, alpha=settings.retrieval.alpha,
+                                        ranker=make_ranker(settings))
+
     try:
-        result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+        if per_query:
+            result = {"dataset": name, **eval_per_query(retrieval, queries, docs, mode, k, Path(per_query))}
+        else:
+            result = {"dataset": name, **evaluate(retrieval(mode), queries, mode=mode, k=k)}
         if unanswerable:
             result["abstention"] = eval_abstention(settings, runtime, mode, queries, refusals)
     finally:
@@ -278,6 +296,52 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
         for key, value in result.items():
             print(f"{key:>8}: {value}")
     return 0
+
+
+def eval_per_query(retrieval: Any, queries: list[Any], docs: list[Any], mode: str, k: int,
+                   path: Path) -> dict[str, Any]:
+    """Every mode over the same store; one JSON line per question with each mode's ranks and miss
+    cause (``pipelines.evaluation.miss_cause``); the summary of ``mode`` with its causes counted."""
+    from pipelines.evaluation import evaluate
+
+    titles = {d.meta["doc_id"]: d.meta["title"] for d in docs}
+    summaries: dict[str, Any] = {}
+    records: dict[str, list[dict[str, Any]]] = {}
+    for m in ("bm25", "vector", "hybrid"):
+        records[m] = []
+        summaries[m] = evaluate(retrieval(m), queries, mode=m, k=k, titles=titles, per_query=records[m])
+    with path.open("w", encoding="utf-8") as fh:
+        for rows in zip(*records.values()):
+            first = rows[0]
+            line = {"id": first["id"], "text": first["text"], "gold_ids": first["gold_ids"]}
+            for row in rows:
+                line[row["mode"]] = {key: row[key] for key in ("section_rank", "chunk_rank", "candidate_rank",
+                                                               "top", "cause")}
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+    causes: dict[str, int] = {}
+    for row in records[mode]:
+        causes[row["cause"]] = causes.get(row["cause"], 0) + 1
+    return {**summaries[mode], "causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+            "modes": {m: {key: s[key] for key in ("hit@1", "hit@5", f"mrr@{k}")} for m, s in summaries.items()},
+            "per_query": str(path)}
+
+
+def run_reindex(settings: Settings) -> int:
+    """``kbbot reindex``: rebuilds the keyword index of the configured store from its stored chunks."""
+    store = make_store(settings, allow_outdated=True)
+    try:
+        reindex = getattr(store, "reindex_keywords", None)
+        if reindex is None:  # the embedded store analyses its chunks when it loads them
+            print("nothing to do: the embedded store builds its keyword index when it opens")
+            return 0
+        bar = tqdm_progress("reindexing", unit="chunk")
+        total = store.count_chunks()
+        with bar(iter(()), total) as progress:
+            done = reindex(progress=progress.update)
+        print(f"reindexed the keywords of {done} chunks in {settings.store.collection}")
+        return 0
+    finally:
+        store.close()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -296,6 +360,9 @@ def parser() -> argparse.ArgumentParser:
 
     rf = sub.add_parser("refresh", help="refresh the configured sources now (all, or the one named)")
     rf.add_argument("source", nargs="?", help="a source name from the settings file")
+
+    sub.add_parser("reindex", help="rebuild the keyword (BM25) index from the stored chunks, after an upgrade "
+                                   "that changed the keyword analysis (no re-embedding)")
 
     st = sub.add_parser("status", help="knowledge version, each source's documents, last and next run, services")
     st.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -316,6 +383,9 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, default=10)
     ev.add_argument("--mode", choices=["bm25", "vector", "hybrid"], default="hybrid")
     ev.add_argument("--json", action="store_true")
+    ev.add_argument("--per-query", metavar="FILE",
+                    help="run bm25, vector and hybrid; write one JSON line per question (gold ranks in sections "
+                         "and chunks, miss cause) to FILE")
     ev.add_argument("--unanswerable", action="store_true",
                     help="also run whole turns (extractive) and score abstention on queries_unanswerable.jsonl")
     return p
@@ -333,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         if args.command == "eval":
-            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable)
+            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable, args.per_query)
+        if args.command == "reindex":
+            return run_reindex(settings)
         if args.command == "status":
             return run_status(settings, args.json)
         runtime = build_runtime(settings)

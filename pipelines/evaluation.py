@@ -90,8 +90,52 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[idx]
 
 
-def evaluate(pipeline: Pipeline, queries: list[EvalQuery], *, mode: str, k: int = 10) -> dict[str, Any]:
-    """hit@1, hit@5, MRR@k and latency percentiles of the retrieval pipeline over ``queries``."""
+def first_rank(ids: list[str], gold: set[str]) -> int | None:
+    return next((i for i, doc_id in enumerate(ids, start=1) if doc_id in gold), None)
+
+
+def miss_cause(query: EvalQuery, top: str | None, retrieved: list[str], ranked: list[str],
+               titles: dict[str, str]) -> str | None:
+    """Why the best gold passage is not first, from what the titles' ``a > b > c`` paths say:
+    ``hit`` (it is first), ``not_retrieved`` (no candidate of the retriever), ``cut_by_ranker``
+    (a candidate the ranker dropped), ``duplicate`` (the first passage has the gold's very title),
+    ``parent_first`` / ``child_first`` (the first is the gold's ancestor / descendant section),
+    ``sibling_first`` (same parent section), ``other_section``."""
+    gold = set(query.gold_ids)
+    if ranked and ranked[0] in gold:
+        return "hit"
+    if not gold & set(retrieved):
+        return "not_retrieved"
+    if not gold & set(ranked):
+        return "cut_by_ranker"
+    if top is None:
+        return "not_retrieved"
+    first = titles.get(top, "")
+    causes = set()
+    for gid in gold:
+        path = titles.get(gid, "")
+        if path == first:
+            causes.add("duplicate")
+        elif path.startswith(first + " > "):
+            causes.add("parent_first")
+        elif first.startswith(path + " > "):
+            causes.add("child_first")
+        elif " > " in path and path.rsplit(" > ", 1)[0] == first.rsplit(" > ", 1)[0]:
+            causes.add("sibling_first")
+    for cause in ("duplicate", "parent_first", "child_first", "sibling_first"):
+        if cause in causes:
+            return cause
+    return "other_section"
+
+
+def evaluate(pipeline: Pipeline, queries: list[EvalQuery], *, mode: str, k: int = 10,
+             titles: dict[str, str] | None = None, per_query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """hit@1, hit@5, MRR@k and latency percentiles of the retrieval pipeline over ``queries``.
+
+    With ``per_query`` (a list to fill), one record per question: the rank of its best gold
+    passage among sections (chunks collapsed to their passage) and among chunks, before and
+    after the ranker, and ``miss_cause`` (needs ``titles``, passage id -> title path).
+    """
     hits1 = hits5 = 0
     rr = 0.0
     latencies: list[float] = []
@@ -99,15 +143,24 @@ def evaluate(pipeline: Pipeline, queries: list[EvalQuery], *, mode: str, k: int 
         data = retrieval_inputs(q.text, mode=mode)
         data["rank"]["top_k"] = k * 2  # chunks; collapsed to k passages below
         started = time.perf_counter()
-        result = pipeline.run(data)
+        result = pipeline.run(data, include_outputs_from={"current"} if per_query is not None else None)
         latencies.append((time.perf_counter() - started) * 1000)
-        ranking = ranked_passages(result["rank"]["documents"])[:k]
+        chunks = result["rank"]["documents"]
+        ranking = ranked_passages(chunks)[:k]
         gold = set(q.gold_ids)
-        rank = next((i for i, doc_id in enumerate(ranking, start=1) if doc_id in gold), None)
+        rank = first_rank(ranking, gold)
         if rank:
             hits1 += rank == 1
             hits5 += rank <= 5
             rr += 1 / rank
+        if per_query is not None:
+            candidates = ranked_passages(result.get("current", {}).get("documents") or [])
+            per_query.append({
+                "id": q.id, "text": q.text, "gold_ids": q.gold_ids, "mode": mode,
+                "section_rank": rank, "chunk_rank": first_rank([str(d.meta.get("doc_id")) for d in chunks], gold),
+                "candidate_rank": first_rank(candidates, gold), "top": ranking[:3],
+                "cause": miss_cause(q, ranking[0] if ranking else None, candidates, ranking, titles or {}),
+            })
     n = len(queries) or 1
     return {
         "mode": mode, "n": len(queries),

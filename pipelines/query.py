@@ -28,7 +28,7 @@ from pipelines.components.facts import FactLookup
 from pipelines.components.grader import RelevanceGrader
 from pipelines.components.guard import TopicGuard
 from pipelines.components.reformulate import QueryReformulator
-from pipelines.components.retrievers import CurrentKnowledge
+from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge
 from pipelines.components.rewrite import QueryRewriter
 from pipelines.components.turn import TurnBudget
 from pipelines.store import KnowledgeStore
@@ -38,12 +38,12 @@ PROMPT_VARIABLES = ("sources_block", "history_block", "facts_block", "question",
 
 
 def _add_retrieval(pipe: Pipeline, store: KnowledgeStore, text_embedder: Any | None, *, mode: str,
-                   candidates: int, fusion: str, ranker: Any | None) -> None:
+                   candidates: int, fusion: str, alpha: float, ranker: Any | None) -> None:
     if mode != "bm25":
         if text_embedder is None:
             raise ValueError(f"{mode} retrieval needs a text embedder")
         pipe.add_component("embed", text_embedder)
-    pipe.add_component("retrieve", store.retriever(mode=mode, candidates=candidates, fusion=fusion))
+    pipe.add_component("retrieve", store.retriever(mode=mode, candidates=candidates, fusion=fusion, alpha=alpha))
     pipe.add_component("current", CurrentKnowledge(store))
     if mode != "bm25":
         pipe.connect("embed.embedding", "retrieve.query_embedding")
@@ -61,12 +61,14 @@ def build_retrieval_pipeline(
     *,
     mode: str = "hybrid",
     candidates: int = 30,
-    fusion: str = "dbsf",
+    fusion: str = "relative_score",
+    alpha: float = DEFAULT_ALPHA,
     ranker: Any | None = None,
 ) -> Pipeline:
     """Retrieval alone (embed -> retrieve -> current [-> rank]), for evaluation."""
     pipe = Pipeline()
-    _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, ranker=ranker)
+    _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha,
+                   ranker=ranker)
     return pipe
 
 
@@ -80,7 +82,8 @@ def build_query_pipeline(
     user_template: str,
     mode: str = "hybrid",
     candidates: int = 30,
-    fusion: str = "dbsf",
+    fusion: str = "relative_score",
+    alpha: float = DEFAULT_ALPHA,
     budget_chars: int = 12000,
     min_similarity: float = 0.8,
     helper_generator: Any | None = None,
@@ -102,7 +105,8 @@ def build_query_pipeline(
     pipe.add_component("rewrite", QueryRewriter(helper_generator, topics))
     pipe.add_component("guard", TopicGuard(helper_generator, topics, guard_min_confidence))
     pipe.add_component("search", BranchJoiner(str))
-    _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, ranker=ranker)
+    _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha,
+                   ranker=ranker)
     pipe.add_component("grade", RelevanceGrader(helper_generator, min_similarity=min_similarity,
                                                 off_topic_similarity=off_topic_similarity))
     pipe.add_component("reformulate", QueryReformulator(helper_generator))

@@ -23,6 +23,8 @@ from haystack import Document
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 from haystack.document_stores.types import DuplicatePolicy
 
+from pipelines.keyword_index import KeywordIndex
+
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 # Overlapping CJK character bigrams plus whole Latin words and numbers: the default in-memory
 # tokenizer makes every Chinese character a token, which matches 的/是 everywhere.
@@ -91,7 +93,7 @@ class KnowledgeStore(Protocol):
         """Releases connections (a no-op for the in-memory store)."""
         ...
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float = 0.4) -> Any:
         """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
 
@@ -131,6 +133,9 @@ class InMemoryKnowledgeStore:
         self._records: dict[str, DocRecord] = {}
         self._knowledge_version = 0
         self._dirty = False
+        # Counts every change of the chunks: the keyword index is rebuilt when it moves.
+        self._generation = 0
+        self._keywords = KeywordIndex()
         self.document_store = self._new_document_store()
         if self.directory and (self.directory / "manifest.json").exists():
             self._load()
@@ -164,13 +169,18 @@ class InMemoryKnowledgeStore:
     def count_chunks(self) -> int:
         return self.document_store.count_documents()
 
+    def keyword_search(self, query: str, *, filters: dict[str, Any] | None = None, top_k: int = 30) -> list[Document]:
+        """BM25 on the analysed terms of every chunk (see ``pipelines.keyword_index``)."""
+        return self._keywords.search(self.document_store.filter_documents, self._generation, query,
+                                     filters=filters, top_k=top_k)
+
     def close(self) -> None:
         pass
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "dbsf") -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float = 0.4) -> Any:
         from pipelines.components.retrievers import InMemoryHybridRetriever
 
-        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion)
+        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha)
 
     # --- writing -------------------------------------------------------------------------
     def publish(self, record: DocRecord, chunks: list[Document]) -> DocRecord:
@@ -185,6 +195,7 @@ class InMemoryKnowledgeStore:
             if previous:
                 self._delete_version(previous.doc_id, previous.version)
             self._dirty = True
+            self._generation += 1
             return record
 
     def revoke(self, doc_id: str) -> bool:
@@ -194,6 +205,7 @@ class InMemoryKnowledgeStore:
                 return False
             self._delete_version(doc_id, previous.version)
             self._dirty = True
+            self._generation += 1
             return True
 
     def _delete_version(self, doc_id: str, version: int) -> None:
@@ -241,6 +253,7 @@ class InMemoryKnowledgeStore:
             loaded = InMemoryDocumentStore.load_from_disk(str(chunks_file))
             docs = loaded.filter_documents()
             self.document_store.write_documents(docs, policy=DuplicatePolicy.OVERWRITE)
+            self._generation += 1
 
 
 def _atomic_write(target: Path, write: Any) -> None:

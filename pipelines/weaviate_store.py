@@ -79,6 +79,7 @@ the scores are and beats both sides; 0.7 has the best mean over the two sets.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -98,12 +99,14 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
-from weaviate.classes.config import DataType, Property
+from weaviate.classes.config import DataType, Property, Reconfigure, Tokenization
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
 from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
 from weaviate.util import generate_uuid5
 
+from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk_search_text
+from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
 from pipelines.errors import ServiceUnavailable
 from pipelines.store import DocRecord, prepare_chunks
@@ -112,7 +115,7 @@ log = logging.getLogger("kbbot.weaviate")
 
 DEFAULT_TOKENIZATION = "trigram"
 DEFAULT_FUSION = "relative_score"
-DEFAULT_ALPHA = 0.7
+DEFAULT_ALPHA = RETRIEVAL_ALPHA  # the same weighting as the in-memory store's relative score fusion
 DEFAULT_GRPC_PORT = 50051
 # A query reads the index, then (in CurrentKnowledge) the manifest. Were the manifest switched
 # between the two, before the query could see the new chunks, the query would keep neither
@@ -124,9 +127,13 @@ DEFAULT_QUERY_TIMEOUT_S = 10.0
 
 KEYWORD_PROPERTIES = ("doc_id", "space", "language", "source", "content_hash", "format", "root")
 SEARCHABLE_PROPERTIES = ("content", "title", "header")
-# BM25 runs over these properties; the title gives a chunk its topic, as it does for the embedder.
-QUERY_PROPERTIES = SEARCHABLE_PROPERTIES
-_NOT_META = {"_original_id", "content", "blob_data", "blob_mime_type", "score"}
+# BM25 runs over the chunk's analysed terms (``pipelines.analysis``: stemmed, stop words out, CJK
+# bigrams, heading path weighted), stored pre-tokenized and split on whitespace by Weaviate, so the
+# server ranks with exactly the terms the embedded store uses. emanual dev hit@1 0.48 -> see README.
+QUERY_PROPERTIES = ("search_text",)
+SEARCH_TEXT_PROPERTY = {"name": "search_text", "dataType": ["text"], "tokenization": "whitespace",
+                        "indexFilterable": False}
+_NOT_META = {"_original_id", "content", "blob_data", "blob_mime_type", "score", "search_text"}
 _RECORD_FIELDS = ("doc_id", "version", "content_hash", "title", "source", "space", "language", "chunks", "root",
                   "indexed_at")
 _META_OBJECT = "\x00manifest-meta"
@@ -154,6 +161,29 @@ _UNREACHABLE_MARKERS = ("unavailable", "connection refused", "failed to connect"
                         "connect error", "connection reset", "socket closed")
 
 
+_CLASS_NAME = re.compile(r"[A-Z][_0-9A-Za-z]*")
+
+
+def collection_name(name: str) -> str:
+    """A valid Weaviate class name for ``name`` (``[A-Z][_0-9A-Za-z]*``): the first letter upper-cased,
+    other characters made ``_``, and, when anything had to change beyond the first letter, a short
+    hash of the original, so ``Eval_emanual-test`` and ``Eval_emanual_test`` stay two collections."""
+    if not name:
+        raise ValueError("a Weaviate collection needs a name")
+    capitalized = name[:1].upper() + name[1:]
+    if _CLASS_NAME.fullmatch(capitalized):
+        return capitalized
+    cleaned = re.sub(r"[^_0-9A-Za-z]", "_", capitalized)
+    if not cleaned[0].isalpha() or not cleaned[0].isupper():
+        cleaned = "K" + cleaned
+    return f"{cleaned}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+class StoreOutdated(ServiceUnavailable):
+    """The collection holds chunks indexed for another keyword analysis; serving them would rank
+    half the knowledge base with stale terms. The message says what to run."""
+
+
 class WeaviateUnavailable(ServiceUnavailable, wexc.WeaviateBaseError):
     """Weaviate could not be reached (or stopped answering); the message names the URL and the cause.
 
@@ -175,6 +205,7 @@ def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATIO
         # 12.3 -> 8.3 s; bench/retrieval.py's 50,000-chunk copy).
         *({"name": p, "dataType": ["text"], "tokenization": tokenization, "indexFilterable": False}
           for p in SEARCHABLE_PROPERTIES),
+        SEARCH_TEXT_PROPERTY,
         *({"name": p, "dataType": ["text"], "tokenization": "field", "indexSearchable": False}
           for p in KEYWORD_PROPERTIES),
         {"name": "version", "dataType": ["int"]},
@@ -190,7 +221,7 @@ def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATIO
         "vectorIndexConfig": {"distance": "cosine"},
         # No stopword list: it made no difference to BM25 with trigrams (bench/tokenization.py), and with
         # one a filter on an auto-schema (word-tokenized) field for a value like "a" is an error.
-        "invertedIndexConfig": {"indexNullState": True, "bm25": {"k1": 1.2, "b": 0.75},
+        "invertedIndexConfig": {"indexNullState": True, "bm25": {"k1": BM25_K1, "b": BM25_B},
                                 "stopwords": {"preset": "none"}},
         "properties": properties,
     }
@@ -221,7 +252,7 @@ def manifest_collection_settings(name: str) -> dict[str, Any]:
         "properties": [
             *({"name": p, **keyword} for p in ("doc_id", "content_hash", "title", "source", "space", "language",
                                                  "root", "indexed_at")),
-            *({"name": p, "dataType": ["int"]} for p in ("version", "chunks", "knowledge_version", "committed_seq")),
+            *({"name": p, "dataType": ["int"]} for p in ("version", "chunks", "knowledge_version", "committed_seq", "analysis")),
             {"name": "seq", "dataType": ["int"], "indexRangeFilters": True},  # read as "seq > last seen"
             {"name": "revoked", "dataType": ["boolean"]},
             FACTS_PROPERTY,
@@ -324,12 +355,15 @@ class WeaviateKnowledgeStore:
     :param alpha: hybrid weight of the vector side (0 = BM25 only, 1 = vectors only).
     :param settle_s: pause between writing a new version and switching to it (``DEFAULT_SETTLE_S``).
     :param timeout_s: the client's query timeout (insert: at least 60 s).
+    :param allow_outdated: open a collection indexed with another keyword analysis (to reindex it).
     :raises WeaviateUnavailable: when the server cannot be reached.
+    :raises StoreOutdated: when the chunks were indexed with another keyword analysis.
     """
 
     def __init__(self, url: str, collection: str = "KbChunk", grpc_port: int | None = None, *,
                  tokenization: str = DEFAULT_TOKENIZATION, fusion: str = DEFAULT_FUSION,
-                 alpha: float = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0):
+                 alpha: float = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0,
+                 allow_outdated: bool = False):
         if not url or urlparse(url).scheme not in ("http", "https"):
             raise ValueError(f"Weaviate URL must start with http:// or https://, got {url!r}")
         if fusion not in _FUSIONS:
@@ -340,7 +374,7 @@ class WeaviateKnowledgeStore:
         self.alpha = alpha
         self.tokenization = tokenization
         self.settle_s = settle_s
-        name = collection[:1].upper() + collection[1:]  # Weaviate capitalizes class names
+        name = collection_name(collection)
         self.collection_name = name
         self.manifest_name = f"{name}Manifest"
         self._config = AdditionalConfig(timeout=Timeout(init=5, query=timeout_s, insert=max(timeout_s, 60)),
@@ -365,6 +399,13 @@ class WeaviateKnowledgeStore:
         # minutes) even once the server is back.
         self._stale_sync = self._stale_async = False
         self._connect_lock = threading.Lock()
+        try:
+            self._open(allow_outdated)
+        except BaseException:
+            self.document_store.close()  # no connection left behind (and no "unclosed" warning)
+            raise
+
+    def _open(self, allow_outdated: bool) -> None:
         with self._guard():
             self._collection = self.document_store.collection
             client = self.document_store.client
@@ -382,6 +423,81 @@ class WeaviateKnowledgeStore:
                                                "committed_seq": 0}, uuid=self._meta_uuid)
                 except wexc.UnexpectedStatusCodeError:
                     pass  # created concurrently by another process
+                else:
+                    self._set_analysis()
+            self._check_analysis(allow_outdated)
+
+    # --- keyword analysis version -----------------------------------------------------------
+    def _stored_analysis(self) -> int:
+        obj = self.manifest.query.fetch_object_by_id(self._meta_uuid, return_properties=["analysis"])
+        return int((obj.properties if obj is not None else {}).get("analysis") or 0)
+
+    def _set_analysis(self) -> None:
+        self.manifest.data.update(self._meta_uuid, {"analysis": ANALYSIS_VERSION})
+
+    def _has_search_text(self) -> bool:
+        return any(p.name == "search_text" for p in self.collection.config.get().properties)
+
+    def _check_analysis(self, allow_outdated: bool) -> None:
+        """Refuses a collection whose chunks were analysed otherwise (``StoreOutdated``); an empty
+        one is brought up to date in place, since nothing in it can be stale."""
+        self.outdated: str | None = None
+        if self._stored_analysis() == ANALYSIS_VERSION and self._has_search_text():
+            return
+        if self.count_chunks() == 0:
+            self._upgrade_schema()
+            self._set_analysis()
+            return
+        self.outdated = (f"the Weaviate collection {self.collection_name} was indexed by an earlier kbbot "
+                         f"(keyword analysis {self._stored_analysis()}, this version reads {ANALYSIS_VERSION}); "
+                         "run `kbbot reindex` once to rebuild its keyword index from the stored chunks "
+                         "(no re-embedding; answers resume after it)")
+        if not allow_outdated:
+            raise StoreOutdated(self.outdated)
+
+    def _upgrade_schema(self) -> None:
+        if not self._has_search_text():
+            try:
+                self.collection.config.add_property(Property(name="search_text", data_type=DataType.TEXT,
+                                                             tokenization=Tokenization.WHITESPACE,
+                                                             index_filterable=False))
+            except wexc.UnexpectedStatusCodeError:
+                if not self._has_search_text():  # else: added concurrently by another process
+                    raise
+        self.collection.config.update(inverted_index_config=Reconfigure.inverted_index(bm25_k1=BM25_K1,
+                                                                                        bm25_b=BM25_B))
+
+    def reindex_keywords(self, progress: Any = None) -> int:
+        """Rewrites every chunk's ``search_text`` with this version's analysis (vectors and ids kept)
+        and records the analysis version; returns how many chunks were rewritten."""
+        with self._write_lock, self._guard():
+            self._upgrade_schema()
+            batch: list[DataObject] = []
+            done = 0
+            for obj in self.collection.iterator(include_vector=True):
+                doc = to_document(obj)
+                props = {k: v for k, v in obj.properties.items() if v is not None}
+                props["search_text"] = chunk_search_text(doc)
+                vector = obj.vector.get("default") if isinstance(obj.vector, dict) else obj.vector
+                batch.append(DataObject(properties=props, uuid=obj.uuid, vector=vector or None))
+                if len(batch) >= ChunkDocumentStore.WRITE_BATCH:
+                    done += self._rewrite(batch, progress)
+                    batch = []
+            done += self._rewrite(batch, progress)
+            self._set_analysis()
+            self.outdated = None
+            return done
+
+    def _rewrite(self, objects: list[DataObject], progress: Any) -> int:
+        if not objects:
+            return 0
+        result = self.collection.data.insert_many(objects)
+        if result.errors:
+            first = next(iter(result.errors.values()))
+            raise RuntimeError(f"rewriting {len(result.errors)} chunks failed: {getattr(first, 'message', first)}")
+        if progress is not None:
+            progress(len(objects))
+        return len(objects)
 
     def _ensure_facts_property(self) -> None:
         """Manifests made before facts existed get the property (never-searched JSON text)."""
@@ -603,11 +719,14 @@ class WeaviateKnowledgeStore:
         self._languages = (key, present)
         return present
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str | None = None) -> WeaviateHybridRetriever:
+    def retriever(self, *, mode: str, candidates: int, fusion: str | None = None,
+                  alpha: float | None = None) -> WeaviateHybridRetriever:
         """Our retriever; ``fusion`` also takes the in-memory store's names: ``dbsf`` (score-based,
-        like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the store's own."""
+        like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the store's own
+        fusion and ``alpha``."""
         chosen = _FUSION_ALIASES.get(fusion, fusion) if fusion else self.fusion
-        return WeaviateHybridRetriever(self, mode=mode, candidates=candidates, fusion=chosen, alpha=self.alpha)
+        return WeaviateHybridRetriever(self, mode=mode, candidates=candidates, fusion=chosen,
+                                       alpha=self.alpha if alpha is None else alpha)
 
     # --- writing ----------------------------------------------------------------------------
     def _delete_chunks(self, doc_id: str, *, below: int | None = None, above: int | None = None) -> None:
@@ -634,6 +753,8 @@ class WeaviateKnowledgeStore:
             record.version = previous_version + 1
             record.chunks = len(chunks)
             prepared = prepare_chunks(record, chunks)
+            for chunk in prepared:  # a fresh meta dict per chunk (prepare_chunks)
+                chunk.meta["search_text"] = chunk_search_text(chunk)
             # Leftovers of an interrupted publish would otherwise join this version.
             self._delete_chunks(record.doc_id, above=previous_version if live else None)
             self.document_store.write_documents(prepared, policy=DuplicatePolicy.OVERWRITE)
@@ -773,7 +894,8 @@ class WeaviateHybridRetriever:
 
     def _plan(self, query: str, query_embedding: list[float] | None,
               languages: tuple[str, ...]) -> tuple[bool, bool, bool]:
-        """(run the keyword/hybrid query, dense candidates from its explanations, run vector queries)."""
+        """(run the keyword/hybrid query, dense candidates from its explanations, run vector queries).
+        ``query`` is the analysed query: a question of stop words only has no keyword side."""
         if self.mode in ("hybrid", "vector") and query_embedding is None:
             raise ValueError(f"{self.mode} retrieval needs a query embedding")
         keyword = self.mode in ("hybrid", "bm25") and bool(query.strip())
@@ -848,6 +970,7 @@ class WeaviateHybridRetriever:
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
         deadline = time.monotonic() + self.timeout_s
+        query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
         languages = self.store.cached_languages()
         if languages is None:
             languages = self._call([(self.store.chunk_languages, {})], deadline)[0]
@@ -878,6 +1001,7 @@ class WeaviateHybridRetriever:
                         filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
         deadline = time.monotonic() + self.timeout_s
+        query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
         languages = self.store.cached_languages()
         if languages is None:
             languages = (await self._gather([asyncio.to_thread(self.store.chunk_languages)], deadline))[0]

@@ -203,8 +203,8 @@ ensure_redis_installed() {
     local rc=0 apt_log="$STATE_DIR/apt-redis.log"
     mkdir -p "$STATE_DIR"
     {
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server
     } >"$apt_log" 2>&1 </dev/null 8>&- || rc=$?
     ((added_policy)) && rm -f /usr/sbin/policy-rc.d
     if ((rc != 0)); then

@@ -1,7 +1,9 @@
 """Hybrid retrieval over the in-memory store, and the current-version filter.
 
-Hybrid is BM25 plus vectors, fused (distribution-based score fusion by default; measured
-against reciprocal rank fusion in the README). The multilingual e5 model
+Hybrid is BM25 (on the analysed terms of ``pipelines.analysis``) plus vectors, fused by relative
+score fusion by default: each list's scores scaled to 0..1 over its candidates, then weighted,
+``alpha`` for the vectors (Weaviate's ``relativeScore`` hybrid, so both stores rank alike;
+distribution-based and reciprocal rank fusion were measured against it in the README). The multilingual e5 model
 scores any same-language passage above the right passage in the other language, so the vector
 side is asked once per language: the ranker can then give each language its best candidates
 even when the other language fills the top of the list (see ``components/ranker.py``).
@@ -14,13 +16,15 @@ from typing import Any
 
 from haystack import Document, component
 from haystack.components.joiners import DocumentJoiner
-from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever
+from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
 
 from pipelines.store import KnowledgeStore
 
 LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")
-FUSIONS = {"dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
+FUSIONS = {"relative_score": None, "dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
+# The vector list's weight in relative score fusion (emanual, clapnq and cmrc2018: README, Evaluation).
+DEFAULT_ALPHA = 0.4
 
 
 def check_choice(name: str, value: str, allowed: Any) -> None:
@@ -40,16 +44,37 @@ def language_filter(language: str) -> dict[str, Any]:
     return {"field": "meta.language", "operator": "==", "value": language}
 
 
-def fuse(lists: list[list[Document]], fusion: str = "dbsf") -> list[Document]:
-    """Fuses ranked lists with Haystack's joiner; the fused score replaces the list scores.
+def relative_score_fusion(keyword: list[Document], dense: list[Document], alpha: float) -> list[Document]:
+    """Each list min-max scaled over its own candidates, then ``alpha`` * vector + (1 - alpha) * keyword
+    (a chunk missing from a list gets 0 from it); best first, the fused score as ``score``."""
+    fused: dict[str, float] = {}
+    by_id: dict[str, Document] = {}
+    for docs, weight in ((keyword, 1.0 - alpha), (dense, alpha)):
+        if not docs:
+            continue
+        scores = [d.score or 0.0 for d in docs]
+        low, high = min(scores), max(scores)
+        spread = high - low
+        for doc, score in zip(docs, scores):
+            by_id.setdefault(doc.id, doc)
+            fused[doc.id] = fused.get(doc.id, 0.0) + weight * ((score - low) / spread if spread > 0 else 1.0)
+    order = sorted(fused, key=lambda i: -fused[i])
+    return [replace(by_id[i], score=fused[i]) for i in order]
 
-    ``dbsf`` (distribution-based score fusion) scales each list's scores by its own spread,
-    so a confident vector hit is not outvoted by a weak keyword match; ``rrf`` uses ranks only.
+
+def fuse(keyword: list[Document], dense: list[Document], fusion: str = "relative_score",
+         alpha: float = DEFAULT_ALPHA) -> list[Document]:
+    """Fuses the keyword and vector lists; the fused score replaces the list scores.
+
+    ``relative_score`` keeps how far apart the scores are and weighs the lists by ``alpha``;
+    ``dbsf`` (Haystack's distribution-based score fusion) scales each list by its own spread,
+    equal weights; ``rrf`` uses ranks only.
     """
-    lists = [docs for docs in lists if docs]
-    if len(lists) <= 1:
-        return lists[0] if lists else []
-    return DocumentJoiner(join_mode=FUSIONS[fusion]).run(documents=lists)["documents"]
+    if not keyword or not dense:
+        return keyword or dense
+    if fusion == "relative_score":
+        return relative_score_fusion(keyword, dense, alpha)
+    return DocumentJoiner(join_mode=FUSIONS[fusion]).run(documents=[keyword, dense])["documents"]
 
 
 def merged_dense(per_language: dict[str, list[Document]]) -> list[Document]:
@@ -67,14 +92,15 @@ class InMemoryHybridRetriever:
     raw cosine as ``score``.
     """
 
-    def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30, fusion: str = "dbsf"):
+    def __init__(self, store: KnowledgeStore, mode: str = "hybrid", candidates: int = 30,
+                 fusion: str = "relative_score", alpha: float = DEFAULT_ALPHA):
         check_choice("retrieval mode", mode, MODES)
         check_choice("fusion", fusion, FUSIONS)
         self.mode = mode
         self.fusion = fusion
+        self.alpha = alpha
         self.candidates = candidates
         self.store = store
-        self.bm25 = InMemoryBM25Retriever(document_store=store.document_store, top_k=candidates)
         self.dense = InMemoryEmbeddingRetriever(document_store=store.document_store, top_k=candidates)
         self._languages: tuple[int, list[str]] | None = None
 
@@ -92,10 +118,10 @@ class InMemoryHybridRetriever:
     def run(self, query: str, query_embedding: list[float] | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
-        lists: list[list[Document]] = []
+        keyword: list[Document] = []
         dense: list[Document] = []
         if self.mode in ("hybrid", "bm25") and query.strip():
-            lists.append(self.bm25.run(query=query, filters=filters, top_k=k)["documents"])
+            keyword = self.store.keyword_search(query, filters=filters, top_k=k)
         if self.mode in ("hybrid", "vector"):
             if query_embedding is None:
                 raise ValueError(f"{self.mode} retrieval needs a query embedding")
@@ -105,8 +131,7 @@ class InMemoryHybridRetriever:
                 for lang in self.languages()
             }
             dense = merged_dense(per_language)
-            lists.append(dense)
-        return {"documents": fuse(lists, self.fusion)[:k], "dense_documents": dense}
+        return {"documents": fuse(keyword, dense, self.fusion, self.alpha)[:k], "dense_documents": dense}
 
 
 @component

@@ -1,0 +1,71 @@
+"""BM25 over the in-memory store's chunks, on the terms of ``pipelines.analysis``.
+
+Haystack's in-memory BM25 tokenizes with one regular expression and cannot stem, so the embedded
+store scores with ``bm25s`` (sparse matrices, numpy only) on the analysed ``search_text`` of each
+chunk: the same terms, ``k1`` and ``b`` as the Weaviate collection. The index is rebuilt when
+the store's contents change; each chunk's terms are kept by chunk id (a chunk id names one
+immutable version of one chunk), so a rebuild after a refresh analyses only the new chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import bm25s
+import numpy as np
+from haystack import Document
+from haystack.utils.filters import document_matches_filter
+
+from pipelines.analysis import BM25_B, BM25_K1, analyze, chunk_search_text
+
+# bm25s logs every index build at DEBUG through a handler of its own; a rebuild is routine here.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+class KeywordIndex:
+    """A BM25 index of a document store's chunks, rebuilt lazily when ``generation`` moves."""
+
+    def __init__(self, k1: float = BM25_K1, b: float = BM25_B):
+        self.k1 = k1
+        self.b = b
+        self._lock = threading.Lock()
+        self._generation: int | None = None
+        self._documents: list[Document] = []
+        self._bm25: bm25s.BM25 | None = None
+        self._terms: dict[str, list[str]] = {}
+
+    def _rebuild(self, documents: list[Document]) -> None:
+        terms = {d.id: self._terms.get(d.id) or chunk_search_text(d).split() for d in documents}
+        self._terms = terms
+        self._documents = documents
+        self._bm25 = None
+        if documents:
+            bm25 = bm25s.BM25(k1=self.k1, b=self.b)
+            bm25.index([terms[d.id] for d in documents], show_progress=False)
+            self._bm25 = bm25
+
+    def search(self, documents: Any, generation: int, query: str, *, filters: dict[str, Any] | None = None,
+               top_k: int = 30) -> list[Document]:
+        """The ``top_k`` best chunks for ``query`` with their BM25 score, best first.
+
+        ``documents`` is called (no argument) for every chunk when the index must be rebuilt.
+        """
+        with self._lock:
+            if generation != self._generation:
+                self._rebuild(documents())
+                self._generation = generation
+            bm25, docs = self._bm25, self._documents
+        if bm25 is None:
+            return []
+        terms = [t for t in analyze(query) if t in bm25.vocab_dict]
+        if not terms:
+            return []
+        scores = bm25.get_scores(terms)
+        if filters:
+            scores = scores * np.fromiter((document_matches_filter(filters, d) for d in docs), dtype=bool,
+                                          count=len(docs))
+        best = np.argsort(-scores, kind="stable")[:top_k]
+        return [Document(id=docs[i].id, content=docs[i].content, meta=docs[i].meta, embedding=docs[i].embedding,
+                         score=float(scores[i])) for i in best if scores[i] > 0]

@@ -1,0 +1,99 @@
+"""BM25 analysis (stemming, stop words, CJK bigrams, codes), the in-memory keyword index and
+relative score fusion: the parts that made retrieval win on device manuals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from haystack import Document
+
+from pipelines.analysis import analyze, chunk_search_text, search_text
+from pipelines.components.retrievers import fuse, relative_score_fusion
+from pipelines.evaluation import EvalQuery, miss_cause
+from pipelines.store import DocRecord, InMemoryKnowledgeStore
+
+
+def test_english_is_stemmed_and_stop_words_dropped():
+    assert analyze("How can I charge my phone while charging?") == ["charg", "phone", "charg"]
+    assert analyze("Configuring the Wi-Fi settings") == ["configur", "wi-fi", "set"]
+
+
+def test_codes_and_numbers_stay_whole():
+    assert analyze("Error E-004 on the HL-M200 at 95 °C") == ["error", "e-004", "hl-m200", "95", "c"]
+
+
+def test_chinese_becomes_overlapping_bigrams_and_a_lone_character_a_unigram():
+    assert analyze("电机过热") == ["电机", "机过", "过热"]
+    assert analyze("热 motor") == ["热", "motor"]
+
+
+def test_the_heading_path_weighs_twice_the_body():
+    assert search_text("Pump > Seals", "Replace the seal.") == "pump seal pump seal replac seal"
+
+
+def test_a_chunk_search_text_reads_its_breadcrumb_as_heading():
+    chunk = Document(content="Manual > Bluetooth\nPair a headset.", meta={"title": "Manual", "header": "Bluetooth"})
+    assert chunk_search_text(chunk) == "manual bluetooth manual bluetooth pair headset"
+
+
+def _publish(store: InMemoryKnowledgeStore, doc_id: str, text: str, space: str = "default") -> None:
+    record = DocRecord(doc_id=doc_id, version=0, content_hash=doc_id, title=doc_id, source=doc_id, space=space)
+    store.publish(record, [Document(content=text, meta={"header": ""})])
+    store.commit()
+
+
+def test_keyword_index_matches_word_forms_and_follows_publish_and_revoke(tmp_path: Path):
+    store = InMemoryKnowledgeStore(tmp_path)
+    _publish(store, "charging", "Charging the battery wirelessly takes three hours.")
+    _publish(store, "display", "The display turns off after a minute.")
+    found = store.keyword_search("how do I charge it?")
+    assert [d.meta["doc_id"] for d in found] == ["charging"]
+    assert found[0].score > 0
+    _publish(store, "charging", "Charging the battery takes two hours.")  # a new version replaces the old
+    assert [d.meta["version"] for d in store.keyword_search("charge")] == [2]
+    store.revoke("charging")
+    store.commit()
+    assert store.keyword_search("charge") == []
+    assert store.keyword_search("how do I?") == []  # stop words only: nothing to match
+
+
+def test_keyword_index_applies_filters_and_is_rebuilt_from_disk(tmp_path: Path):
+    store = InMemoryKnowledgeStore(tmp_path)
+    _publish(store, "a", "Reset the drive to factory settings.", space="sales")
+    _publish(store, "b", "Reset the motor protection relay.", space="service")
+    only = {"field": "meta.space", "operator": "in", "value": ["service"]}
+    assert [d.meta["doc_id"] for d in store.keyword_search("reset", filters=only)] == ["b"]
+    reopened = InMemoryKnowledgeStore(tmp_path)
+    assert {d.meta["doc_id"] for d in reopened.keyword_search("resetting")} == {"a", "b"}
+
+
+def _doc(doc_id: str, score: float) -> Document:
+    return Document(id=doc_id, content=doc_id, score=score)
+
+
+def test_relative_score_fusion_weighs_scaled_scores_by_alpha():
+    keyword = [_doc("a", 10.0), _doc("b", 5.0), _doc("c", 0.0)]
+    dense = [_doc("b", 0.9), _doc("c", 0.8), _doc("a", 0.7)]
+    fused = relative_score_fusion(keyword, dense, alpha=0.4)
+    scores = {d.id: round(d.score, 3) for d in fused}
+    assert scores == {"a": 0.6, "b": 0.7, "c": 0.2}
+    assert [d.id for d in fused] == ["b", "a", "c"]
+    assert [d.id for d in relative_score_fusion(keyword, dense, alpha=0.0)] == ["a", "b", "c"]
+    assert fuse(keyword, [], "relative_score") == keyword  # one side empty: the other as it is
+
+
+def test_miss_causes_read_the_section_paths():
+    titles = {"p": "M > Settings", "c": "M > Settings > Sound", "s": "M > Settings > Display",
+              "d1": "M > Sound", "d2": "M > Sound", "x": "M > Apps"}
+
+    def cause(gold: str, ranked: list[str]) -> str | None:
+        return miss_cause(EvalQuery("q", "?", [gold]), ranked[0], ranked, ranked, titles)
+
+    assert cause("c", ["c", "p"]) == "hit"
+    assert cause("c", ["p", "c"]) == "parent_first"
+    assert cause("p", ["c", "p"]) == "child_first"
+    assert cause("c", ["s", "c"]) == "sibling_first"
+    assert cause("d2", ["d1", "d2"]) == "duplicate"
+    assert cause("c", ["x", "c"]) == "other_section"
+    assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x"], ["x"], titles) == "not_retrieved"
+    assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x", "c"], ["x"], titles) == "cut_by_ranker"
