@@ -7,19 +7,23 @@ from pathlib import Path
 
 from haystack import Document
 
-from pipelines.analysis import analyze, chunk_search_text, search_text
+from pipelines.analysis import analyze, chunk_search_text, search_text, unigrams
 from pipelines.components.retrievers import fuse, relative_score_fusion
 from pipelines.evaluation import EvalQuery, miss_cause
 from pipelines.store import DocRecord, InMemoryKnowledgeStore
 
 
 def test_english_is_stemmed_and_stop_words_dropped():
-    assert analyze("How can I charge my phone while charging?") == ["charg", "phone", "charg"]
-    assert analyze("Configuring the Wi-Fi settings") == ["configur", "wi-fi", "set"]
+    assert unigrams("How can I charge my phone while charging?") == ["charg", "phone", "charg"]
+    assert unigrams("Configuring the Wi-Fi settings") == ["configur", "wi-fi", "set"]
+
+
+def test_neighbouring_words_also_count_as_a_pair():
+    assert analyze("Change the picture size") == ["chang", "pictur", "size", "chang_pictur", "pictur_size"]
 
 
 def test_codes_and_numbers_stay_whole():
-    assert analyze("Error E-004 on the HL-M200 at 95 °C") == ["error", "e-004", "hl-m200", "95", "c"]
+    assert unigrams("Error E-004 on the HL-M200 at 95 °C") == ["error", "e-004", "hl-m200", "95", "c"]
 
 
 def test_chinese_becomes_overlapping_bigrams_and_a_lone_character_a_unigram():
@@ -28,12 +32,13 @@ def test_chinese_becomes_overlapping_bigrams_and_a_lone_character_a_unigram():
 
 
 def test_the_heading_path_weighs_twice_the_body():
-    assert search_text("Pump > Seals", "Replace the seal.") == "pump seal pump seal replac seal"
+    assert search_text("Pump > Seals", "Replace the seal.") == "pump seal pump_seal pump seal pump_seal replac seal replac_seal"
 
 
 def test_a_chunk_search_text_reads_its_breadcrumb_as_heading():
     chunk = Document(content="Manual > Bluetooth\nPair a headset.", meta={"title": "Manual", "header": "Bluetooth"})
-    assert chunk_search_text(chunk) == "manual bluetooth manual bluetooth pair headset"
+    assert chunk_search_text(chunk).split()[:3] == ["manual", "bluetooth", "manual_bluetooth"]
+    assert chunk_search_text(chunk).split().count("bluetooth") == 2
 
 
 def _publish(store: InMemoryKnowledgeStore, doc_id: str, text: str, space: str = "default") -> None:
