@@ -57,6 +57,7 @@ from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
 from pipelines.indexing import build_indexing_pipeline
 from pipelines.query import build_retrieval_pipeline
+from pipelines.analysis import analyze, chunk_search_text
 from pipelines.store import DocRecord, InMemoryKnowledgeStore, chunk_id, open_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,8 +135,9 @@ def copy_to_weaviate(memory: InMemoryKnowledgeStore, url: str, name: str) -> Any
     from pipelines.weaviate_store import WeaviateKnowledgeStore
 
     chunks = memory.document_store.filter_documents()
-    store = WeaviateKnowledgeStore(url, collection=name)
-    if store.count_chunks() == len(chunks) and len(store.records()) == len(memory.records()):
+    store = WeaviateKnowledgeStore(url, collection=name, allow_outdated=True)  # an outdated copy is made anew
+    if (store.outdated is None and store.count_chunks() == len(chunks)
+            and len(store.records()) == len(memory.records())):
         return store
     store.drop()
     store.close()
@@ -157,12 +159,14 @@ def copy_scaled_to_weaviate(url: str, name: str, chunks: list[Document]) -> Any:
     """The synthesised chunks in ``<name>Scaled`` (reused when it holds as many)."""
     from pipelines.weaviate_store import WeaviateKnowledgeStore
 
-    store = WeaviateKnowledgeStore(url, collection=f"{name}Scaled")
-    if store.count_chunks() == len(chunks):
+    store = WeaviateKnowledgeStore(url, collection=f"{name}Scaled", allow_outdated=True)
+    if store.outdated is None and store.count_chunks() == len(chunks):
         return store
     store.drop()
     store.close()
     store = WeaviateKnowledgeStore(url, collection=f"{name}Scaled")
+    for chunk in chunks:  # written straight to the document store: the keyword terms publish() would add
+        chunk.meta["search_text"] = chunk_search_text(chunk)
     batches = [chunks[i : i + SCALE_WRITE_BATCH] for i in range(0, len(chunks), SCALE_WRITE_BATCH)]
     with ThreadPoolExecutor(SCALE_WRITERS) as writers:
         list(writers.map(lambda batch: store.document_store.write_documents(batch, policy=DuplicatePolicy.OVERWRITE),
@@ -204,14 +208,16 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
     relevance gate reads) is the exact one, next to a near-vector query's (what it sent before)."""
     from weaviate.classes.query import MetadataQuery
 
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, WeaviateHybridRetriever
+    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, QUERY_PROPERTIES, WeaviateHybridRetriever
 
     ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
     collection = store.collection
 
+    terms = {q.text: " ".join(analyze(q.text)) for q in queries}  # the same search, analysed outside the timing
+
     def bare(q: Any, v: list[float]) -> Any:
-        return collection.query.hybrid(query=q.text, vector=v, alpha=DEFAULT_ALPHA, limit=30,
-                                       fusion_type=_FUSIONS[DEFAULT_FUSION])
+        return collection.query.hybrid(query=terms[q.text], vector=v, alpha=DEFAULT_ALPHA, limit=30,
+                                       query_properties=list(QUERY_PROPERTIES), fusion_type=_FUSIONS[DEFAULT_FUSION])
 
     def mine(q: Any, v: list[float]) -> Any:
         return ours.run(query=q.text, query_embedding=v)
@@ -249,14 +255,17 @@ def ratios(bare_ms: list[float], ours_ms: list[float], prefix: str = "") -> dict
 def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], rounds: int = 2) -> dict[str, Any]:
     """The same comparison on the async client: ``run_async`` (what the bot's pipeline calls)
     against a bare ``await collection.query.hybrid``."""
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, WeaviateHybridRetriever
+    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, QUERY_PROPERTIES, WeaviateHybridRetriever
 
     async def measure() -> dict[str, Any]:
         collection = await store.async_collection()
         ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
 
+        terms = {q.text: " ".join(analyze(q.text)) for q in queries}
+
         async def bare(q: Any, v: list[float]) -> Any:
-            return await collection.query.hybrid(query=q.text, vector=v, alpha=DEFAULT_ALPHA, limit=30,
+            return await collection.query.hybrid(query=terms[q.text], vector=v, alpha=DEFAULT_ALPHA, limit=30,
+                                                 query_properties=list(QUERY_PROPERTIES),
                                                  fusion_type=_FUSIONS[DEFAULT_FUSION])
 
         async def mine(q: Any, v: list[float]) -> Any:

@@ -9,6 +9,7 @@ immutable version of one chunk), so a rebuild after a refresh analyses only the 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -35,16 +36,31 @@ class KeywordIndex:
         self._documents: list[Document] = []
         self._bm25: bm25s.BM25 | None = None
         self._terms: dict[str, list[str]] = {}
+        # Which chunks a filter admits, per filter (a conversation's spaces): matching every chunk
+        # against a filter on every question would cost more than the BM25 scoring itself.
+        self._masks: dict[str, np.ndarray] = {}
 
     def _rebuild(self, documents: list[Document]) -> None:
         terms = {d.id: self._terms.get(d.id) or chunk_search_text(d).split() for d in documents}
         self._terms = terms
         self._documents = documents
+        self._masks = {}
         self._bm25 = None
         if documents:
             bm25 = bm25s.BM25(k1=self.k1, b=self.b)
             bm25.index([terms[d.id] for d in documents], show_progress=False)
             self._bm25 = bm25
+
+    def _mask(self, filters: dict[str, Any]) -> np.ndarray:
+        key = json.dumps(filters, sort_keys=True, default=str)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) >= 64:
+                self._masks.clear()
+            mask = np.fromiter((document_matches_filter(filters, d) for d in self._documents), dtype=bool,
+                               count=len(self._documents))
+            self._masks[key] = mask
+        return mask
 
     def search(self, documents: Any, generation: int, query: str, *, filters: dict[str, Any] | None = None,
                top_k: int = 30) -> list[Document]:
@@ -57,15 +73,15 @@ class KeywordIndex:
                 self._rebuild(documents())
                 self._generation = generation
             bm25, docs = self._bm25, self._documents
+            mask = self._mask(filters) if filters else None
         if bm25 is None:
             return []
         terms = [t for t in analyze(query) if t in bm25.vocab_dict]
         if not terms:
             return []
         scores = bm25.get_scores(terms)
-        if filters:
-            scores = scores * np.fromiter((document_matches_filter(filters, d) for d in docs), dtype=bool,
-                                          count=len(docs))
+        if mask is not None:
+            scores = scores * mask
         best = np.argsort(-scores, kind="stable")[:top_k]
         return [Document(id=docs[i].id, content=docs[i].content, meta=docs[i].meta, embedding=docs[i].embedding,
                          score=float(scores[i])) for i in best if scores[i] > 0]
