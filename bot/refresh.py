@@ -568,7 +568,8 @@ class Refresher:
     def _fetcher(self) -> Fetcher:
         r = self.settings.refresh
         return Fetcher(timeout_s=r.fetch_timeout_s, connect_timeout_s=r.connect_timeout_s,
-                       max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent)
+                       max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent,
+                       allow_hosts=r.allow_hosts)
 
     def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None) -> Source:
         if src.path:
@@ -577,6 +578,7 @@ class Refresher:
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
+                         max_sitemaps=self.settings.refresh.max_sitemaps,
                          robots=Robots(fetcher) if src.respect_robots else None)
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:

@@ -179,8 +179,12 @@ class RefreshSettings:
     max_download_mb: float = 20
     #: URLs fetched at once per source.
     concurrency: int = 4
-    #: Most pages one source may list (sitemaps included).
+    #: Most pages one source may list (sitemaps included), and most sitemaps it may read per run.
     max_urls: int = 10000
+    max_sitemaps: int = 100
+    #: Hosts (names or addresses) a URL source may fetch even though they resolve to a loopback,
+    #: private, link-local or multicast address (an intranet wiki); every other such host is refused.
+    allow_hosts: list[str] = field(default_factory=list)
     user_agent: str = "kbbot/0.1 (knowledge refresh)"
     #: The refresh lock (one refresh at a time across replicas): its TTL, renewed every third of it,
     #: and how long a run waits for another one to finish before it gives up until its next run.
@@ -371,8 +375,12 @@ def _validate_refresh(s: Settings) -> None:
         raise SettingsError("refresh.max_download_mb must be positive")
     if not 1 <= r.concurrency <= 32:
         raise SettingsError("refresh.concurrency must be between 1 and 32")
-    if r.max_urls < 1:
-        raise SettingsError("refresh.max_urls must be at least 1")
+    if r.max_urls < 1 or r.max_sitemaps < 1:
+        raise SettingsError("refresh.max_urls and refresh.max_sitemaps must be at least 1")
+    if isinstance(r.allow_hosts, str) or not isinstance(r.allow_hosts, list) or not all(
+            isinstance(h, str) and h.strip() and "/" not in h for h in r.allow_hosts):
+        raise SettingsError("refresh.allow_hosts must be a list of host names or addresses (no scheme, no path), "
+                            f"got {r.allow_hosts!r}")
     if r.lock_ttl_s < 3 or r.lock_wait_s < 0:
         raise SettingsError("refresh.lock_ttl_s must be at least 3 and refresh.lock_wait_s not negative")
     zone = None
