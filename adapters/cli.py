@@ -63,7 +63,8 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
 
     async def work() -> Any:
         async with refresher_of(runtime) as refresher:
-            source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions)
+            source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions,
+                                  max_file_mb=runtime.settings.indexing.max_file_mb)
             return await refresher.run_source(source, space=space, progress=tqdm_progress("indexing"),
                                               on_wait=_waiting)
 

@@ -574,7 +574,7 @@ class Refresher:
     def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None) -> Source:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
-                                exclude=src.exclude)
+                                exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb)
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,

@@ -73,7 +73,7 @@ class Runtime:
         i = self.settings.indexing
         pipeline = build_indexing_pipeline(self.store, self.document_embedder, chunk_chars=i.chunk_chars,
                                            overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb)
-        return Indexer(self.store, pipeline, suffixes=i.extensions)
+        return Indexer(self.store, pipeline, suffixes=i.extensions, max_file_mb=i.max_file_mb)
 
     async def start(self) -> None:
         """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""

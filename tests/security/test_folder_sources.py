@@ -1,0 +1,52 @@
+"""Attacks on folder sources (issue 15, finding 3): a symbolic link out of the knowledge folder, and a
+huge file that used to be read whole before its size was checked."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from pipelines.indexing import FolderSource
+
+
+def items(source: FolderSource) -> dict[str, object]:
+    return {Path(item.source).name: item for item in source.scan({}, "default")}
+
+
+def test_a_symlink_out_of_the_folder_is_not_followed_and_is_reported(tmp_path: Path):
+    secrets = tmp_path / "home"
+    secrets.mkdir()
+    (secrets / "passwords.md").write_text("# Passwords\n\nroot: hunter2\n")
+    (secrets / "notes").mkdir()
+    (secrets / "notes" / "plan.md").write_text("# Plan\n\nconfidential\n")
+    docs = tmp_path / "kb"
+    docs.mkdir()
+    (docs / "manual.md").write_text("# Manual\n\nRegrease every 3,000 hours.\n")
+    (docs / "shared.md").symlink_to(secrets / "passwords.md")
+    (docs / "linked-folder").symlink_to(secrets / "notes", target_is_directory=True)
+    (docs / "inside.md").symlink_to(docs / "manual.md")  # inside the folder: harmless
+
+    got = items(FolderSource([docs]))
+    assert got["manual.md"].data is not None
+    assert "shared.md" in got and got["shared.md"].data is None
+    assert "outside the source's folder: not followed" in got["shared.md"].error
+    assert str(secrets / "passwords.md") in got["shared.md"].error
+    assert not any(item.data and b"hunter2" in item.data for item in got.values())
+    assert not any(item.data and b"confidential" in item.data for item in got.values())
+    assert got["shared.md"].root == docs.resolve().as_posix(), "reported under the folder's root"
+
+
+def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path):
+    docs = tmp_path / "kb"
+    docs.mkdir()
+    with (docs / "huge.md").open("wb") as out:  # sparse: 400 MB on paper, nothing on disk
+        out.truncate(400 * 1024 * 1024)
+    (docs / "small.md").write_text("# Small\n\nfits\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    got = items(FolderSource([docs], max_file_mb=20))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert got["huge.md"].data is None and got["huge.md"].error == "file too large (419.4 MB > 21 MB limit)"
+    assert got["small.md"].data == b"# Small\n\nfits\n"
+    assert grown_mb < 50, f"the process grew by {grown_mb:.0f} MB reading a file it refuses"
+    assert os.path.getsize(docs / "huge.md") == 400 * 1024 * 1024
