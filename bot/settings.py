@@ -12,10 +12,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 from bot.platform_settings import SlackSettings, TelegramSettings
+from pipelines.redact import redact_url
 from pipelines.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -29,8 +31,10 @@ class SettingsError(ValueError):
 @dataclass
 class StoreSettings:
     kind: str = "auto"
-    weaviate_url: str | None = None
+    weaviate_url: str | None = field(default=None, repr=False)
     collection: str = "KbChunk"
+    #: WEAVIATE_API_KEY (environment only): sent to Weaviate by the client on every request.
+    weaviate_api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -104,6 +108,11 @@ class LimitsSettings:
     per_user: int = 20       # questions per window per user; 0: no limit
     per_channel: int = 120   # questions per window per channel / chat; 0: no limit
     window_s: float = 60
+    #: Process-wide: turns answered at once, turns waiting behind them (beyond: a short "busy" reply),
+    #: and model calls at once (answers and helper steps together).
+    max_turns_in_flight: int = 32
+    max_queued_turns: int = 64
+    concurrent_model_calls: int = 16
 
 
 @dataclass
@@ -296,7 +305,14 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.data_dir = Path(env.get("KBBOT_DATA_DIR") or settings.data_dir)
     if env.get("WEAVIATE_URL"):
         settings.store.weaviate_url = env["WEAVIATE_URL"]
+    settings.store.weaviate_api_key = env.get("WEAVIATE_API_KEY") or None
     settings.redis_url = env.get("REDIS_URL") or None
+    if settings.redis_url and urlsplit(settings.redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise SettingsError("REDIS_URL must be a redis://, rediss:// (TLS) or unix:// URL, got "
+                            f"{redact_url(settings.redis_url)!r}")
+    if settings.store.weaviate_url and urlsplit(settings.store.weaviate_url).scheme not in ("http", "https"):
+        raise SettingsError("WEAVIATE_URL must be an http:// or https:// URL, got "
+                            f"{redact_url(settings.store.weaviate_url)!r}")
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
@@ -334,6 +350,9 @@ def _validate(s: Settings) -> None:
     lim = s.limits
     if lim.per_user < 0 or lim.per_channel < 0 or lim.window_s <= 0:
         raise SettingsError("limits.per_user and limits.per_channel must be >= 0 and limits.window_s > 0")
+    if lim.max_turns_in_flight < 1 or lim.max_queued_turns < 0 or lim.concurrent_model_calls < 1:
+        raise SettingsError("limits.max_turns_in_flight and limits.concurrent_model_calls must be at least 1 and "
+                            "limits.max_queued_turns not negative")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):

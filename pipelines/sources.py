@@ -156,7 +156,7 @@ class Fetcher:
         try:
             for _hop in range(MAX_REDIRECTS + 1):
                 with self.client.stream("GET", url, headers=headers, follow_redirects=False) as response:
-                    if response.is_redirect:
+                    if response.has_redirect_location:
                         url = self._next_hop(url, response, hop_check)
                         continue
                     return self._fetched(response, state, deadline)
