@@ -130,3 +130,50 @@ async def test_healthz_says_up_or_down_without_addresses_and_status_hides_passwo
         runtime.store.drop()
         await asyncio.sleep(0)
         await runtime.close()
+
+
+def _free_pair() -> int:
+    """A port p with p + 1 free as well (Weaviate's gossip/data and raft/RPC pairs)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port + 1)) != 0:
+                return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+@pytest.fixture
+def weaviate_with_api_key(tmp_path: Path) -> Iterator[tuple[str, int, str]]:
+    """A second Weaviate of this test's own that admits only an API key: (url, grpc port, key)."""
+    if not WEAVIATE_URL:
+        pytest.skip("WEAVIATE_URL is not set (make test starts Weaviate; its binary is reused here)")
+    key = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k not in ("WEAVIATE_URL", "WEAVIATE_GRPC_PORT", "REDIS_URL")}
+    http, grpc = free_port(), free_port()
+    env.update(KBBOT_STATE_DIR=str(tmp_path / "state"), KBBOT_WEAVIATE_PORT=str(http),
+               KBBOT_WEAVIATE_GRPC_PORT=str(grpc), KBBOT_WEAVIATE_GOSSIP_PORT=str(_free_pair()),
+               KBBOT_WEAVIATE_RAFT_PORT=str(_free_pair()), KBBOT_REDIS_PORT=str(free_port()),
+               AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="false", AUTHENTICATION_APIKEY_ENABLED="true",
+               AUTHENTICATION_APIKEY_ALLOWED_KEYS=key, AUTHENTICATION_APIKEY_USERS="kbbot")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
+    started = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=240)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        yield f"http://127.0.0.1:{http}", grpc, key
+    finally:
+        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def test_weaviate_api_key_is_sent_and_required(weaviate_with_api_key, tmp_path: Path):
+    url, grpc, key = weaviate_with_api_key
+    with pytest.raises(Exception) as anonymous:
+        open_store("weaviate", url=url, grpc_port=grpc, collection="SecAuth")
+    assert "401" in str(anonymous.value) or "nauthori" in str(anonymous.value) or "anonymous" in str(anonymous.value)
+    settings = make_settings(tmp_path, WEAVIATE_URL=url, WEAVIATE_API_KEY=key)
+    assert key not in repr(settings) and settings.store.weaviate_api_key == key
+    store = open_store("weaviate", url=url, grpc_port=grpc, collection="SecAuth", api_key=key)
+    try:
+        assert store.knowledge_version == 0
+    finally:
+        store.drop()
+        store.close()
