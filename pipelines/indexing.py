@@ -244,15 +244,19 @@ class _FileScan:
     files: list[tuple[Path, str | None]]
     max_bytes: int | None = None
     outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
+    revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
 
     @property
     def total(self) -> int:
-        return len(self.files) + len(self.outside)
+        return len(self.files) + len(self.outside) + len(self.revoke)
 
     def __iter__(self) -> Iterator[SourceItem]:
         for link, target, root in self.outside:
             yield SourceItem(doc_id=link.as_posix(), source=display_source(link), root=root,
                              error=f"a symbolic link to {target}, outside the source's folder: not followed")
+        for target in self.revoke:
+            yield SourceItem(doc_id=target.as_posix(), source=display_source(target), root=None, gone=True,
+                             error="outside the source's folder (published through a symbolic link): revoked")
         for path, root in self.files:
             item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
                               name=path.stem)
@@ -294,8 +298,12 @@ class FolderSource:
 
         outside: list[tuple[Path, Path]] = []
         found = discover(self.paths, self.suffixes, include=self.include, exclude=self.exclude, outside=outside)
+        # A target an earlier version published through the link (under its own path, with no root):
+        # revoked now, since no refresh of the folder would ever revoke it otherwise.
+        leaked = [target for _, target in outside
+                  if (record := current.get(target.as_posix())) is not None and record.root is None]
         return _FileScan([(path, root_of(path)) for path in found], self.max_bytes,
-                         [(link, target, root_of(link)) for link, target in outside])
+                         [(link, target, root_of(link)) for link, target in outside], leaked)
 
 
 Progress = Callable[[Iterable[Any], int], Iterable[Any]]

@@ -9,7 +9,12 @@
   produced (same content hash, space and root): a 304 then costs no download, no conversion and no
   embedding. Without that version the request is unconditional, so a lost store heals itself.
 - Bounded: ``connect_timeout_s`` to connect, ``timeout_s`` per URL in all (headers and body), at most
-  ``max_bytes`` per body (refused from ``Content-Length`` before reading, else cut while reading).
+  ``max_bytes`` per body (refused from ``Content-Length`` before reading, else cut while reading and
+  decompressing; a gzipped sitemap likewise while it is inflated), ``max_urls`` pages and
+  ``max_sitemaps`` sitemap requests per source.
+- Only public addresses (``pipelines.netguard``, checked at connect time after DNS resolution, so on
+  every redirect hop) unless the host is in ``allow_hosts``; a sitemap lists pages and sitemaps of its
+  own host only. A refused URL is reported with its reason and treated as gone (``Refused``).
 - Every failure is one reason per URL: HTTP status, timeout, connection error, too large, unsupported
   content type, not a sitemap. A page that failed keeps its previous version; a page answering 404 or
   410 is gone and is revoked; a sitemap that failed still yields the pages it listed last time, so

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pipelines.indexing import FolderSource
+from pipelines.store import DocRecord
 from tests.security.peak import allocation_peak
 
 
@@ -50,3 +51,19 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path):
     assert got["small.md"].data == b"# Small\n\nfits\n"
     assert grown_mb < 50, f"{grown_mb:.0f} MB allocated reading a file it refuses"
     assert os.path.getsize(docs / "huge.md") == 400 * 1024 * 1024
+
+
+def test_a_file_published_through_an_outside_link_earlier_is_revoked(tmp_path: Path):
+    secrets = tmp_path / "home"
+    secrets.mkdir()
+    (secrets / "passwords.md").write_text("# Passwords\n\nroot: hunter2\n")
+    docs = tmp_path / "kb"
+    docs.mkdir()
+    (docs / "manual.md").write_text("# Manual\n\nRegrease every 3,000 hours.\n")
+    (docs / "shared.md").symlink_to(secrets / "passwords.md")
+    target = (secrets / "passwords.md").resolve().as_posix()
+    # What main published for the link: the target's path as doc id, and no root.
+    current = {target: DocRecord(doc_id=target, version=1, content_hash="x", title="Passwords", source=target)}
+    got = list(FolderSource([docs]).scan(current, "default"))
+    revoke = [item for item in got if item.doc_id == target]
+    assert len(revoke) == 1 and revoke[0].gone and "revoked" in revoke[0].error
