@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 import xml.etree.ElementTree as ET
