@@ -19,6 +19,7 @@ from bot.runtime import Runtime, build_runtime, make_ranker, make_store
 from bot.settings import Settings, SettingsError, load_settings
 from bot.types import Answer
 from pipelines.errors import ServiceUnavailable, diagnose
+from pipelines.redact import scrub
 
 
 class UserError(Exception):
@@ -63,7 +64,8 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
 
     async def work() -> Any:
         async with refresher_of(runtime) as refresher:
-            source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions)
+            source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions,
+                                  max_file_mb=runtime.settings.indexing.max_file_mb)
             return await refresher.run_source(source, space=space, progress=tqdm_progress("indexing"),
                                               on_wait=_waiting)
 
@@ -247,7 +249,7 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
         if diagnose(exc).kind != "store":
             raise
         # A store error is the user's to fix (a server down, a name it refuses): one line, no trace.
-        raise ServiceUnavailable(f"the document store failed: {' '.join(str(exc).split())[:500]}") from exc
+        raise ServiceUnavailable(f"the document store failed: {scrub(' '.join(str(exc).split()), settings.store.weaviate_url or '')[:500]}") from exc
 
 
 def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool,

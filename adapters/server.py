@@ -126,11 +126,10 @@ def build_adapters(runtime: Any, admin: Any = None) -> list[Adapter]:
 
 
 async def _check_redis(runtime: Any, timeout_s: float) -> dict[str, Any]:
-    from bot.redis_state import redact_url
-
+    # /healthz answers anyone: it says up or down, never where a service is or how it is reached.
     if not runtime.settings.redis_url:
         return {"status": "off", "detail": "state kept in this process (set REDIS_URL)"}
-    status: dict[str, Any] = {"url": redact_url(runtime.settings.redis_url)}
+    status: dict[str, Any] = {}
     if runtime.redis is None:
         return {**status, "status": "down", "error": "not connected"}
     try:
@@ -152,12 +151,12 @@ async def _check_weaviate(runtime: Any, timeout_s: float) -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             async with session.get(f"{url}/v1/.well-known/ready") as response:
                 if response.status == 200:
-                    return {"status": "up", "url": url}
-                return {"status": "down", "url": url, "error": f"HTTP {response.status}"}
+                    return {"status": "up"}
+                return {"status": "down", "error": f"HTTP {response.status}"}
     except asyncio.TimeoutError:
-        return {"status": "down", "url": url, "error": f"no answer within {timeout_s:g} s"}
+        return {"status": "down", "error": f"no answer within {timeout_s:g} s"}
     except Exception as exc:  # noqa: BLE001
-        return {"status": "down", "url": url, "error": type(exc).__name__}
+        return {"status": "down", "error": type(exc).__name__}
 
 
 def _check_scheduler(scheduler: Any) -> dict[str, Any]:

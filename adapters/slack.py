@@ -27,7 +27,6 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -57,7 +56,7 @@ from adapters.slack_text import (
 )
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.platform_settings import SlackSettings
-from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
+from bot.state import Idempotency, TaskSet, claim_all, release_all
 from bot.streaming import RateBudget, split_message
 from bot.types import Answer, Inquiry, Outcome
 
@@ -70,12 +69,19 @@ COMMAND_USAGE = ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); 
 NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
              "Please ask whoever runs kbbot to add your user id to `slack.admins`.")
 
+NOT_ALLOWED = "Sorry, kbbot does not answer in this workspace."
+
 #: Errors meaning this workspace or token cannot stream at all (remembered, so later answers edit directly).
 WORKSPACE_STREAM_REFUSALS = frozenset({
     "unknown_method", "not_allowed_token_type", "method_deprecated", "missing_scope", "feature_not_enabled",
     "not_supported", "team_not_allowed", "access_denied",
 })
 STREAM_REFUSAL_MEMORY_S = 3600.0
+
+
+def _click_team(body: dict[str, Any]) -> str:
+    """The workspace a block action (button click) came from."""
+    return str((body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id") or "")
 
 
 @dataclass
@@ -128,7 +134,6 @@ class SlackAdapter:
         self.app.command(SLASH_COMMAND)(self._on_command)
         self._tasks = TaskSet()
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
-        self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._no_streaming: dict[str, float] = {}  # team -> until when streaming is known refused
         self._socket: Any = None
 
@@ -207,8 +212,17 @@ class SlackAdapter:
             return
         await self._handle(body, event, context, client, thread_ts=thread_ts, kind="follow_up", is_dm=False)
 
+    def _team_allowed(self, team: str, what: str) -> bool:
+        """Clicks and commands come from workspaces ``slack.allowed_teams`` admits, as questions do."""
+        if self.settings.allowed_teams and team not in self.settings.allowed_teams:
+            log.info("ignoring %s from workspace %s: not in slack.allowed_teams", what, team or "?")
+            return False
+        return True
+
     async def _on_feedback(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
         await ack()
+        if not self._team_allowed(_click_team(body), "a feedback click"):
+            return
         action = (body.get("actions") or [{}])[0]
         rating, _, turn_id = str(action.get("value") or "").partition(":")
         if rating not in ("up", "down") or not turn_id:
@@ -216,7 +230,7 @@ class SlackAdapter:
             return
         container = body.get("container") or {}
         item = Feedback(turn_id=turn_id, rating=rating, user_id=str((body.get("user") or {}).get("id", "")),
-                        tenant=str((body.get("team") or {}).get("id", "")),
+                        tenant=_click_team(body),
                         channel=str((body.get("channel") or {}).get("id") or container.get("channel_id") or ""),
                         message_id=str(container.get("message_ts") or ""))
         try:
@@ -253,7 +267,9 @@ class SlackAdapter:
         turn_id = str(action.get("value") or "")
         who = body.get("user") or {}
         user = str(who.get("id") or "")
-        team = str((body.get("team") or {}).get("id") or who.get("team_id") or "")
+        team = _click_team(body)
+        if not self._team_allowed(team, "a review click"):
+            return
         container = body.get("container") or {}
         message = body.get("message") or {}
         channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
@@ -279,7 +295,8 @@ class SlackAdapter:
         try:
             if approving:
                 clicker = body.get("user") or {}
-                approved = await self.answers.approve(turn_id, user, clicker.get("name") or clicker.get("username") or "")
+                approved = await self.answers.approve(turn_id, user, clicker.get("name") or clicker.get("username") or "",
+                                                      tenant=f"slack:{team}")
                 if approved is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     await tell("expired")
@@ -314,6 +331,9 @@ class SlackAdapter:
         ``/kbbot status`` and ``/kbbot refresh [SOURCE]`` for admins (the result goes to response_url)."""
         self._track()
         user = str(command.get("user_id") or "")
+        if not self._team_allowed(str(command.get("team_id") or ""), "a /kbbot command"):
+            await ack(text=NOT_ALLOWED)
+            return
         verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
@@ -432,14 +452,13 @@ class SlackAdapter:
         reply = SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(team),
                            on_stream_refused=lambda code: self._stream_refused(team, code))
         answer: Answer | None = None
-        async with self._thread_lock(where.key):
-            self._remember_thread(where.key)
-            try:
-                answer = await self.answerer.answer(inquiry, reply)
-            except Exception:
-                # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
-                log.exception("event %s: the turn crashed", event_id)
-                await reply.fail("Something went wrong while answering. Please try again.")
+        self._remember_thread(where.key)
+        try:  # the Answerer runs one turn per thread at a time (its thread locks)
+            answer = await self.answerer.answer(inquiry, reply)
+        except Exception:
+            # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
+            log.exception("event %s: the turn crashed", event_id)
+            await reply.fail("Something went wrong while answering. Please try again.")
         if answer is None or answer.outcome is Outcome.ERROR:
             await self._release(claimed)  # a redelivery may try again
         if answer is not None:
@@ -448,5 +467,3 @@ class SlackAdapter:
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
 
-    def _thread_lock(self, key: str) -> ThreadTurnLock:
-        return ThreadTurnLock(self._thread_locks, key)

@@ -66,12 +66,15 @@ from adapters.telegram_text import (
 )
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.platform_settings import TelegramSettings
-from bot.state import Idempotency, TaskSet, ThreadTurnLock, claim_all, release_all
+from bot.state import Idempotency, TaskSet, ThreadLocks, claim_all, release_all
 from bot.streaming import RateBudget, RetryAfter
 from bot.types import Answer, Inquiry, Outcome
 from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
+
+#: What ``bot.types.Trace`` makes turn ids of: uuid4 hex.
+TURN_ID = re.compile(r"[0-9a-f]{32}")
 
 DRAFT_REFUSAL_MEMORY_S = 3600.0
 REFUSAL_MEMORY_S = 30 * 86400.0
@@ -114,7 +117,7 @@ class TelegramAdapter:
         self.dp.include_router(self._router())
         self.username: str | None = None
         self._tasks = TaskSet()
-        self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._thread_locks: ThreadLocks = getattr(answerer, "thread_locks", None) or ThreadLocks()
         self._no_drafts_until = 0.0
         self._polling: asyncio.Task[None] | None = None
 
@@ -305,7 +308,7 @@ class TelegramAdapter:
         user = message.from_user
         language = user_language(user.language_code if user else None, self._question(message))
         try:
-            async with ThreadTurnLock(self._thread_locks, where.key):
+            async with self._thread_locks.hold(where.key):  # not in the middle of a turn of this chat
                 if self.history is not None:
                     await self.history.clear(where.key)
         except Exception:
@@ -382,12 +385,11 @@ class TelegramAdapter:
         reply = TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
                               on_drafts_unavailable=self._drafts_unavailable, review=review)
         answer: Answer | None = None
-        async with ThreadTurnLock(self._thread_locks, where.key):
-            try:
-                answer = await self.answerer.answer(inquiry, reply)
-            except Exception:
-                log.exception("update %s: the turn crashed", event_update.update_id if event_update else "?")
-                await reply.fail(text_for("crashed", language))
+        try:  # the Answerer runs one turn per thread at a time (its thread locks)
+            answer = await self.answerer.answer(inquiry, reply)
+        except Exception:
+            log.exception("update %s: the turn crashed", event_update.update_id if event_update else "?")
+            await reply.fail(text_for("crashed", language))
         if answer is None or answer.outcome is Outcome.ERROR:
             await self._release(claimed)
         update_id = event_update.update_id if event_update is not None else 0
@@ -403,13 +405,35 @@ class TelegramAdapter:
                     DRAFT_REFUSAL_MEMORY_S / 60)
         self._no_drafts_until = time.monotonic() + DRAFT_REFUSAL_MEMORY_S
 
+    def _click_allowed(self, query: CallbackQuery) -> bool:
+        """A button click by someone ``telegram.allowed_users`` admits (everyone when it is empty)."""
+        allowed = self.settings.allowed_users
+        if allowed and str(query.from_user.id) not in allowed:
+            log.info("ignoring a click by %s: not in telegram.allowed_users", query.from_user.id)
+            return False
+        return True
+
+    @staticmethod
+    def _our_button(query: CallbackQuery, turn_id: str) -> bool:
+        """Whether the click names a turn id kbbot made (a uuid4 hex) on a button of the very message it
+        came from. Callback data is only bytes a client sends back: checked, an invented turn id never
+        becomes a stored key."""
+        message = query.message
+        if not TURN_ID.fullmatch(turn_id) or not isinstance(message, Message) or message.reply_markup is None:
+            return False
+        return any(button.callback_data == query.data for row in message.reply_markup.inline_keyboard
+                   for button in row)
+
     async def _on_feedback(self, query: CallbackQuery) -> None:
         self._track()
         _, _, rest = (query.data or "").partition(":")
         rating, _, turn_id = rest.partition(":")
         language = user_language(query.from_user.language_code if query.from_user else None)
-        if rating not in ("up", "down") or not turn_id:
-            log.warning("ignoring a feedback click without a turn id: %r", query.data)
+        if not self._click_allowed(query):
+            await self._answer_callback(query, None)
+            return
+        if rating not in ("up", "down") or not self._our_button(query, turn_id):
+            log.warning("ignoring a feedback click that names no turn of this message: %r", query.data)
             await self._answer_callback(query, None)
             return
         message = query.message
@@ -442,7 +466,7 @@ class TelegramAdapter:
         approving = prefix == APPROVE_PREFIX
         user = str(query.from_user.id)
         language = user_language(query.from_user.language_code)
-        if not turn_id:
+        if not turn_id or not self._click_allowed(query):
             await self._answer_callback(query, None)
             return
         if not self.settings.is_reviewer(user):
@@ -455,7 +479,8 @@ class TelegramAdapter:
             return
         try:
             if approving:
-                if await self.answers.approve(turn_id, user, query.from_user.full_name) is None:
+                if await self.answers.approve(turn_id, user, query.from_user.full_name,
+                                              tenant=f"telegram:{self.bot_id}") is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     await self._answer_callback(query, text_for("expired", language), alert=True)
                     return

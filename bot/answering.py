@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -12,19 +13,21 @@ from typing import Any
 from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
-from bot.cache import AnswerCache, CacheKey, cached_label, wants_fresh
+from bot.capacity import TurnGate
+from bot.cache import AnswerCache, CacheKey, cached_label, tenant_of, wants_fresh
 from bot.history import HistoryStore
 from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
 from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
+from bot.state import LockNotAcquired, ThreadLocks
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.store import space_filter
-from pipelines.text import detect_language
+from pipelines.text import detect_language, link_host, restrict_links
 from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
 
@@ -60,6 +63,11 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
     return cleaned, [cited[n] for n in sorted(cited)]
 
 
+def _source_of(doc: Document) -> str:
+    source = str((doc.meta or {}).get("source") or "")
+    return source if source.startswith(("http://", "https://")) else ""
+
+
 class Answerer:
     """Runs turns: history, the query pipeline with streaming, outcome, citations checked against
     the current knowledge (regenerated once if a cited document changed meanwhile), history, trace."""
@@ -83,6 +91,8 @@ class Answerer:
         preferences: PreferenceStore | None = None,
         learner: Callable[[str], Awaitable[str | None]] | None = None,
         limiter: RateLimiter | None = None,
+        gate: TurnGate | None = None,
+        thread_locks: ThreadLocks | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -100,11 +110,14 @@ class Answerer:
         self.preferences = preferences
         self.learner = learner  # one helper model call: system prompt in, reply out
         self.limiter = limiter  # per-user and per-channel rate limits (bot.limits)
+        self.gate = gate  # turns in flight and queued, process-wide (bot.capacity)
+        self.thread_locks = thread_locks or ThreadLocks()  # one turn per thread at a time
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
-        """One turn; the rate limits are checked first, so a refused question costs nothing else."""
+        """One turn; the rate limits are checked first, so a refused question costs nothing else, then
+        the process' capacity (a full queue answers "busy" at once), then the thread's lock."""
         trace = Trace()
         token = current_turn.set(trace.turn_id)  # every log line of the turn carries its id
         METRICS.in_progress.inc()
@@ -119,7 +132,20 @@ class Answerer:
                 answer = await self._refuse(reply, trace, refusal_message(refusal, language))
                 METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
                 return answer
-            answer = await self._turn(inquiry, reply, trace)
+            if self.gate is not None and not self.gate.admit():
+                log.warning("turn %s refused: %d turns admitted (%d running, %d queued): busy", trace.turn_id,
+                            self.gate.admitted, self.gate.running, self.gate.queued)
+                METRICS.limit_refusals.labels("busy").inc()
+                trace.steps = [{"step": "busy"}]
+                language = detect_language(wants_fresh(inquiry.text.strip())[1])
+                answer = await self._refuse(reply, trace, say("busy", language))
+                METRICS.observe_turn(inquiry.platform, "busy", trace)
+                return answer
+            try:
+                answer = await self._turn(inquiry, reply, trace)
+            finally:
+                if self.gate is not None:
+                    self.gate.leave()
             METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
             return answer
         finally:
@@ -129,6 +155,10 @@ class Answerer:
     async def _turn(self, inquiry: Inquiry, reply: Reply, trace: Trace) -> Answer:
         fresh, question = wants_fresh(inquiry.text.strip())
         language = detect_language(question)
+        if isinstance(inquiry.spaces, str) or not inquiry.spaces:
+            # An adapter's settings gave this conversation no space: searching all of them would leak.
+            log.error("turn %s refused: no knowledge space for %s", trace.turn_id, inquiry.thread_key)
+            return await self._refuse(reply, trace, say("internal", language, turn_id=trace.turn_id))
         if not question:
             return await self._refuse(reply, trace, say("empty_question", language))
         if len(question) > self.max_question_chars:
@@ -136,7 +166,12 @@ class Answerer:
                 reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
             )
         try:
-            return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh), self.turn_timeout_s)
+            async with self.thread_locks.hold(inquiry.thread_key), self._running():
+                return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),
+                                              self.turn_timeout_s)
+        except LockNotAcquired:  # another replica kept the thread's lock past the wait
+            log.warning("turn %s: the thread %s stayed locked elsewhere", trace.turn_id, inquiry.thread_key)
+            return await self._refuse(reply, trace, say("busy", language))
         except asyncio.TimeoutError:
             log.warning("turn %s timed out after %.0f s", trace.turn_id, self.turn_timeout_s)
             return await self._refuse(reply, trace, say("timeout", language, seconds=self.turn_timeout_s))
@@ -148,6 +183,9 @@ class Answerer:
                    "state": "state_unavailable"}.get(diagnosis.kind, "internal")
             return await self._refuse(reply, trace, say(key, language, reason=diagnosis.reason,
                                                         turn_id=trace.turn_id))
+
+    def _running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.gate.slot() if self.gate is not None else contextlib.nullcontext()
 
     async def _refuse(self, reply: Reply, trace: Trace, message: str) -> Answer:
         await reply.fail(message)
@@ -180,7 +218,12 @@ class Answerer:
         usage = (replies[0].meta or {}).get("usage")
         if usage:
             trace.usage = dict(usage)
-        text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
+        sources = result["budget"]["sources"]
+        text, removed = restrict_links(text.strip(), {h for d in sources if (h := link_host(_source_of(d)))})
+        if removed:
+            log.warning("turn %s: removed %d links to hosts none of the sources is on: %s", trace.turn_id,
+                        len(removed), ", ".join(sorted({link_host(u) or u for u in removed})))
+        text, citations = resolve_citations(text, sources)
         return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
 
     def _answer_calls(self, result: dict[str, Any]) -> int:
@@ -197,7 +240,7 @@ class Answerer:
         if self.cache is None or self.knowledge_version is None:
             return None
         version = await asyncio.to_thread(self.knowledge_version)
-        return CacheKey.of(question, inquiry.spaces, version, *self.cache_identity)
+        return CacheKey.of(question, inquiry.spaces, version, *self.cache_identity, tenant=tenant_of(inquiry))
 
     def _learn_later(self, inquiry: Inquiry, question: str, prefs: Preferences) -> None:
         """Background: explicit answering preferences in the message, for a user who opted in."""
@@ -279,7 +322,8 @@ class Answerer:
         trace.query = next((s["query"] for s in steps if s.get("step") == "rewrite" and "query" in s), question)
         trace.steps = steps
         trace.model_calls = calls
-        if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated:
+        # An answer shaped by one user's preferences is not everyone's answer: it is not offered.
+        if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated and not note:
             await self.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
             answer.approvable = True
         self._learn_later(inquiry, question, prefs)

@@ -2,10 +2,13 @@
 
 The server, not the button, holds the answer being approved: every final answer that could be
 approved is *offered* under its turn id (kept ``pending_ttl_s``), and an approval names only the
-turn id, so an old button can never approve different text. The cache key covers the question
-(trimmed and case-folded, nothing more: no similarity matching), the knowledge spaces, the
-knowledge version, the model and a policy version from config; entries of older knowledge
-versions stop matching at once and are purged on the next lookup.
+turn id, so an old button can never approve different text. The cache key covers the tenant (platform
+and workspace: one team's reviewers approve for that team only), the question (trimmed and
+case-folded, nothing more: no similarity matching), the knowledge spaces, the knowledge version, the
+model and a policy version from config; entries of older knowledge versions stop matching at once and
+are purged on the next lookup. An approval is refused when it comes from another tenant than the
+answer's, or after the knowledge changed (it could never match). Withdrawing turn A's approval removes
+the entry only while it is still A's (compare-and-delete): a later approval of the same question stays.
 
 Redis keys (``prefix`` is ``redis_prefix``, default ``kbbot:``):
 
@@ -19,14 +22,19 @@ Redis keys (``prefix`` is ``redis_prefix``, default ``kbbot:``):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from bot.messages import say
-from bot.types import Answer, Citation
+from bot.types import Answer, Citation, Inquiry
+
+log = logging.getLogger(__name__)
 
 FRESH_PREFIX = "!fresh"
 
@@ -50,17 +58,23 @@ class CacheKey:
     knowledge_version: int
     model: str
     policy: str
+    tenant: str = ""  # "slack:T123", "telegram:<bot id>", "console"
 
     @classmethod
     def of(cls, question: str, spaces: list[str] | tuple[str, ...], knowledge_version: int, model: str,
-           policy: str) -> CacheKey:
-        return cls(normalise_question(question), tuple(sorted(spaces)), knowledge_version, model, policy)
+           policy: str, tenant: str = "") -> CacheKey:
+        return cls(normalise_question(question), tuple(sorted(spaces)), knowledge_version, model, policy, tenant)
 
     @property
     def digest(self) -> str:
-        payload = json.dumps([self.question, self.spaces, self.model, self.policy], ensure_ascii=False)
+        payload = json.dumps([self.question, self.spaces, self.model, self.policy, self.tenant], ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
+
+
+def tenant_of(inquiry: Inquiry) -> str:
+    """Whose cache an inquiry reads: its platform and workspace (Slack team, Telegram bot)."""
+    return f"{inquiry.platform}:{inquiry.tenant}" if inquiry.tenant else inquiry.platform
 
 
 def cached_label(answer: Answer, language: str) -> str:
@@ -95,14 +109,31 @@ class AnswerCache(Protocol):
     async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
         """Keep ``answer`` so that a reviewer may approve turn ``turn_id`` later."""
 
-    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
+                      ) -> ApprovedAnswer | None:
         """The offered answer of ``turn_id`` becomes the cached one; None if nothing was offered
-        (expired, or a turn that cannot be cached)."""
+        (expired, or a turn that cannot be cached), if it was offered in another tenant than
+        ``tenant`` (when given), or if the knowledge changed since."""
 
     async def withdraw(self, turn_id: str) -> bool:
         """Removes the approval of ``turn_id``; False if there was none."""
 
     async def lookup(self, key: CacheKey) -> ApprovedAnswer | None: ...
+
+
+def _key(held: dict[str, Any]) -> CacheKey:
+    return CacheKey(**{**held["key"], "spaces": tuple(held["key"]["spaces"])})
+
+
+async def _approvable(key: CacheKey, tenant: str | None, knowledge_version: Callable[[], int] | None) -> bool:
+    if tenant is not None and key.tenant != tenant:
+        log.warning("refused an approval from tenant %s of an answer given in %s", tenant, key.tenant or "?")
+        return False
+    if knowledge_version is not None and key.knowledge_version < await asyncio.to_thread(knowledge_version):
+        log.info("refused an approval of an answer of knowledge version %d: the knowledge changed since",
+                 key.knowledge_version)
+        return False
+    return True
 
 
 def _entry(turn_id: str, key: CacheKey, answer: Answer) -> dict[str, Any]:
@@ -114,8 +145,9 @@ def _entry(turn_id: str, key: CacheKey, answer: Answer) -> dict[str, Any]:
 class MemoryAnswerCache:
     """In-process cache for embedded defaults (one process)."""
 
-    def __init__(self, pending_ttl_s: float = 7 * 86400):
+    def __init__(self, pending_ttl_s: float = 7 * 86400, knowledge_version: Callable[[], int] | None = None):
         self.pending_ttl_s = pending_ttl_s
+        self.knowledge_version = knowledge_version
         self._pending: dict[str, tuple[float, dict[str, Any]]] = {}
         self._approved: dict[tuple[int, str], ApprovedAnswer] = {}
         self._by_turn: dict[str, tuple[int, str]] = {}
@@ -125,11 +157,14 @@ class MemoryAnswerCache:
         self._pending = {t: v for t, v in self._pending.items() if v[0] > now}
         self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer))
 
-    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
+                      ) -> ApprovedAnswer | None:
         held = self._pending.get(turn_id)
         if held is None or held[0] <= time.monotonic():
             return None
-        key = CacheKey(**{**held[1]["key"], "spaces": tuple(held[1]["key"]["spaces"])})
+        key = _key(held[1])
+        if not await _approvable(key, tenant, self.knowledge_version):
+            return None
         approved = ApprovedAnswer(**held[1]["answer"], approved_by=reviewer, approver_name=name)
         slot = (key.knowledge_version, key.digest)
         self._approved[slot] = approved
@@ -138,7 +173,10 @@ class MemoryAnswerCache:
 
     async def withdraw(self, turn_id: str) -> bool:
         slot = self._by_turn.pop(turn_id, None)
-        return slot is not None and self._approved.pop(slot, None) is not None
+        if slot is None or slot not in self._approved or self._approved[slot].turn_id != turn_id:
+            return False  # a later approval of the same question holds the slot now: it stays
+        del self._approved[slot]
+        return True
 
     async def lookup(self, key: CacheKey) -> ApprovedAnswer | None:
         for slot in [s for s in self._approved if s[0] < key.knowledge_version]:
@@ -149,10 +187,22 @@ class MemoryAnswerCache:
 class RedisAnswerCache:
     """The cache in Redis, shared by replicas; see the module docstring for the keys."""
 
-    def __init__(self, redis: Any, prefix: str = "kbbot:", pending_ttl_s: float = 7 * 86400):
+    #: Deletes KEYS[1] only while it holds the approval of turn ARGV[1]; KEYS[2] (the turn's pointer) always.
+    _COMPARE_AND_DELETE = """
+local raw = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[2])
+if raw and cjson.decode(raw)['turn_id'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+    def __init__(self, redis: Any, prefix: str = "kbbot:", pending_ttl_s: float = 7 * 86400,
+                 knowledge_version: Callable[[], int] | None = None):
         self.redis = redis
         self.prefix = prefix
         self.pending_ttl_s = int(pending_ttl_s)
+        self.knowledge_version = knowledge_version
 
     def _k(self, *parts: object) -> str:
         return self.prefix + "answers:" + ":".join(str(p) for p in parts)
@@ -161,12 +211,15 @@ class RedisAnswerCache:
         await self.redis.set(self._k("pending", turn_id), json.dumps(_entry(turn_id, key, answer), ensure_ascii=False),
                              ex=self.pending_ttl_s)
 
-    async def approve(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+    async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
+                      ) -> ApprovedAnswer | None:
         raw = await self.redis.get(self._k("pending", turn_id))
         if raw is None:
             return None
         held = json.loads(raw)
-        key = CacheKey(**{**held["key"], "spaces": tuple(held["key"]["spaces"])})
+        key = _key(held)
+        if not await _approvable(key, tenant, self.knowledge_version):
+            return None
         approved = ApprovedAnswer(**held["answer"], approved_by=reviewer, approver_name=name)
         slot = self._k("approved", key.knowledge_version, key.digest)
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -179,9 +232,8 @@ class RedisAnswerCache:
         slot = await self.redis.get(self._k("turn", turn_id))
         if slot is None:
             return False
-        removed = await self.redis.delete(slot if isinstance(slot, str) else slot.decode())
-        await self.redis.delete(self._k("turn", turn_id))
-        return bool(removed)
+        slot = slot if isinstance(slot, str) else slot.decode()
+        return bool(await self.redis.eval(self._COMPARE_AND_DELETE, 2, slot, self._k("turn", turn_id), turn_id))
 
     async def _purge_below(self, version: int) -> None:
         marker = self._k("purged_below")

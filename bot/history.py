@@ -69,6 +69,14 @@ class SqliteHistory:
             "thread TEXT NOT NULL, at REAL NOT NULL, message TEXT NOT NULL)"
         )
         self._db.execute("CREATE INDEX IF NOT EXISTS messages_thread ON messages(thread, id)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS messages_at ON messages(at)")
+        self._expire()
+
+    def _expire(self) -> None:
+        """Deletes every message older than ``ttl_days``, of any thread: a thread nobody reads again
+        must not keep what it said for ever (Redis expires its lists the same way)."""
+        with self._lock:
+            self._db.execute("DELETE FROM messages WHERE at < ?", (time.time() - self.ttl_s,))
 
     def _load(self, thread_key: str) -> list[ChatMessage]:
         with self._lock:
@@ -85,6 +93,7 @@ class SqliteHistory:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._db.execute("DELETE FROM messages WHERE at < ?", (now - self.ttl_s,))
                 self._db.executemany("INSERT INTO messages (thread, at, message) VALUES (?, ?, ?)", rows)
                 self._db.execute("COMMIT")
             except BaseException:

@@ -48,6 +48,10 @@ MESSAGES: dict[str, dict[str, str]] = {
               "Please wait {seconds} s and ask again.",
         "zh": "此会话提问过于频繁（每{window_zh}最多 {limit} 个问题）。请等待 {seconds} 秒后再问。",
     },
+    "busy": {
+        "en": "I am answering many questions right now. Please ask again in a moment.",
+        "zh": "当前提问较多，请稍后再问。",
+    },
     "model_unavailable": {
         "en": "The language model is not answering right now ({reason}). Please try again in a minute.",
         "zh": "语言模型暂时无法响应（{reason}）。请稍后再试。",

@@ -24,7 +24,7 @@ metric                                                 type       labels / meani
                                                                   source no longer configured, disallowed:
                                                                   kept out by robots.txt)
 ``kbbot_refresh_seconds``                              histogram  source
-``kbbot_rate_limit_refusals_total``                    counter    scope (user, channel)
+``kbbot_rate_limit_refusals_total``                    counter    scope (user, channel, busy)
 =====================================================  =========  =================================================
 
 Everything lives in one ``CollectorRegistry`` per ``Metrics`` (``METRICS`` for the process), so

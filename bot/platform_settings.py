@@ -114,7 +114,7 @@ class SlackSettings(_Checked):
         self.app_token = env.get("SLACK_APP_TOKEN") or None
         if env.get("SLACK_API_URL"):
             self.api_url = env["SLACK_API_URL"]
-        self.channel_spaces = {str(k): _str_list(v) for k, v in (self.channel_spaces or {}).items()}
+        self.channel_spaces = {str(k): v for k, v in (self.channel_spaces or {}).items()}
         self.admins = _str_list(self.admins)
         if isinstance(self.reviewers, dict):
             self.reviewers = {str(k): _str_list(v) if isinstance(v, (list, tuple, str)) else v
@@ -134,6 +134,7 @@ class SlackSettings(_Checked):
                                          "edit_interval_s": self.edit_interval_s})
         if self.buffer_size < 1:
             found.append("slack.buffer_size must be at least 1")
+        found += _space_problems("slack", self.default_spaces, self.channel_spaces, "channel_spaces")
         for method, per_minute in self.rate_limits.items():
             if not isinstance(per_minute, (int, float)) or per_minute <= 0:
                 found.append(f"slack.rate_limits.{method} must be a positive number of calls per minute")
@@ -226,7 +227,7 @@ class TelegramSettings(_Checked):
         self.admins = _str_list(self.admins)
         if isinstance(self.reviewers, (list, tuple, str)) or self.reviewers is None:
             self.reviewers = _str_list(self.reviewers)
-        self.chat_spaces = {str(k): _str_list(v) for k, v in (self.chat_spaces or {}).items()}
+        self.chat_spaces = {str(k): v for k, v in (self.chat_spaces or {}).items()}
         return self
 
     def problems(self, *, serving: bool = True) -> list[str]:
@@ -236,6 +237,7 @@ class TelegramSettings(_Checked):
                                                                  "draft_interval_s": self.draft_interval_s})
         if self.dedupe_ttl_s <= 0:
             found.append("telegram.dedupe_ttl_s must be positive")
+        found += _space_problems("telegram", self.default_spaces, self.chat_spaces, "chat_spaces")
         if not 0 <= self.polling_timeout_s <= 50:
             found.append("telegram.polling_timeout_s must be between 0 and 50")
         if not _user_ids(self.reviewers) or not all(str(v).strip().isdigit() for v in self.reviewers):
@@ -253,6 +255,18 @@ class TelegramSettings(_Checked):
         if self.webhook_secret and not _WEBHOOK_SECRET.match(self.webhook_secret):
             found.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
         return found
+
+
+def _space_problems(section: str, default_spaces: Any, mapped: Mapping[str, Any], mapping_name: str) -> list[str]:
+    """``default_spaces`` and every mapped list must be a non-empty list of space names: an empty list
+    would switch the space filter off (every space searchable) and a plain string would be read as
+    one space per character."""
+    found = []
+    for where, value in [(f"{section}.default_spaces", default_spaces),
+                         *((f"{section}.{mapping_name}.{k}", v) for k, v in (mapped or {}).items())]:
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+            found.append(f"{where} must be a non-empty list of knowledge space names, e.g. [default]; got {value!r}")
+    return found
 
 
 def _user_ids(value: Any) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from haystack.dataclasses import ChatMessage
 from redis.asyncio import Redis
@@ -35,6 +34,7 @@ from redis.exceptions import LockError, RedisError
 from bot.history import cap_messages
 from bot.state import RenewingLock
 from pipelines.errors import ServiceUnavailable
+from pipelines.redact import redact_url, scrub
 
 logger = logging.getLogger(__name__)
 
@@ -43,37 +43,6 @@ DEFAULT_PREFIX = "kbbot:"
 
 class RedisUnavailable(ServiceUnavailable):
     """Redis could not be reached (or refused us) when connecting."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (in the authority or a ``password=`` query) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, host = netloc.rsplit("@", 1)
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{host}"
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
-        # Built by hand: urlunsplit drops the empty authority of ``unix:///path``.
-        shown = f"{parts.scheme}://{netloc}{parts.path}"
-        return shown + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
-    except ValueError:
-        return "<unparseable Redis URL>"
-
-
-def _secrets_of(url: str) -> list[str]:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return []
-    found = [parts.password] if parts.password else []
-    found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
-    return found
 
 
 async def connect_redis(
@@ -103,20 +72,14 @@ async def connect_redis(
             **options,
         )
     except ValueError as error:
-        raise RedisUnavailable(f"cannot reach Redis at {shown}: invalid URL: {_scrub(str(error), url)}") from None
+        raise RedisUnavailable(f"cannot reach Redis at {shown}: invalid URL: {scrub(str(error), url)}") from None
     try:
         await client.ping()
     except (RedisError, OSError) as error:
         await client.aclose()
-        reason = _scrub(str(error) or type(error).__name__, url)
+        reason = scrub(str(error) or type(error).__name__, url)
         raise RedisUnavailable(f"cannot reach Redis at {shown}: {reason}") from None
     return client
-
-
-def _scrub(text: str, url: str) -> str:
-    for secret in _secrets_of(url):
-        text = text.replace(secret, "***")
-    return text
 
 
 class RedisHistory:

@@ -50,6 +50,7 @@ from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
 from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
+from pipelines.redact import redact_url, scrub
 from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
 from pipelines.store import DocRecord, KnowledgeStore
 
@@ -330,6 +331,14 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _without_secrets(text: str | None, settings: Settings) -> str | None:
+    """An error text as the status may show it: the passwords of the service URLs replaced."""
+    for url in (settings.store.weaviate_url, settings.redis_url):
+        if text and url:
+            text = scrub(text, url)
+    return text
+
+
 async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, runs: RunLog | None,
                            redis: Any = None, store_error: str | None = None, redis_error: str | None = None,
                            next_runs: dict[str, datetime | None] | None = None,
@@ -346,9 +355,10 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
             store_error = f"no answer within {timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - reported as the service being down
             store_error = _reason(exc)
+    store_error = _without_secrets(store_error, settings)
     if settings.store_kind == "weaviate":
         weaviate: dict[str, Any] = {"status": "down" if store_error or store is None else "up",
-                                    "url": settings.store.weaviate_url}
+                                    "url": redact_url(settings.store.weaviate_url or "")}
         if store_error:
             weaviate["error"] = store_error
     else:
@@ -356,8 +366,6 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
         if store_error:
             weaviate = {"status": "down", "detail": "embedded in-memory store", "error": store_error}
     if settings.redis_url:
-        from bot.redis_state import redact_url
-
         redis_status: dict[str, Any] = {"url": redact_url(settings.redis_url)}
         if redis is not None and redis_error is None:
             try:
@@ -366,7 +374,7 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                 redis_error = _reason(exc) if not isinstance(exc, asyncio.TimeoutError) else "no answer"
         redis_status["status"] = "down" if redis_error or redis is None else "up"
         if redis_error:
-            redis_status["error"] = redis_error
+            redis_status["error"] = _without_secrets(redis_error, settings)
     else:
         redis_status = {"status": "off", "detail": "state kept in this process and the data dir (set REDIS_URL)"}
     zone = schedule_zone(settings)
@@ -568,15 +576,17 @@ class Refresher:
     def _fetcher(self) -> Fetcher:
         r = self.settings.refresh
         return Fetcher(timeout_s=r.fetch_timeout_s, connect_timeout_s=r.connect_timeout_s,
-                       max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent)
+                       max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent,
+                       allow_hosts=r.allow_hosts)
 
     def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None) -> Source:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
-                                exclude=src.exclude)
+                                exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb)
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
+                         max_sitemaps=self.settings.refresh.max_sitemaps,
                          robots=Robots(fetcher) if src.respect_robots else None)
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:

@@ -15,9 +15,11 @@ from bot.history import HistoryStore, SqliteHistory
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.settings import Settings
-from bot.state import Idempotency, MemoryIdempotency
+from bot.capacity import TurnGate
+from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from pipelines.components.embedders import make_embedders
 from pipelines.components.ranker import DiversityRanker, HttpReranker
+from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.generators import make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
@@ -31,7 +33,8 @@ def make_store(settings: Settings, *, directory_name: str = "store", collection:
     keyword analysis, which is refused otherwise (only ``kbbot reindex`` needs it)."""
     if settings.store_kind == "weaviate":
         return open_store("weaviate", url=settings.store.weaviate_url,
-                          collection=collection or settings.store.collection, allow_outdated=allow_outdated)
+                          collection=collection or settings.store.collection, allow_outdated=allow_outdated,
+                          api_key=settings.store.weaviate_api_key)
     return open_store("memory", directory=settings.data_dir / directory_name)
 
 
@@ -57,11 +60,17 @@ class Runtime:
     _preferences: PreferenceStore | None = field(default=None, init=False, repr=False)
     _redis: Any = field(default=None, init=False, repr=False)
     _limiter: Any = field(default=None, init=False, repr=False)
+    _thread_locks: ThreadLocks = field(default_factory=ThreadLocks, init=False, repr=False)
 
     def __post_init__(self) -> None:
         e = self.settings.embedder
         self._embedders = make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
                                          query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
+
+    @cached_property
+    def model_calls(self) -> ModelCallSlots:
+        """The process-wide cap on model calls at once (``limits.concurrent_model_calls``)."""
+        return ModelCallSlots(self.settings.limits.concurrent_model_calls)
 
     @property
     def text_embedder(self) -> Any:
@@ -76,7 +85,7 @@ class Runtime:
         i = self.settings.indexing
         pipeline = build_indexing_pipeline(self.store, self.document_embedder, chunk_chars=i.chunk_chars,
                                            overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb)
-        return Indexer(self.store, pipeline, suffixes=i.extensions)
+        return Indexer(self.store, pipeline, suffixes=i.extensions, max_file_mb=i.max_file_mb)
 
     async def start(self) -> None:
         """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""
@@ -91,20 +100,31 @@ class Runtime:
             self._history = RedisHistory(self._redis, prefix=prefix, max_turns=h.max_turns,
                                          max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = RedisIdempotency(self._redis, prefix)
-            self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400)
+            self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
+                                             knowledge_version=self._knowledge_version)
             self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
             self._limiter = RedisRateLimiter(self._redis, self.limits, prefix=prefix)
         else:
             self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
-            self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400)
+            self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400,
+                                              knowledge_version=self._knowledge_version)
             self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
             self._limiter = MemoryRateLimiter(self.limits)
         if not m.approved_answers:
             self._answers = None
+        if self._redis is not None:
+            from bot.redis_state import RedisLock
+
+            redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
+            self._thread_locks.shared = lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=wait_s,
+                                                               poll_s=0.05)
         if "answerer" in self.__dict__:  # built before start(): give it the limiter now
             self.answerer.limiter = self._limiter
+
+    def _knowledge_version(self) -> int:
+        return self.store.knowledge_version
 
     @property
     def limits(self) -> Limits:
@@ -160,6 +180,8 @@ class Runtime:
         helper = None if kind == "extractive" else make_generator(
             kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
             max_retries=min(g.max_retries, 1), base_url=g.base_url)
+        if helper is not None:  # model calls share one process-wide cap (extractive answers make none)
+            generator, helper = Throttled(generator, self.model_calls), Throttled(helper, self.model_calls)
         topics = s.topics()
         pipeline = build_query_pipeline(
             self.store, self.text_embedder, make_ranker(s), generator,
@@ -180,7 +202,9 @@ class Runtime:
                         model_answers=kind != "extractive", cache=self._answers,
                         cache_identity=(g.model if kind != "extractive" else "extractive", s.memory.policy_version),
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
-                        learner=learner if helper is not None else None, limiter=self._limiter)
+                        learner=learner if helper is not None else None, limiter=self._limiter,
+                        gate=TurnGate(s.limits.max_turns_in_flight, s.limits.max_queued_turns),
+                        thread_locks=self._thread_locks)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -12,10 +12,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 from bot.platform_settings import SlackSettings, TelegramSettings
+from pipelines.redact import redact_url
 from pipelines.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -29,8 +31,10 @@ class SettingsError(ValueError):
 @dataclass
 class StoreSettings:
     kind: str = "auto"
-    weaviate_url: str | None = None
+    weaviate_url: str | None = field(default=None, repr=False)
     collection: str = "KbChunk"
+    #: WEAVIATE_API_KEY (environment only): sent to Weaviate by the client on every request.
+    weaviate_api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -105,6 +109,11 @@ class LimitsSettings:
     per_user: int = 20       # questions per window per user; 0: no limit
     per_channel: int = 120   # questions per window per channel / chat; 0: no limit
     window_s: float = 60
+    #: Process-wide: turns answered at once, turns waiting behind them (beyond: a short "busy" reply),
+    #: and model calls at once (answers and helper steps together).
+    max_turns_in_flight: int = 32
+    max_queued_turns: int = 64
+    concurrent_model_calls: int = 16
 
 
 @dataclass
@@ -180,8 +189,12 @@ class RefreshSettings:
     max_download_mb: float = 20
     #: URLs fetched at once per source.
     concurrency: int = 4
-    #: Most pages one source may list (sitemaps included).
+    #: Most pages one source may list (sitemaps included), and most sitemaps it may read per run.
     max_urls: int = 10000
+    max_sitemaps: int = 100
+    #: Hosts (names or addresses) a URL source may fetch even though they resolve to a loopback,
+    #: private, link-local or multicast address (an intranet wiki); every other such host is refused.
+    allow_hosts: list[str] = field(default_factory=list)
     user_agent: str = "kbbot/0.1 (knowledge refresh)"
     #: The refresh lock (one refresh at a time across replicas): its TTL, renewed every third of it,
     #: and how long a run waits for another one to finish before it gives up until its next run.
@@ -293,7 +306,14 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.data_dir = Path(env.get("KBBOT_DATA_DIR") or settings.data_dir)
     if env.get("WEAVIATE_URL"):
         settings.store.weaviate_url = env["WEAVIATE_URL"]
+    settings.store.weaviate_api_key = env.get("WEAVIATE_API_KEY") or None
     settings.redis_url = env.get("REDIS_URL") or None
+    if settings.redis_url and urlsplit(settings.redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise SettingsError("REDIS_URL must be a redis://, rediss:// (TLS) or unix:// URL, got "
+                            f"{redact_url(settings.redis_url)!r}")
+    if settings.store.weaviate_url and urlsplit(settings.store.weaviate_url).scheme not in ("http", "https"):
+        raise SettingsError("WEAVIATE_URL must be an http:// or https:// URL, got "
+                            f"{redact_url(settings.store.weaviate_url)!r}")
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
@@ -334,6 +354,9 @@ def _validate(s: Settings) -> None:
     lim = s.limits
     if lim.per_user < 0 or lim.per_channel < 0 or lim.window_s <= 0:
         raise SettingsError("limits.per_user and limits.per_channel must be >= 0 and limits.window_s > 0")
+    if lim.max_turns_in_flight < 1 or lim.max_queued_turns < 0 or lim.concurrent_model_calls < 1:
+        raise SettingsError("limits.max_turns_in_flight and limits.concurrent_model_calls must be at least 1 and "
+                            "limits.max_queued_turns not negative")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
@@ -375,8 +398,12 @@ def _validate_refresh(s: Settings) -> None:
         raise SettingsError("refresh.max_download_mb must be positive")
     if not 1 <= r.concurrency <= 32:
         raise SettingsError("refresh.concurrency must be between 1 and 32")
-    if r.max_urls < 1:
-        raise SettingsError("refresh.max_urls must be at least 1")
+    if r.max_urls < 1 or r.max_sitemaps < 1:
+        raise SettingsError("refresh.max_urls and refresh.max_sitemaps must be at least 1")
+    if isinstance(r.allow_hosts, str) or not isinstance(r.allow_hosts, list) or not all(
+            isinstance(h, str) and h.strip() and "/" not in h for h in r.allow_hosts):
+        raise SettingsError("refresh.allow_hosts must be a list of host names or addresses (no scheme, no path), "
+                            f"got {r.allow_hosts!r}")
     if r.lock_ttl_s < 3 or r.lock_wait_s < 0:
         raise SettingsError("refresh.lock_ttl_s must be at least 3 and refresh.lock_wait_s not negative")
     zone = None

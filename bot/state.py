@@ -15,12 +15,13 @@ and only coordinate one process; ``bot.redis_state`` has the Redis versions for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
@@ -288,6 +289,26 @@ class ThreadTurnLock:
             del self.table[self.key]
         else:
             self.table[self.key] = (lock, users - 1)
+
+
+class ThreadLocks:
+    """One turn per conversation thread at a time, so history stays in order: in this process (an
+    ``asyncio.Lock`` per thread, first come first served) and, given ``shared`` (a factory of
+    ``RedisLock`` s), across every replica: two replicas answering one thread do not interleave turns."""
+
+    def __init__(self, shared: Callable[[str], RenewingLock] | None = None):
+        self.shared = shared
+        self._table: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, thread_key: str) -> AsyncIterator[None]:
+        """Waits for the thread's turn; ``LockNotAcquired`` if another replica keeps it past the lock's wait."""
+        async with ThreadTurnLock(self._table, thread_key):
+            if self.shared is None:
+                yield
+                return
+            async with self.shared(f"thread:{thread_key}"):
+                yield
 
 
 async def claim_all(idempotency: Idempotency, keys: list[str], ttl_s: float) -> list[str] | None:

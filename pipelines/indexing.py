@@ -177,12 +177,15 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 
 
 def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = SUPPORTED_SUFFIXES, *,
-             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> list[Path]:
+             include: Iterable[str] = (), exclude: Iterable[str] = (),
+             outside: list[tuple[Path, Path]] | None = None) -> list[Path]:
     """Supported files under ``paths`` (files given directly are kept whatever their type).
 
     In folders, hidden files and folders are skipped, and ``include`` / ``exclude`` globs (relative to
     the folder, see ``glob_regex``) select files: included when no include glob is given or one
-    matches, unless an exclude glob matches.
+    matches, unless an exclude glob matches. A symbolic link (to a file, or a folder on the way) that
+    leads out of the folder is not followed: whoever can write to a knowledge folder must not be able to
+    publish any file the bot's user can read. Such links are added to ``outside`` as (link, target).
     """
     wanted = {s.lower() for s in suffixes}
     includes = [glob_regex(g) for g in include]
@@ -195,6 +198,7 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
         if path.is_file():
             found.append(path.resolve())
             continue
+        folder = path.resolve()
         for child in sorted(path.rglob("*")):
             rel = child.relative_to(path)
             if not child.is_file() or child.suffix.lower() not in wanted or any(p.startswith(".") for p in rel.parts):
@@ -204,7 +208,13 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
                 continue
             if any(g.match(posix) for g in excludes):
                 continue
-            found.append(child.resolve())
+            target = child.resolve()
+            if not target.is_relative_to(folder):
+                log.warning("%s links to %s, outside the folder %s: not followed", child, target, folder)
+                if outside is not None:
+                    outside.append((child.absolute(), target))
+                continue
+            found.append(target)
     return found
 
 
@@ -216,22 +226,46 @@ def display_source(path: Path) -> str:
         return path.as_posix()
 
 
+def read_capped(path: Path, max_bytes: int | None) -> bytes:
+    """The file's bytes; ``ValueError`` (the reason) when it holds more than ``max_bytes``, checked
+    before reading and while reading (a file may grow meanwhile), so a huge file is never read whole."""
+    with path.open("rb") as handle:
+        if max_bytes is None:
+            return handle.read()
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:
+            raise ValueError(f"file too large ({max(size, len(data)) / 1e6:.1f} MB > {max_bytes / 1e6:.0f} MB limit)")
+        return data
+
+
 @dataclass
 class _FileScan:
     files: list[tuple[Path, str | None]]
+    max_bytes: int | None = None
+    outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
+    revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
 
     @property
     def total(self) -> int:
-        return len(self.files)
+        return len(self.files) + len(self.outside) + len(self.revoke)
 
     def __iter__(self) -> Iterator[SourceItem]:
+        for link, target, root in self.outside:
+            yield SourceItem(doc_id=link.as_posix(), source=display_source(link), root=root,
+                             error=f"a symbolic link to {target}, outside the source's folder: not followed")
+        for target in self.revoke:
+            yield SourceItem(doc_id=target.as_posix(), source=display_source(target), root=None, gone=True,
+                             error="outside the source's folder (published through a symbolic link): revoked")
         for path, root in self.files:
             item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
                               name=path.stem)
             try:
-                item.data = path.read_bytes()
+                item.data = read_capped(path, self.max_bytes)
             except OSError as exc:
                 item.error = f"cannot read the file ({exc.strerror or exc})"
+            except ValueError as exc:
+                item.error = str(exc)
             yield item
 
 
@@ -244,11 +278,13 @@ class FolderSource:
     """
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], *, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
-                 include: Iterable[str] = (), exclude: Iterable[str] = ()):
+                 include: Iterable[str] = (), exclude: Iterable[str] = (), max_file_mb: float | None = None):
         self.paths = list(paths)
         self.suffixes = set(suffixes)
         self.include = list(include)
         self.exclude = list(exclude)
+        # The converter's limit, applied already when reading (its unit: MiB).
+        self.max_bytes = None if max_file_mb is None else int(max_file_mb * 1024 * 1024)
 
     @property
     def roots(self) -> list[str]:
@@ -256,11 +292,18 @@ class FolderSource:
 
     def scan(self, current: dict[str, DocRecord], space: str) -> Scan:
         roots = self.roots
-        files = []
-        for path in discover(self.paths, self.suffixes, include=self.include, exclude=self.exclude):
-            doc_id = path.as_posix()
-            files.append((path, next((r for r in roots if doc_id.startswith(r + "/")), None)))
-        return _FileScan(files)
+
+        def root_of(path: Path) -> str | None:
+            return next((r for r in roots if path.as_posix().startswith(r + "/")), None)
+
+        outside: list[tuple[Path, Path]] = []
+        found = discover(self.paths, self.suffixes, include=self.include, exclude=self.exclude, outside=outside)
+        # A target an earlier version published through the link (under its own path, with no root):
+        # revoked now, since no refresh of the folder would ever revoke it otherwise.
+        leaked = [target for _, target in outside
+                  if (record := current.get(target.as_posix())) is not None and record.root is None]
+        return _FileScan([(path, root_of(path)) for path in found], self.max_bytes,
+                         [(link, target, root_of(link)) for link, target in outside], leaked)
 
 
 Progress = Callable[[Iterable[Any], int], Iterable[Any]]
@@ -280,10 +323,12 @@ def _service_error(exc: BaseException) -> ServiceUnavailable | None:
 class Indexer:
     """Runs the indexing pipeline item by item, skipping what has not changed."""
 
-    def __init__(self, store: KnowledgeStore, pipeline: Pipeline, suffixes: Iterable[str] = SUPPORTED_SUFFIXES):
+    def __init__(self, store: KnowledgeStore, pipeline: Pipeline, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
+                 max_file_mb: float | None = None):
         self.store = store
         self.pipeline = pipeline
         self.suffixes = set(suffixes)
+        self.max_file_mb = max_file_mb
 
     def index(
         self,
@@ -293,7 +338,8 @@ class Indexer:
         progress: Progress | None = None,
     ) -> IndexReport:
         """A refresh of ``paths`` (files and folders) as an ad-hoc source."""
-        return self.refresh(FolderSource(paths, suffixes=self.suffixes), space=space, progress=progress)
+        return self.refresh(FolderSource(paths, suffixes=self.suffixes, max_file_mb=self.max_file_mb), space=space,
+                            progress=progress)
 
     def refresh(
         self,

@@ -9,7 +9,12 @@
   produced (same content hash, space and root): a 304 then costs no download, no conversion and no
   embedding. Without that version the request is unconditional, so a lost store heals itself.
 - Bounded: ``connect_timeout_s`` to connect, ``timeout_s`` per URL in all (headers and body), at most
-  ``max_bytes`` per body (refused from ``Content-Length`` before reading, else cut while reading).
+  ``max_bytes`` per body (refused from ``Content-Length`` before reading, else cut while reading and
+  decompressing; a gzipped sitemap likewise while it is inflated), ``max_urls`` pages and
+  ``max_sitemaps`` sitemap requests per source.
+- Only public addresses (``pipelines.netguard``, checked at connect time after DNS resolution, so on
+  every redirect hop) unless the host is in ``allow_hosts``; a sitemap lists pages and sitemaps of its
+  own host only. A refused URL is reported with its reason and treated as gone (``Refused``).
 - Every failure is one reason per URL: HTTP status, timeout, connection error, too large, unsupported
   content type, not a sitemap. A page that failed keeps its previous version; a page answering 404 or
   410 is gone and is revoked; a sitemap that failed still yields the pages it listed last time, so
@@ -30,31 +35,32 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 import math
-import re
 import threading
 import time
 import xml.etree.ElementTree as ET
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import quote, unquote, urldefrag, urlsplit
+from urllib.parse import quote, unquote, urldefrag, urljoin, urlsplit
 
 import httpx
 
 from pipelines.components.converter import HTML_SUFFIXES, PDF_SUFFIXES, TEXT_SUFFIXES
 from pipelines.indexing import SourceItem, content_hash
+from pipelines.netguard import guarded_transport, normalise_host, refusal
 from pipelines.store import DocRecord
 
 log = logging.getLogger(__name__)
 
 MAX_SITEMAP_DEPTH = 3
+MAX_REDIRECTS = 5
+RAW_CHUNK = 65_536
 GONE_STATUSES = (404, 410)
 _CONTENT_TYPES = {
     "text/html": ".html", "application/xhtml+xml": ".html",
@@ -71,6 +77,11 @@ class FetchError(Exception):
 
 class Gone(FetchError):
     """The server says the URL no longer exists (404, 410)."""
+
+
+class Refused(FetchError):
+    """kbbot must not fetch the URL (an internal address, or a redirect robots.txt disallows): like a page
+    that is gone, a version indexed earlier is revoked."""
 
 
 @dataclass
@@ -112,24 +123,34 @@ def _mb(n: int) -> str:
 
 
 class Fetcher:
-    """Conditional GETs with bounded time and size (``httpx`` sync client; thread-safe)."""
+    """Conditional GETs with bounded time and size (``httpx`` sync client; thread-safe).
+
+    Every connection passes ``pipelines.netguard``: a host resolving to a loopback, private,
+    link-local or multicast address is refused unless it is in ``allow_hosts``. Redirects are
+    followed here, hop by hop (at most ``MAX_REDIRECTS``), so each target can be checked as well
+    (``fetch``'s ``hop_check``: robots.txt of the target's host)."""
 
     def __init__(self, *, timeout_s: float = 30, connect_timeout_s: float = 10, max_bytes: int = 20_000_000,
-                 user_agent: str = "kbbot", transport: httpx.BaseTransport | None = None):
+                 user_agent: str = "kbbot", transport: httpx.BaseTransport | None = None,
+                 allow_hosts: Collection[str] = ()):
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.user_agent = user_agent
+        self.allow_hosts = frozenset(normalise_host(h) for h in allow_hosts)
         self.client = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
-            follow_redirects=True, max_redirects=5, headers={"User-Agent": user_agent}, transport=transport,
+            follow_redirects=True, max_redirects=MAX_REDIRECTS, headers={"User-Agent": user_agent},
+            transport=transport or guarded_transport(self.allow_hosts),
         )
         self.downloaded_bytes = 0
 
     def close(self) -> None:
         self.client.close()
 
-    def fetch(self, url: str, state: FetchState | None = None) -> Fetched:
-        """A 200 with the body, or a 304 (only when ``state`` carried validators); else ``FetchError``."""
+    def fetch(self, url: str, state: FetchState | None = None,
+              hop_check: Callable[[str], str | None] | None = None) -> Fetched:
+        """A 200 with the body, or a 304 (only when ``state`` carried validators); else ``FetchError``.
+        ``hop_check(target)`` is asked before each redirect is followed: a reason refuses it."""
         headers = {"Accept-Encoding": "gzip, deflate"}
         if state is not None and state.etag:
             headers["If-None-Match"] = state.etag
@@ -137,36 +158,67 @@ class Fetcher:
             headers["If-Modified-Since"] = state.last_modified
         deadline = time.monotonic() + self.timeout_s
         try:
-            with self.client.stream("GET", url, headers=headers) as response:
-                if response.status_code == 304:
-                    return Fetched(304, etag=response.headers.get("ETag") or (state.etag if state else None),
-                                   last_modified=response.headers.get("Last-Modified")
-                                   or (state.last_modified if state else None))
-                if response.status_code in GONE_STATUSES:
-                    raise Gone(f"HTTP {response.status_code} {response.reason_phrase}: the page is gone")
-                if response.status_code != 200:
-                    raise FetchError(f"HTTP {response.status_code} {response.reason_phrase or ''}".rstrip())
-                declared = response.headers.get("Content-Length")
-                if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                    raise FetchError(f"too large ({_mb(int(declared))} > {_mb(self.max_bytes)} limit); not downloaded")
-                body = bytearray()
-                # iter_bytes decodes gzip/deflate: the cap applies to what would be indexed.
-                for chunk in response.iter_bytes():
-                    body.extend(chunk)
-                    if len(body) > self.max_bytes:
-                        raise FetchError(f"too large (over the {_mb(self.max_bytes)} limit); download stopped")
-                    if time.monotonic() > deadline:
-                        raise FetchError(f"no complete answer within {self.timeout_s:g} s")
-                self.downloaded_bytes += response.num_bytes_downloaded
-                return Fetched(200, bytes(body), response.headers.get("Content-Type", ""),
-                               response.headers.get("ETag"), response.headers.get("Last-Modified"))
+            for _hop in range(MAX_REDIRECTS + 1):
+                with self.client.stream("GET", url, headers=headers, follow_redirects=False) as response:
+                    if response.has_redirect_location:
+                        url = self._next_hop(url, response, hop_check)
+                        continue
+                    return self._fetched(response, state, deadline)
+            raise FetchError("too many redirects")
         except FetchError:
             raise
         except httpx.HTTPError as exc:
-            raise FetchError(self.reason(exc)) from None
+            raise (Refused if refusal(exc) else FetchError)(self.reason(exc)) from None
+
+    def _next_hop(self, url: str, response: httpx.Response, hop_check: Callable[[str], str | None] | None) -> str:
+        target = normalise_url(urljoin(url, response.headers.get("Location", "")))
+        if urlsplit(target).scheme not in ("http", "https"):
+            raise FetchError(f"redirected to {target!r}, which is not an http(s) URL")
+        problem = hop_check(target) if hop_check is not None else None
+        if problem:
+            raise Refused(f"redirected to {target}: {problem}")
+        return target
+
+    def _fetched(self, response: httpx.Response, state: FetchState | None, deadline: float) -> Fetched:
+        if response.status_code == 304:
+            return Fetched(304, etag=response.headers.get("ETag") or (state.etag if state else None),
+                           last_modified=response.headers.get("Last-Modified")
+                           or (state.last_modified if state else None))
+        if response.status_code in GONE_STATUSES:
+            raise Gone(f"HTTP {response.status_code} {response.reason_phrase}: the page is gone")
+        if response.status_code != 200:
+            raise FetchError(f"HTTP {response.status_code} {response.reason_phrase or ''}".rstrip())
+        declared = response.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            raise FetchError(f"too large ({_mb(int(declared))} > {_mb(self.max_bytes)} limit); not downloaded")
+        body, cut = self._read(response, self.max_bytes, deadline)
+        if cut:
+            raise FetchError(f"too large (over the {_mb(self.max_bytes)} limit); download stopped")
+        return Fetched(200, body, response.headers.get("Content-Type", ""),
+                       response.headers.get("ETag"), response.headers.get("Last-Modified"))
+
+    def _read(self, response: httpx.Response, limit: int, deadline: float) -> tuple[bytes, bool]:
+        """The body decoded (gzip, deflate) up to ``limit`` bytes, and whether there was more. The cap
+        holds while decoding: a small compressed body never grows past ``limit`` in memory."""
+        decoder = BoundedDecoder(response.headers.get("Content-Encoding", ""))
+        body = bytearray()
+        try:
+            for raw in response.iter_raw(RAW_CHUNK):
+                body += decoder.decode(raw, limit - len(body) + 1)
+                if len(body) > limit or decoder.overflowed:
+                    return bytes(body[:limit]), True
+                if time.monotonic() > deadline:
+                    raise FetchError(f"no complete answer within {self.timeout_s:g} s")
+            body += decoder.flush(limit - len(body) + 1)
+        finally:
+            self.downloaded_bytes += response.num_bytes_downloaded
+        return (bytes(body[:limit]), True) if len(body) > limit or decoder.overflowed else (bytes(body), False)
 
     def reason(self, exc: httpx.HTTPError) -> str:
         """What went wrong with a request, for people."""
+        refused = refusal(exc)
+        if refused is not None:
+            return str(refused)
         if isinstance(exc, httpx.TimeoutException):
             what = "to connect" if isinstance(exc, httpx.ConnectTimeout) else "for an answer"
             return f"timed out after {self.timeout_s:g} s waiting {what}"
@@ -184,19 +236,54 @@ class Fetcher:
             with self.client.stream("GET", url, headers={"Accept-Encoding": "gzip, deflate"}) as response:
                 if not 200 <= response.status_code < 300:
                     return response.status_code, b""
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body.extend(chunk)
-                    if len(body) >= ROBOTS_MAX_BYTES:  # the rest is not read (RFC 9309 2.5)
-                        break
-                    if time.monotonic() > deadline:
-                        raise FetchError(f"no complete answer within {self.timeout_s:g} s")
-                self.downloaded_bytes += response.num_bytes_downloaded
-                return response.status_code, bytes(body[:ROBOTS_MAX_BYTES])
+                # What follows the first ROBOTS_MAX_BYTES is not read (RFC 9309 2.5).
+                return response.status_code, self._read(response, ROBOTS_MAX_BYTES, deadline)[0]
         except httpx.TooManyRedirects:
             return 310, b""
         except httpx.HTTPError as exc:
             raise FetchError(self.reason(exc)) from None
+
+
+class BoundedDecoder:
+    """Content-Encoding gzip / deflate / identity, never producing more than it is asked for at once."""
+
+    def __init__(self, encoding: str):
+        coding = encoding.strip().lower()
+        if coding in ("", "identity"):
+            self._zlib = None
+        elif coding in ("gzip", "x-gzip"):
+            self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding == "deflate":
+            self._zlib = zlib.decompressobj(zlib.MAX_WBITS)
+        else:
+            raise FetchError(f"unsupported Content-Encoding {encoding!r}")
+        self._raw_deflate = coding == "deflate"
+        self._started = False
+        self.overflowed = False
+
+    def decode(self, data: bytes, room: int) -> bytes:
+        if self._zlib is None:
+            return data
+        try:
+            out = self._zlib.decompress(data, max(room, 1))
+        except zlib.error as exc:
+            if not (self._raw_deflate and not self._started):
+                raise FetchError(f"the compressed body is broken ({exc})") from None
+            # Some servers send raw deflate without the zlib header (as httpx also tolerates).
+            self._zlib, self._raw_deflate = zlib.decompressobj(-zlib.MAX_WBITS), False
+            return self.decode(data, room)
+        self._started = True
+        if self._zlib.unconsumed_tail:  # more output was waiting than there was room for
+            self.overflowed = True
+        return out
+
+    def flush(self, room: int) -> bytes:
+        if self._zlib is None or self.overflowed:
+            return b""
+        out = self._zlib.flush()
+        if len(out) > room:
+            self.overflowed = True
+        return out[:room]
 
 
 def _short(exc: BaseException) -> str:
@@ -215,13 +302,26 @@ def page_suffix(url: str, content_type: str) -> str:
     return ""
 
 
-def sitemap_urls(body: bytes) -> tuple[list[str], list[str]]:
-    """(pages, nested sitemaps) listed by a sitemap body (plain or gzipped); ``FetchError`` if it is none."""
+def gunzip(data: bytes, max_bytes: int) -> bytes:
+    """``data`` decompressed, refusing (``FetchError``) as soon as it grows past ``max_bytes``."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise FetchError(f"not a sitemap: the gzip data is broken ({exc})") from None
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise FetchError(f"too large: the gzipped sitemap decompresses to more than {_mb(max_bytes)} "
+                         "(refresh.max_download_mb); not read")
+    if not inflater.eof:
+        raise FetchError("not a sitemap: the gzip data is cut short")
+    return out
+
+
+def sitemap_urls(body: bytes, max_bytes: int = 20_000_000) -> tuple[list[str], list[str]]:
+    """(pages, nested sitemaps) listed by a sitemap body (plain or gzipped, at most ``max_bytes``
+    either way); ``FetchError`` if it is none."""
     if body[:2] == b"\x1f\x8b":
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise FetchError(f"not a sitemap: the gzip data is broken ({exc})") from None
+        body = gunzip(body, max_bytes)
     try:
         root = ET.fromstring(body)
     except ET.ParseError as exc:
@@ -488,8 +588,8 @@ class _UrlScan:
             host.wait_turn()
         state = self._validators(url)
         try:
-            got = src.fetcher.fetch(url, state)
-        except Gone as exc:
+            got = src.fetcher.fetch(url, state, hop_check=src.hop_check)
+        except (Gone, Refused) as exc:
             item.gone = True
             item.error = str(exc)
             return item
@@ -536,7 +636,7 @@ class UrlSource:
     """Pages and sitemaps as one source; ``root`` (``urls:<name>``) scopes revocation to it."""
 
     def __init__(self, name: str, urls: list[str], fetcher: Fetcher, *, states: dict[str, FetchState] | None = None,
-                 concurrency: int = 4, max_urls: int = 10000, robots: Robots | None = None):
+                 concurrency: int = 4, max_urls: int = 10000, max_sitemaps: int = 100, robots: Robots | None = None):
         self.name = name
         self.urls = [normalise_url(u) for u in urls]
         self.fetcher = fetcher
@@ -544,12 +644,39 @@ class UrlSource:
         self.updated_states: dict[str, FetchState] = {}
         self.concurrency = max(1, concurrency)
         self.max_urls = max_urls
+        self.max_sitemaps = max_sitemaps
+        self.sitemaps_read = 0
+        self.overflow = 0  # pages listed past max_urls (not kept)
         #: Sitemap failures met while listing the pages (reported with the pages' own).
         self.listing_failures: list[tuple[str, str]] = []
+        #: URLs a sitemap listed on another host (reported; not a failure of the listing).
+        self.refused: list[tuple[str, str]] = []
         #: robots.txt of each host (None: robots.txt is not read for this source).
         self.robots = robots
         #: Pages robots.txt kept this run from fetching.
         self.disallowed: list[str] = []
+
+    def hop_check(self, target: str) -> str | None:
+        """Why a redirect to ``target`` must not be followed (its host's robots.txt), else None."""
+        if self.robots is None:
+            return None
+        host = self.robots.host(target)
+        if host.unreachable:
+            return f"the robots.txt of {host.origin} is unreachable ({host.unreachable})"
+        if not host.allows(target):
+            return f"disallowed by the robots.txt of {host.origin} for {self.robots.token}"
+        host.wait_turn()
+        return None
+
+    def _foreign(self, sitemap: str, listed: str) -> str | None:
+        """Why ``listed`` (a page or sitemap a sitemap names) is refused: on another host than the
+        sitemap and not in ``refresh.allow_hosts``. A sitemap speaks for its own host only
+        (sitemaps.org), so it cannot steer the crawler to another one."""
+        host, own = urlsplit(listed).hostname, urlsplit(sitemap).hostname
+        if host is None or host == own or normalise_host(host) in self.fetcher.allow_hosts:
+            return None
+        return (f"listed by the sitemap {sitemap}, which may only list pages of {own}; not fetched "
+                f"(add {host} to refresh.allow_hosts to allow it)")
 
     @property
     def robots_unreachable(self) -> dict[str, str]:
@@ -575,6 +702,15 @@ class UrlSource:
         try:
             if depth > MAX_SITEMAP_DEPTH:
                 raise FetchError(f"sitemaps nested more than {MAX_SITEMAP_DEPTH} deep")
+            # Fan-out is bounded in requests, not only in pages: an index of empty sitemaps costs
+            # nothing in max_urls but one download each.
+            if self.sitemaps_read >= self.max_sitemaps:
+                raise FetchError(f"not read: this source already read {self.max_sitemaps} sitemaps "
+                                 "(refresh.max_sitemaps); a listing from an earlier run is kept")
+            if len(pages) >= self.max_urls:
+                raise FetchError(f"not read: {self.max_urls} pages (refresh.max_urls) are already listed; "
+                                 "a listing from an earlier run is kept")
+            self.sitemaps_read += 1
             if self.robots is not None:
                 host = self.robots.host(url)
                 if host.unreachable:
@@ -583,12 +719,12 @@ class UrlSource:
                     raise FetchError(f"disallowed by the robots.txt of {host.origin} for {self.robots.token}; "
                                      "a listing from an earlier run is kept")
                 host.wait_turn()
-            got = self.fetcher.fetch(url, state if known else None)
+            got = self.fetcher.fetch(url, state if known else None, hop_check=self.hop_check)
             if got.status == 304 and state is not None:
                 listed, nested = list(state.urls), list(state.sitemaps)
                 self.updated_states[url] = state
             else:
-                listed, nested = sitemap_urls(got.body)
+                listed, nested = sitemap_urls(got.body, self.fetcher.max_bytes)
                 self.updated_states[url] = FetchState(got.etag, got.last_modified, urls=listed, sitemaps=nested)
         except FetchError as exc:
             self.listing_failures.append((url, str(exc)))
@@ -599,21 +735,33 @@ class UrlSource:
             listed, nested = list(state.urls), list(state.sitemaps)
         for page in listed:
             page = normalise_url(page)
-            if urlsplit(page).scheme in ("http", "https"):
-                pages.setdefault(page, None)
+            if urlsplit(page).scheme not in ("http", "https") or page in pages:
+                continue
+            refused = self._foreign(url, page)
+            if refused:
+                self.refused.append((page, refused))
+            elif len(pages) < self.max_urls:
+                pages[page] = None
+            else:
+                self.overflow += 1
         for child in nested:
-            self._expand_sitemap(normalise_url(child), pages, depth + 1)
+            child = normalise_url(child)
+            refused = self._foreign(url, child)
+            if refused:
+                self.refused.append((child, refused))
+            else:
+                self._expand_sitemap(child, pages, depth + 1)
 
     def scan(self, current: dict[str, DocRecord], space: str) -> _UrlScan:
         pages: dict[str, None] = {}
         for url in self.urls:
             if is_sitemap(url):
                 self._expand_sitemap(url, pages, 1)
-            else:
+            elif len(pages) < self.max_urls:
                 pages.setdefault(url, None)
-        listed = list(pages)
-        if len(listed) > self.max_urls:
-            self.listing_failures.append((self.name, f"{len(listed)} pages listed; only the first {self.max_urls} "
-                                                     "(refresh.max_urls) are kept"))
-            listed = listed[: self.max_urls]
-        return _UrlScan(self, listed, current, space, failures=list(self.listing_failures))
+            else:
+                self.overflow += 1
+        if self.overflow:
+            self.listing_failures.append((self.name, f"{len(pages) + self.overflow} pages listed; only the first "
+                                                     f"{self.max_urls} (refresh.max_urls) are kept"))
+        return _UrlScan(self, list(pages), current, space, failures=self.listing_failures + self.refused)

@@ -60,10 +60,11 @@ def chunk_id(doc_id: str, version: int, position: int) -> str:
     return hashlib.sha256(f"{doc_id}\x00{version}\x00{position}".encode()).hexdigest()
 
 
-def space_filter(spaces: list[str] | None) -> dict[str, Any] | None:
-    """The Haystack filter that keeps retrieval inside the spaces a conversation may see."""
-    if not spaces:
-        return None
+def space_filter(spaces: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The Haystack filter that keeps retrieval inside the spaces a conversation may see. No spaces is
+    an error, never "no filter": a configuration mistake must not open every space."""
+    if isinstance(spaces, str) or not spaces or not all(isinstance(s, str) and s for s in spaces):
+        raise ValueError(f"knowledge spaces must be a non-empty list of names, got {spaces!r}")
     return {"field": "meta.space", "operator": "in", "value": list(spaces)}
 
 

@@ -6,7 +6,10 @@ treat CJK characters (and their bigrams) as terms and split sentences on both �
 
 from __future__ import annotations
 
+import html
 import re
+import unicodedata
+from urllib.parse import urlsplit
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -99,10 +102,78 @@ def identifiers(text: str) -> list[str]:
 
 
 # The tags that delimit data in our prompts. Text from documents, history or users must not be
-# able to close one and pose as instructions, so such tags inside data lose their "<".
-_PROMPT_TAG = re.compile(r"<(?=/?\s*(?:sources?|history|facts|question|conversation|last_message|passages?|"
-                         r"message|earlier_queries)\b)", re.I)
+# able to close one and pose as instructions, so such tags inside data lose their "<". A model reads
+# through spellings a fixed pattern would miss (``< /source>``, ``<\u200b/source>``, ``&lt;/source&gt;``,
+# fullwidth ``＜／ｓｏｕｒｃｅ＞``), so the text is matched in a normalised form: HTML character references
+# decoded, invisible format characters dropped, compatibility forms folded (NFKC), case ignored.
+_TAG_NAMES = r"(?:sources?|history|facts|question|conversation|last_message|passages?|message|earlier_queries)"
+_PROMPT_TAG = re.compile(r"<\s*/?\s*" + _TAG_NAMES + r"(?![a-z0-9_])")
+_CHAR_REFERENCE = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});?")
+
+
+def _normalised(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` as a model would read it (see above), and for each of its characters the span of
+    ``text`` it came from."""
+    out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(text):
+        reference = _CHAR_REFERENCE.match(text, i) if text[i] == "&" else None
+        decoded = html.unescape(reference.group()) if reference else ""
+        if reference and decoded != reference.group():
+            end = reference.end()
+        else:
+            decoded, end = text[i], i + 1
+        for ch in decoded:
+            if unicodedata.category(ch) == "Cf":  # zero-width spaces and joiners, soft hyphens, BOM...
+                continue
+            for folded in unicodedata.normalize("NFKC", ch).lower():
+                out.append(folded)
+                spans.append((i, end))
+        i = end
+    return "".join(out), spans
 
 
 def neutralize_tags(text: str) -> str:
-    return _PROMPT_TAG.sub("‹", text or "")
+    text = text or ""
+    if not any(c in text for c in "<&\uff1c\ufe64"):  # nothing that could open a tag: the common case
+        return text
+    normal, spans = _normalised(text)
+    cuts = [spans[m.start()] for m in _PROMPT_TAG.finditer(normal)]
+    for start, end in reversed(cuts):  # the opening bracket, however it was spelled, becomes "‹"
+        text = text[:start] + "‹" + text[end:]
+    return text
+
+
+# Links an answer may carry: markdown ``[text](url)``, Slack's ``<url|text>``, autolinks and bare URLs.
+_MD_LINK = re.compile(r"\[([^\]\n]{0,500})\]\(\s*<?(https?://[^\s)>]+)>?(?:\s+\"[^\"]*\")?\s*\)", re.I)
+_ANGLE_LINK = re.compile(r"<(https?://[^\s|>]+)(?:\|([^>\n]{0,500}))?>", re.I)
+_BARE_URL = re.compile(r"(?<![\w/.(<|\[-])(?:https?://|www\.)[^\s<>()\[\]]+", re.I)
+
+
+def link_host(url: str) -> str | None:
+    try:
+        host = urlsplit(url if "://" in url else "http://" + url).hostname
+    except ValueError:
+        return None
+    return host.rstrip(".").lower() if host else None
+
+
+def restrict_links(text: str, allowed_hosts: set[str]) -> tuple[str, list[str]]:
+    """``text`` with links to hosts outside ``allowed_hosts`` (the hosts of the answer's sources)
+    removed, keeping a markdown link's text; and the URLs removed. A planted document must not be able
+    to make an answer carry a link of its choosing (phishing) in the bot's name."""
+    allowed = {h.lower() for h in allowed_hosts}
+    removed: list[str] = []
+
+    def ok(url: str) -> bool:
+        host = link_host(url.rstrip(".,;:!?"))
+        if host in allowed:
+            return True
+        removed.append(url)
+        return False
+
+    text = _MD_LINK.sub(lambda m: m.group(0) if ok(m.group(2)) else m.group(1), text)
+    text = _ANGLE_LINK.sub(lambda m: m.group(0) if ok(m.group(1)) else (m.group(2) or "[link removed]"), text)
+    text = _BARE_URL.sub(lambda m: m.group(0) if ok(m.group(0)) else "[link removed]", text)
+    return text, removed

@@ -97,9 +97,12 @@ import weaviate
 import weaviate.exceptions as wexc
 from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
+from haystack.utils import Secret
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
+from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
 from weaviate.classes.config import DataType, Property, Reconfigure, Tokenization
+from weaviate.classes.init import Auth
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
 from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
@@ -109,6 +112,7 @@ from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk
 from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
 from pipelines.errors import ServiceUnavailable
+from pipelines.redact import redact_url, scrub
 from pipelines.store import DocRecord, prepare_chunks
 
 log = logging.getLogger("kbbot.weaviate")
@@ -363,12 +367,15 @@ class WeaviateKnowledgeStore:
     def __init__(self, url: str, collection: str = "KbChunk", grpc_port: int | None = None, *,
                  tokenization: str = DEFAULT_TOKENIZATION, fusion: str = DEFAULT_FUSION,
                  alpha: float = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0,
-                 allow_outdated: bool = False):
+                 allow_outdated: bool = False, api_key: str | None = None):
         if not url or urlparse(url).scheme not in ("http", "https"):
-            raise ValueError(f"Weaviate URL must start with http:// or https://, got {url!r}")
+            raise ValueError(f"Weaviate URL must start with http:// or https://, got {redact_url(url or '')!r}")
         if fusion not in _FUSIONS:
             raise ValueError(f"unknown fusion {fusion!r} (expected one of {', '.join(_FUSIONS)})")
         self.url = url.rstrip("/")
+        self.shown_url = redact_url(self.url)  # what messages say: no password
+        # WEAVIATE_API_KEY: the client sends it as a bearer token on HTTP and gRPC alike.
+        self._auth = Auth.api_key(api_key) if api_key else None
         self.grpc_port = grpc_port if grpc_port is not None else grpc_port_from_env()
         self.fusion = fusion
         self.alpha = alpha
@@ -384,6 +391,7 @@ class WeaviateKnowledgeStore:
             collection_settings=chunk_collection_settings(name, tokenization),
             grpc_port=self.grpc_port,
             additional_config=self._config,
+            auth_client_secret=AuthApiKey(Secret.from_token(api_key)) if api_key else None,
         )
         self._write_lock = threading.RLock()  # one writer at a time in this process; readers never wait
         self._refresh_lock = threading.Lock()  # one manifest refresh at a time; the others reuse it
@@ -530,7 +538,8 @@ class WeaviateKnowledgeStore:
         except Exception as exc:  # noqa: BLE001 - reclassified or re-raised below
             if _is_unreachable(exc) or _is_unreachable(exc.__cause__ or exc):
                 self._stale_sync = self._stale_async = True
-                raise WeaviateUnavailable(f"cannot reach Weaviate at {self.url}: {_reason(exc)}") from exc
+                raise WeaviateUnavailable(f"cannot reach Weaviate at {self.shown_url}: "
+                                          f"{scrub(_reason(exc), self.url)}") from exc
             raise
 
     def _reconnect_sync(self) -> None:
@@ -573,7 +582,7 @@ class WeaviateKnowledgeStore:
         with self._guard():
             client = weaviate.WeaviateAsyncClient(
                 connection_params=weaviate.connect.base.ConnectionParams.from_url(self.url, self.grpc_port),
-                additional_config=self._config,
+                additional_config=self._config, auth_client_secret=self._auth,
             )
             await client.connect()
         self._async = (loop, client, client.collections.get(self.collection_name))
@@ -943,7 +952,7 @@ class WeaviateHybridRetriever:
 
     def _too_slow(self) -> WeaviateUnavailable:
         # The client retries an unavailable server for about a minute; a question should not wait that long.
-        return WeaviateUnavailable(f"cannot reach Weaviate at {self.store.url}: no answer within {self.timeout_s:g} s")
+        return WeaviateUnavailable(f"cannot reach Weaviate at {self.store.shown_url}: no answer within {self.timeout_s:g} s")
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:

@@ -465,7 +465,7 @@ start_weaviate() {
         cd "$GSE_ROOT" # gse resolves its dictionaries relative to the cwd, see ensure_gse_dicts
         # USE_BLOCKMAX_WAND=false: 1.35.2's BlockMax WAND drops unflushed objects from BM25 results
         # for up to a minute after a write (weaviate/weaviate#11780); fresh chunks must be findable.
-        export AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED=true \
+        export AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="${AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED:-true}" \
             PERSISTENCE_DATA_PATH="$data" \
             DEFAULT_VECTORIZER_MODULE=none \
             ENABLE_MODULES="" \

@@ -50,6 +50,7 @@ class Stack:
         self.settings.redis_prefix = prefix
         self.settings.sources = sources
         self.settings.refresh.fetch_timeout_s = 2
+        self.settings.refresh.allow_hosts = ["127.0.0.1"]  # the local Site
         self.settings.refresh.connect_timeout_s = 1
         self.settings.refresh.lock_ttl_s = 3
         self.settings.refresh.lock_wait_s = 20
@@ -82,6 +83,7 @@ class Page:
     delay_s: float = 0.0
     version: int = 1
     status: int = 200  # anything else is answered as it is, with the body, and no validators
+    headers: dict[str, str] = field(default_factory=dict)  # sent as they are (e.g. Location, Content-Encoding)
 
 
 @dataclass
@@ -125,7 +127,8 @@ class Site:
             await asyncio.sleep(page.delay_s)
         if page.status != 200:
             self.log.append(Served(request.path, page.status, len(page.body), conditional, arrived))
-            return web.Response(status=page.status, body=page.body, content_type="text/plain")
+            return web.Response(status=page.status, body=page.body, headers=page.headers or None,
+                                content_type=None if "Content-Type" in page.headers else "text/plain")
         tag = '"' + hashlib.sha1(page.body).hexdigest()[:16] + '"'
         modified = formatdate(1_700_000_000 + page.version * 3600, usegmt=True)
         headers = {}
@@ -139,7 +142,7 @@ class Site:
             self.log.append(Served(request.path, 304, 0, conditional, arrived))
             return web.Response(status=304, headers=headers)
         self.log.append(Served(request.path, 200, len(page.body), conditional, arrived))
-        return web.Response(body=page.body, headers={**headers, "Content-Type": page.content_type})
+        return web.Response(body=page.body, headers={**headers, "Content-Type": page.content_type, **page.headers})
 
     async def __aenter__(self) -> Site:
         app = web.Application()

@@ -144,7 +144,7 @@ async def test_url_source_pages_and_sitemap_with_conditional_requests_and_clear_
         embedded = stack.embedded
         served_before = len(site.log)
         second = await refresher.run("site")
-        assert second is not None and (second.added, second.changed, second.unchanged) == (0, 0, 3)
+        assert second is not None and (second.added, second.changed, second.unchanged) == (0, 0, 3), second.failed
         again = site.log[served_before:]
         for path in ("/e917.html", "/grease.md", "/vibration.html", "/sitemap.xml"):
             [hit] = [s for s in again if s.path == path]
