@@ -14,6 +14,8 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 
 from bot.cache import AnswerCache, CacheKey, cached_label, wants_fresh
 from bot.history import HistoryStore
+from bot.insights.records import ranked_chunks
+from bot.insights.recorder import TurnRecorder
 from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
@@ -83,6 +85,7 @@ class Answerer:
         preferences: PreferenceStore | None = None,
         learner: Callable[[str], Awaitable[str | None]] | None = None,
         limiter: RateLimiter | None = None,
+        turns: TurnRecorder | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -100,6 +103,7 @@ class Answerer:
         self.preferences = preferences
         self.learner = learner  # one helper model call: system prompt in, reply out
         self.limiter = limiter  # per-user and per-channel rate limits (bot.limits)
+        self.turns = turns  # turn records for the report and the admin page (bot.insights)
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
@@ -118,9 +122,11 @@ class Answerer:
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
                 answer = await self._refuse(reply, trace, refusal_message(refusal, language))
                 METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
-                return answer
-            answer = await self._turn(inquiry, reply, trace)
-            METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
+            else:
+                answer = await self._turn(inquiry, reply, trace)
+                METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
+            if self.turns is not None:
+                await self.turns.keep(inquiry, answer)
             return answer
         finally:
             METRICS.in_progress.dec()
@@ -158,7 +164,7 @@ class Answerer:
         spaces = list(inquiry.spaces)
         data = query_inputs(question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
                             history=history, preferences=preferences, streaming_callback=on_chunk)
-        return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS)
+        return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
 
     def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
         language = detect_language(question)
@@ -276,6 +282,7 @@ class Answerer:
             if await self._stale(answer):
                 answer.text = f"{answer.text}\n\n{say('stale_notice', detect_language(question))}"
 
+        trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
         trace.query = next((s["query"] for s in steps if s.get("step") == "rewrite" and "query" in s), question)
         trace.steps = steps
         trace.model_calls = calls

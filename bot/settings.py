@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from bot.insights.settings import InsightsSettings
 from bot.platform_settings import SlackSettings, TelegramSettings
 from pipelines.topics import Topics
 
@@ -209,6 +210,7 @@ class Settings:
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
+    insights: InsightsSettings = field(default_factory=InsightsSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
@@ -296,6 +298,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
+    settings.insights.apply_env(env)
     _validate(settings)
     return settings
 
@@ -332,7 +335,7 @@ def _validate(s: Settings) -> None:
         raise SettingsError("limits.per_user and limits.per_channel must be >= 0 and limits.window_s > 0")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
-    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
+    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False) + s.insights.problems():
         raise SettingsError(problem)
     _validate_refresh(s)
 
