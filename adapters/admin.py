@@ -93,6 +93,7 @@ class AdminSite:
         self._refreshing: dict[str, asyncio.Task[Any]] = {}
         self._env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
                                        undefined=jinja2.StrictUndefined)
+        self._env.globals["periods"] = PERIODS
         self._env.filters["when"] = _when
         self._env.filters["pct"] = lambda v: "–" if v is None else f"{v * 100:.0f}%"
         self._env.filters["ms"] = lambda v: "–" if v is None else f"{v:,.0f} ms"
@@ -143,12 +144,12 @@ class AdminSite:
         response.headers.update(_SECURITY_HEADERS)
         return response
 
-    def _render(self, request: web.Request, template: str, status: int = 200, **values: Any) -> web.Response:
+    def _render(self, request: web.Request, template: str, http_status: int = 200, **values: Any) -> web.Response:
         session = request.get(SESSION)
         note = NOTES.get(request.query.get("note", ""))
         html = self._env.get_template(template).render(
-            csrf=session["csrf"] if session else "", note=note, path=request.path, periods=PERIODS, **values)
-        return web.Response(text=html, content_type="text/html", status=status)
+            csrf=session["csrf"] if session else "", note=note, path=request.path, **values)
+        return web.Response(text=html, content_type="text/html", status=http_status)
 
     # --- login -----------------------------------------------------------------------------------
     @staticmethod
@@ -166,7 +167,7 @@ class AdminSite:
         if not hmac.compare_digest(str(form.get("token", "")).strip().encode(), self._token.encode()):
             log.warning("admin: failed login from %s", request.remote)
             await asyncio.sleep(0.5)  # makes guessing slow
-            return self._render(request, "login.html", status=401, next=target, error="That is not the admin token.")
+            return self._render(request, "login.html", http_status=401, next=target, error="That is not the admin token.")
         response = web.HTTPSeeOther(target)
         response.set_cookie(COOKIE, self._sessions.dumps({"csrf": secrets.token_urlsafe(24)}), path="/admin",
                             httponly=True, samesite="Strict", secure=request.secure, max_age=self._max_age)
@@ -261,7 +262,7 @@ class AdminSite:
         status = await self.knowledge.status()
         sources = source_health(self.settings, status, schedule_zone(self.settings))
         running = {name for name, task in self._refreshing.items() if not task.done()}
-        return self._render(request, "sources.html", status=status, sources=sources, running=running)
+        return self._render(request, "sources.html", knowledge=status, sources=sources, running=running)
 
     # --- actions ---------------------------------------------------------------------------------
     @staticmethod

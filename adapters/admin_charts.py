@@ -44,6 +44,7 @@ def stacked_days(per_day: list[dict[str, Any]], series: dict[str, tuple[str, str
     days = [d["day"] for d in per_day]
     totals = [sum(int(d.get(k, 0)) for k in series) for d in per_day]
     top_value = max([*totals, 1])
+    top_value += top_value % 2  # an even top keeps the middle grid line on a whole number
     step = (WIDTH - LEFT) / max(len(days), 1)
     plot_h = HEIGHT - BOTTOM - TOP
     bars = []

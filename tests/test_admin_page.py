@@ -94,6 +94,10 @@ async def test_turn_list_search_and_trace(kb_runtime, fake_slack):
                 assert "reset the password" in (page := await resp.text()) and "bearings" not in page
             async with admin.get(f"{site.url}/admin/turns/{greased.answer.trace.turn_id}") as resp:
                 trace = await resp.text()
+            for path in ("/admin/", "/admin/gaps?days=30", "/admin/disliked?days=1", "/admin/approvals?days=90",
+                         "/admin/sources"):
+                async with admin.get(site.url + path) as resp:
+                    assert resp.status == 200 and "Log out" in await resp.text(), path
         record = await kb_runtime.turns.log.get(greased.answer.trace.turn_id)
         assert record.ranked and all(c["score"] is not None for c in record.ranked)
         for chunk in record.ranked:

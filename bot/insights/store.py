@@ -143,7 +143,9 @@ class RedisTurnLog:
 
     async def add(self, record: TurnRecord) -> None:
         key, mine = self._turn(record.turn_id), self._user(record.platform, record.tenant, record.user)
-        ttl = max(1, int(record.at + self.retention_s - time.time()))
+        ttl = int(record.at + self.retention_s - time.time())
+        if ttl <= 0:  # already past retention (an imported or replayed turn): nothing to keep
+            return
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, "record", json.dumps(record.to_dict(), ensure_ascii=False))
             pipe.expire(key, ttl)
