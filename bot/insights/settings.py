@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DigestSettings:
-    #: Crontab line of the weekly digest (in ``refresh.timezone``); null: no digest.
-    cron: str | None = "0 9 * * 1"
+    #: Crontab line of the weekly digest (in ``refresh.timezone``); null: no digest. Name the weekday:
+    #: APScheduler counts numeric weekdays from Monday = 0, unlike crontab.
+    cron: str | None = "0 9 * * mon"
     #: Where it goes: a Slack channel id (the Slack bot must be in it) and/or a Telegram chat id.
     slack_channel: str | None = None
     telegram_chat: str | None = None
