@@ -167,7 +167,8 @@ class AdminSite:
         if not hmac.compare_digest(str(form.get("token", "")).strip().encode(), self._token.encode()):
             log.warning("admin: failed login from %s", request.remote)
             await asyncio.sleep(0.5)  # makes guessing slow
-            return self._render(request, "login.html", http_status=401, next=target, error="That is not the admin token.")
+            return self._render(request, "login.html", http_status=401, next=target,
+                                error="That is not the admin token.")
         response = web.HTTPSeeOther(target)
         response.set_cookie(COOKIE, self._sessions.dumps({"csrf": secrets.token_urlsafe(24)}), path="/admin",
                             httponly=True, samesite="Strict", secure=request.secure, max_age=self._max_age)

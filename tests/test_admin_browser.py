@@ -8,6 +8,7 @@ under ``tests/artifacts/admin/`` (gitignored).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -120,8 +121,18 @@ async def test_an_admin_finds_the_gaps_a_disliked_answers_trace_and_approves_an_
         assert again.answer.outcome is Outcome.CACHED, "the next asker gets the approved answer"
 
         await page.click("nav >> text=Sources")
-        assert "examples" in await page.inner_text("table")
+        assert "examples" in await page.inner_text("table") and "never run" in await page.inner_text(".pill")
         await shot(page, "08-sources")
+        await page.click("button:has-text('Refresh now')")
+        assert "Refresh started" in await page.inner_text("[role=status]")
+        for _ in range(120):  # the refresh runs in the background; its run record shows when done
+            await page.goto(f"{site.url}/admin/sources")
+            if (await page.inner_text(".pill")).strip() == "ok":
+                break
+            await asyncio.sleep(0.5)
+        row = await page.inner_text("table")
+        assert "(admin," in row and " unchanged" in row and "never" not in row, row
+        await shot(page, "09-sources-refreshed")
 
         stranger = await browser.new_page()
         await stranger.goto(f"{site.url}/admin/gaps")

@@ -254,8 +254,9 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
                                    idempotency=MemoryIdempotency())
         try:
             claims = MemoryIdempotency()
-            digest = WeeklyDigest(settings.insights.digest.cron, "UTC", build=build, post=digest_poster([slack, telegram], settings),
-                                  claim=claims.claim, admin_url="https://kbbot.example.com/admin/")
+            digest = WeeklyDigest(settings.insights.digest.cron, "UTC", build=build,
+                                  post=digest_poster([slack, telegram], settings), claim=claims.claim,
+                                  admin_url="https://kbbot.example.com/admin/")
             text = await digest.send()
             assert await digest.send() is None, "the week's digest is posted once, whichever replica runs it"
             digest.start()

@@ -78,7 +78,8 @@ def group_by_meaning(records: list[TurnRecord], embed: Embed, threshold: float) 
     return gaps
 
 
-def source_health(settings: Settings, status: dict[str, Any], zone: Any, now: datetime | None = None) -> list[dict[str, Any]]:
+def source_health(settings: Settings, status: dict[str, Any], zone: Any,
+                  now: datetime | None = None) -> list[dict[str, Any]]:
     """Each configured source with ``health``: ok, failing (its last run failed, or documents did),
     stale (a scheduled run is overdue) or never_run."""
     now = now or datetime.now(timezone.utc)
