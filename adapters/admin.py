@@ -37,7 +37,7 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from adapters.admin_charts import OUTCOME_COLOURS, legend, rate_line, stacked_days
 from bot.insights.records import GAP_OUTCOMES, TurnRecord
 from bot.insights.report import build_report, embedder_function, source_health
-from bot.refresh import schedule_zone
+from bot.refresh import parse_iso, schedule_zone
 
 log = logging.getLogger("kbbot.admin")
 
@@ -66,7 +66,7 @@ _SECURITY_HEADERS = {
 
 
 def _when(at: float | None) -> str:
-    return "–" if at is None else datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return "–" if at is None else datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _matches(record: TurnRecord, words: list[str]) -> bool:
@@ -95,6 +95,7 @@ class AdminSite:
                                        undefined=jinja2.StrictUndefined)
         self._env.globals["periods"] = PERIODS
         self._env.filters["when"] = _when
+        self._env.filters["iso"] = lambda text: _when(parse_iso(text).timestamp()) if text else "–"
         self._env.filters["pct"] = lambda v: "–" if v is None else f"{v * 100:.0f}%"
         self._env.filters["ms"] = lambda v: "–" if v is None else f"{v:,.0f} ms"
 
