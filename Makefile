@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
 SERVICES := scripts/services.sh
 
-.PHONY: demo test install services services-stop bench eval clean
+.PHONY: demo test install services services-stop browser bench eval clean
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
@@ -15,9 +15,14 @@ install:
 demo: install
 	@$(UV) run kbbot chat
 
-# Starts Redis and Weaviate when needed (building Weaviate once), then runs the tests.
-test: install services
-	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q $(PYTEST_ARGS)
+# Starts Redis and Weaviate when needed (building Weaviate once), installs Chromium for the admin
+# page's browser tests, then runs the tests.
+test: install services browser
+	@set -a; source <($(SERVICES) env); set +a; KBBOT_CHROMIUM="$$(bash scripts/browser.sh)" \
+		$(UV) run pytest -q $(PYTEST_ARGS)
+
+browser:
+	@bash scripts/browser.sh >/dev/null
 
 services:
 	@bash $(SERVICES) start
@@ -34,4 +39,4 @@ eval: install
 		$(UV) run kbbot eval ../shared/eval/$$ds --mode $$m --json; done; done
 
 clean:
-	rm -rf .kbbot .pytest_cache
+	rm -rf .kbbot .pytest_cache tests/artifacts

@@ -222,6 +222,25 @@ def run_chat(runtime: Runtime, thread: str | None) -> int:
     return 0
 
 
+def run_report(runtime: Runtime, since: str, as_json: bool) -> int:
+    """``kbbot report [--since 7d] [--json]``."""
+    import time
+
+    from bot.insights.report import format_report, report_of
+    from bot.settings import parse_interval
+
+    try:
+        window_s = parse_interval(since)
+    except ValueError as exc:
+        raise UserError(f"--since: {exc}") from None
+    if not runtime.settings.insights.enabled:
+        raise UserError("turn records are off (insights.enabled: false in the settings file)")
+    until = time.time()
+    report = asyncio.run(started(runtime, lambda rt: report_of(rt, since=until - window_s, until=until)))
+    print(json.dumps(report, ensure_ascii=False) if as_json else format_report(report))
+    return 0
+
+
 def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable: list[Any],
                     unanswerable: list[Any]) -> dict[str, Any]:
     """Whole turns over the eval store, extractive (no model cost, thresholds decide), no topic scope."""
@@ -377,6 +396,11 @@ def parser() -> argparse.ArgumentParser:
     ask.add_argument("--thread", help="conversation key; turns persist between invocations")
     ask.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
+    rp = sub.add_parser("report", help="turns by outcome, answer and feedback rates, latency, unanswered questions "
+                                       "grouped by meaning, 👎 answers, sources needing attention")
+    rp.add_argument("--since", default="7d", help="how far back: 24h, 7d, 30d … (default 7d)")
+    rp.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
     srv = sub.add_parser("serve", help="run the chat adapters and HTTP endpoints (KBBOT_PORT, default 3000)")
     srv.add_argument("--port", type=int, help="HTTP port (default: $KBBOT_PORT or 3000)")
 
@@ -422,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_ask(runtime, args.question, args.thread, args.json)
         if args.command == "chat":
             return run_chat(runtime, args.thread)
+        if args.command == "report":
+            return run_report(runtime, args.since, args.json)
         if args.command == "serve":
             from adapters.server import run_serve
 

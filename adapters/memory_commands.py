@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from bot.insights.recorder import TurnRecorder
 from bot.preferences import PreferenceError, Preferences, PreferenceStore, apply_command
 
 log = logging.getLogger("kbbot.preferences")
@@ -33,8 +34,9 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "好的：已停止从您的消息中学习，并清除了已记下的偏好。用 {prefix}prefs 设置的偏好仍然保留。",
     },
     "forgot": {
-        "en": "Done: I forgot your answering preferences and everything I had learned about them.",
-        "zh": "已完成：您的回答偏好以及从消息中学到的内容都已清除。",
+        "en": "Done: I forgot your answering preferences and everything I had learned about them, "
+              "and deleted the record of your questions.",
+        "zh": "已完成：您的回答偏好以及从消息中学到的内容都已清除，您提问的记录也已删除。",
     },
     "usage": {
         "en": "Usage: {prefix}prefs concise|detailed|default · {prefix}prefs lang en|zh|auto · "
@@ -82,10 +84,11 @@ def describe(prefs: Preferences, language: str) -> str:
 
 
 async def run_command(store: PreferenceStore | None, platform: str, tenant: str, user: str, words: list[str], *,
-                      prefix: str, language: str = "en") -> str:
+                      prefix: str, language: str = "en", turns: TurnRecorder | None = None) -> str:
     """Applies one ``prefs``/``remember``/``forget`` command of ``user`` and says what changed.
 
-    ``language`` is the platform's hint; a language the user chose wins.
+    ``language`` is the platform's hint; a language the user chose wins. ``forget`` also deletes
+    the user's turn records (``turns``).
     """
     if store is None:
         return text_for("unavailable", language)
@@ -94,6 +97,9 @@ async def run_command(store: PreferenceStore | None, platform: str, tenant: str,
         language = before.effective().get("language") or language
         after, _ = apply_command(before, list(words))
         await store.save(platform, tenant, user, after)
+        if words[0].lower() == "forget" and turns is not None:
+            forgotten = await turns.forget(platform, tenant, user)
+            log.info("%s user %s: %d turn records deleted", platform, user, forgotten)
     except PreferenceError:
         return text_for("usage", language, prefix=prefix)
     except Exception:

@@ -26,9 +26,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.feedback import JsonlFeedback, RedisFeedback
+from bot.insights.recorder import RecordingFeedback
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics, TelegramApiMetrics, slack_trace_config
 from bot.refresh import Refresher
 from bot.scheduler import KnowledgeAdmin, RefreshScheduler
@@ -56,8 +58,11 @@ def feedback_store(runtime: Any) -> Any:
     """Feedback next to the other shared state: Redis when the runtime has it, else a file in the data dir."""
     redis = runtime.redis
     if redis is not None:
-        return RedisFeedback(redis, prefix=runtime.settings.redis_prefix)
-    return JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
+        store: Any = RedisFeedback(redis, prefix=runtime.settings.redis_prefix)
+    else:
+        store = JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
+    turns = getattr(runtime, "turns", None)
+    return RecordingFeedback(store, turns) if turns is not None else store
 
 
 class TelegramServerErrorRetry:
@@ -253,13 +258,17 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     await runtime.start()
     refresher = Refresher(runtime.settings, runtime.store, runtime.indexer, redis=runtime.redis)
     scheduler = RefreshScheduler(refresher) if schedule and runtime.settings.sources else None
-    adapters = build_adapters(runtime, admin=KnowledgeAdmin(refresher, scheduler))
+    knowledge = KnowledgeAdmin(refresher, scheduler)
+    adapters = build_adapters(runtime, admin=knowledge)
     for adapter in adapters:
         instrument(adapter)
     if not adapters:
         log.warning("no chat platform is configured (set SLACK_BOT_TOKEN or TELEGRAM_BOT_TOKEN); serving /healthz only")
-    runner = web.AppRunner(build_web_app(adapters, runtime, scheduler), access_log=None)
+    web_app = build_web_app(adapters, runtime, scheduler)
+    admin_site = mount_admin(web_app, runtime, knowledge)
+    runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
+    digest = None
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -272,6 +281,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
             await adapter.start()
         if scheduler is not None:
             await scheduler.start()
+        digest = start_digest(runtime, adapters)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -279,6 +289,10 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         await stop.wait()
         log.info("stopping: finishing the turns in progress (up to %.0f s)", drain_s)
     finally:
+        if digest is not None:
+            digest.stop()
+        if admin_site is not None:
+            await admin_site.close(drain_s)
         if scheduler is not None:
             await scheduler.stop(drain_s)
         for adapter in adapters:

@@ -339,7 +339,7 @@ class SlackAdapter:
         if verb in PREFERENCE_VERBS:
             team = str(command.get("team_id") or "")
             text = await run_preferences_command(self.preferences, "slack", team, user, [verb, *rest.split()],
-                                                 prefix=f"{SLASH_COMMAND} ")
+                                                 prefix=f"{SLASH_COMMAND} ", turns=getattr(self.answerer, "turns", None))
             await ack(text=text)
             return
         if verb not in ("status", "refresh"):

@@ -456,7 +456,8 @@ class TelegramAdapter:
             return
         words = [command.command.lower(), *(command.args or "").split()]
         text = await run_preferences_command(self.preferences, "telegram", str(self.bot_id), str(user.id), words,
-                                             prefix="/", language=user_language(user.language_code))
+                                             prefix="/", language=user_language(user.language_code),
+                                             turns=getattr(self.answerer, "turns", None))
         await self._say(message, text)
 
     async def _on_review(self, query: CallbackQuery) -> None:

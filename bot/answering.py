@@ -16,6 +16,8 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 from bot.capacity import TurnGate
 from bot.cache import AnswerCache, CacheKey, cached_label, tenant_of, wants_fresh
 from bot.history import HistoryStore
+from bot.insights.records import ranked_chunks
+from bot.insights.recorder import TurnRecorder
 from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
@@ -93,6 +95,7 @@ class Answerer:
         limiter: RateLimiter | None = None,
         gate: TurnGate | None = None,
         thread_locks: ThreadLocks | None = None,
+        turns: TurnRecorder | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -112,6 +115,7 @@ class Answerer:
         self.limiter = limiter  # per-user and per-channel rate limits (bot.limits)
         self.gate = gate  # turns in flight and queued, process-wide (bot.capacity)
         self.thread_locks = thread_locks or ThreadLocks()  # one turn per thread at a time
+        self.turns = turns  # turn records for the report and the admin page (bot.insights)
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
@@ -131,8 +135,7 @@ class Answerer:
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
                 answer = await self._refuse(reply, trace, refusal_message(refusal, language))
                 METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
-                return answer
-            if self.gate is not None and not self.gate.admit():
+            elif self.gate is not None and not self.gate.admit():
                 log.warning("turn %s refused: %d turns admitted (%d running, %d queued): busy", trace.turn_id,
                             self.gate.admitted, self.gate.running, self.gate.queued)
                 METRICS.limit_refusals.labels("busy").inc()
@@ -140,13 +143,15 @@ class Answerer:
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
                 answer = await self._refuse(reply, trace, say("busy", language))
                 METRICS.observe_turn(inquiry.platform, "busy", trace)
-                return answer
-            try:
-                answer = await self._turn(inquiry, reply, trace)
-            finally:
-                if self.gate is not None:
-                    self.gate.leave()
-            METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
+            else:
+                try:
+                    answer = await self._turn(inquiry, reply, trace)
+                finally:
+                    if self.gate is not None:
+                        self.gate.leave()
+                METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
+            if self.turns is not None:
+                await self.turns.keep(inquiry, answer)
             return answer
         finally:
             METRICS.in_progress.dec()
@@ -196,7 +201,7 @@ class Answerer:
         spaces = list(inquiry.spaces)
         data = query_inputs(question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
                             history=history, preferences=preferences, streaming_callback=on_chunk)
-        return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS)
+        return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
 
     def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
         language = detect_language(question)
@@ -319,6 +324,7 @@ class Answerer:
             if await self._stale(answer):
                 answer.text = f"{answer.text}\n\n{say('stale_notice', detect_language(question))}"
 
+        trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
         trace.query = next((s["query"] for s in steps if s.get("step") == "rewrite" and "query" in s), question)
         trace.steps = steps
         trace.model_calls = calls

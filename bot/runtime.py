@@ -12,6 +12,8 @@ from typing import Any
 from bot.answering import Answerer
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.history import HistoryStore, SqliteHistory
+from bot.insights.recorder import RecordingApprovals, TurnRecorder
+from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.settings import Settings
@@ -61,6 +63,7 @@ class Runtime:
     _redis: Any = field(default=None, init=False, repr=False)
     _limiter: Any = field(default=None, init=False, repr=False)
     _thread_locks: ThreadLocks = field(default_factory=ThreadLocks, init=False, repr=False)
+    _turns: TurnRecorder | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         e = self.settings.embedder
@@ -120,8 +123,27 @@ class Runtime:
             redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
             self._thread_locks.shared = lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=wait_s,
                                                                poll_s=0.05)
+        self._turns = self._turn_recorder()
+        if self._turns is not None and self._answers is not None:
+            self._answers = RecordingApprovals(self._answers, self._turns)
         if "answerer" in self.__dict__:  # built before start(): give it the limiter now
             self.answerer.limiter = self._limiter
+            self.answerer.turns = self._turns
+
+    def _turn_recorder(self) -> TurnRecorder | None:
+        i = self.settings.insights
+        if not i.enabled:
+            return None
+        if self._redis is not None:
+            log_ = RedisTurnLog(self._redis, self.settings.redis_prefix, retention_days=i.retention_days)
+        else:
+            log_ = SqliteTurnLog(self.settings.data_dir / "turns.sqlite3", retention_days=i.retention_days)
+        return TurnRecorder(log_, hash_key=i.user_id_key if i.hash_user_ids else None)
+
+    @property
+    def turns(self) -> TurnRecorder | None:
+        """Turn records (None when ``insights.enabled`` is off)."""
+        return self._turns
 
     def _knowledge_version(self) -> int:
         return self.store.knowledge_version
@@ -134,6 +156,8 @@ class Runtime:
     async def close(self) -> None:
         if self._history is not None:
             await self._history.close()
+        if self._turns is not None:
+            await self._turns.close()
         if self._redis is not None:
             await self._redis.aclose()
         close_async = getattr(self.store, "close_async", None)
@@ -204,7 +228,7 @@ class Runtime:
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
                         learner=learner if helper is not None else None, limiter=self._limiter,
                         gate=TurnGate(s.limits.max_turns_in_flight, s.limits.max_queued_turns),
-                        thread_locks=self._thread_locks)
+                        thread_locks=self._thread_locks, turns=self._turns)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from bot.insights.settings import InsightsSettings
 from bot.platform_settings import SlackSettings, TelegramSettings
 from pipelines.redact import redact_url
 from pipelines.topics import Topics
@@ -223,6 +224,7 @@ class Settings:
     history: HistorySettings = field(default_factory=HistorySettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
+    insights: InsightsSettings = field(default_factory=InsightsSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
@@ -317,6 +319,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
+    settings.insights.apply_env(env)
     _validate(settings)
     return settings
 
@@ -359,7 +362,7 @@ def _validate(s: Settings) -> None:
                             "limits.max_queued_turns not negative")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
-    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
+    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False) + s.insights.problems():
         raise SettingsError(problem)
     _validate_refresh(s)
 

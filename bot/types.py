@@ -60,6 +60,7 @@ class Trace:
     steps: list[dict[str, Any]] = field(default_factory=list)  # what rewrite/guard/grade/... decided
     model_calls: int = 0  # helper calls and answers, regeneration included
     regenerated: bool = False  # a cited document changed while the answer was written
+    ranked: list[dict[str, Any]] = field(default_factory=list)  # the ranked chunks and scores (turn records)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,81 @@
+"""Wires the insights into ``kbbot serve``: the admin page and the weekly digest's delivery.
+
+The digest goes out through the adapters' own clients: Slack's ``chat.postMessage`` to
+``insights.digest.slack_channel``, Telegram's ``sendMessage`` to ``insights.digest.telegram_chat``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from adapters.slack import SlackAdapter
+from adapters.telegram import TelegramAdapter
+from bot.insights.digest import WeeklyDigest
+from bot.insights.report import report_of
+from bot.refresh import schedule_zone
+from bot.streaming import split_message
+
+log = logging.getLogger("kbbot.insights")
+
+TELEGRAM_MAX_CHARS = 4000
+
+
+def digest_poster(adapters: list[Any], settings: Any) -> Any:
+    """``post(text)`` to every configured digest destination; raises when one is configured but
+    its platform is not."""
+    d = settings.insights.digest
+    slack = next((a for a in adapters if isinstance(a, SlackAdapter)), None)
+    telegram = next((a for a in adapters if isinstance(a, TelegramAdapter)), None)
+    if d.slack_channel and slack is None:
+        raise ValueError("insights.digest.slack_channel is set but Slack is not configured")
+    if d.telegram_chat and telegram is None:
+        raise ValueError("insights.digest.telegram_chat is set but Telegram is not configured")
+
+    async def post(text: str) -> None:
+        if d.slack_channel and slack is not None:
+            await slack.client.chat_postMessage(channel=d.slack_channel, text=text, unfurl_links=False)
+        if d.telegram_chat and telegram is not None:
+            for part in split_message(text, TELEGRAM_MAX_CHARS):
+                await telegram.bot.send_message(chat_id=d.telegram_chat, text=part,
+                                                disable_web_page_preview=True)
+
+    return post
+
+
+def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
+    """The weekly digest job, started; None when it is not configured."""
+    i = runtime.settings.insights
+    if not (i.enabled and i.digest.enabled):
+        return None
+    try:
+        post = digest_poster(adapters, runtime.settings)
+    except ValueError as exc:
+        log.error("weekly digest off: %s", exc)
+        return None
+
+    async def build(since: float, until: float) -> dict[str, Any]:
+        return await report_of(runtime, since=since, until=until, top=i.digest.top)
+
+    digest = WeeklyDigest(str(i.digest.cron), schedule_zone(runtime.settings), build=build, post=post,
+                          claim=runtime.idempotency.claim, top=i.digest.top, admin_url=i.admin_url)
+    digest.start()
+    return digest
+
+
+def mount_admin(app: web.Application, runtime: Any, knowledge: Any) -> Any:
+    """The admin page at ``/admin`` when ``KBBOT_ADMIN_TOKEN`` is set; the ``AdminSite`` or None."""
+    from adapters.admin import AdminSite
+
+    token = runtime.settings.insights.admin_token
+    if not token:
+        log.info("admin page off: set KBBOT_ADMIN_TOKEN to serve /admin")
+        return None
+    if runtime.turns is None:
+        log.warning("admin page off: turn records are off (insights.enabled: false)")
+        return None
+    site = AdminSite(runtime, knowledge, token=token)
+    site.mount(app)
+    return site

@@ -1,0 +1,1 @@
+"""What the knowledge base is missing: turn records, the report built on them, and the weekly digest."""

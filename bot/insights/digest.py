@@ -1,0 +1,93 @@
+"""The weekly digest: the week's top unanswered question groups and 👎 answers, posted to the admins.
+
+An APScheduler cron job (``insights.digest.cron``, in ``refresh.timezone``) builds the report on
+the past seven days and hands the text to ``post`` (the adapters send it to a Slack channel and/or
+a Telegram chat). With several replicas each runs the job; a claim on the week's key in the shared
+``Idempotency`` store lets one of them post it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+log = logging.getLogger("kbbot.digest")
+
+WEEK_S = 7 * 86400
+
+
+def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None = None) -> str:
+    """Plain text that reads well in Slack and Telegram alike."""
+    rate = report["answer_rate"]
+    fb = report["feedback"]
+    lines = [f"kbbot weekly digest ({report['since'][:10]} – {report['until'][:10]})",
+             f"{report['turns']} questions, {'–' if rate is None else f'{rate * 100:.0f}%'} answered, "
+             f"{fb['up']} 👍 / {fb['down']} 👎.", ""]
+    gaps = report["gaps"][:top]
+    lines.append("Top unanswered questions:" if gaps else "Every question this week was answered.")
+    for i, gap in enumerate(gaps, 1):
+        others = len(gap["questions"]) - 1
+        more = f" (+{others} similar)" if others > 0 else ""
+        lines.append(f"{i}. {gap['representative']} — asked {gap['count']}×{more} in {', '.join(gap['channels'])}")
+    disliked = report["disliked"][:top]
+    if disliked:
+        lines += ["", "👎 answers:"]
+        for item in disliked:
+            lines.append(f"• {item['question']} ({item['down']} 👎)")
+    bad = [s for s in report.get("sources", []) if s.get("health") not in (None, "ok")]
+    if bad:
+        lines += ["", "Sources needing attention: " + ", ".join(f"{s['name']} ({s['health']})" for s in bad)]
+    if admin_url:
+        lines += ["", f"Details: {admin_url.rstrip('/')}/gaps?days=7"]
+    return "\n".join(lines)
+
+
+class WeeklyDigest:
+    """``build(since, until) -> report``, ``post(text)``; ``claim(key, ttl_s) -> bool`` (optional)."""
+
+    def __init__(self, cron: str, zone: Any, *, build: Callable[[float, float], Awaitable[dict[str, Any]]],
+                 post: Callable[[str], Awaitable[None]], claim: Callable[[str, float], Awaitable[bool]] | None = None,
+                 top: int = 5, admin_url: str | None = None, clock: Callable[[], float] = time.time):
+        self.trigger = CronTrigger.from_crontab(cron, timezone=zone)
+        self.scheduler = AsyncIOScheduler(timezone=zone)
+        self.build, self.post, self.claim = build, post, claim
+        self.top, self.admin_url, self.clock = top, admin_url, clock
+
+    async def send(self) -> str | None:
+        """Builds and posts this week's digest now; its text, or None if another replica sent it."""
+        until = self.clock()
+        week = datetime.fromtimestamp(until, timezone.utc).strftime("%G-W%V")
+        if self.claim is not None and not await self.claim(f"digest:{week}", WEEK_S / 2):
+            log.info("digest %s: another replica sends it", week)
+            return None
+        report = await self.build(until - WEEK_S, until)
+        text = digest_text(report, top=self.top, admin_url=self.admin_url)
+        await self.post(text)
+        log.info("digest %s posted (%d turns, %d gap groups)", week, report["turns"], len(report["gaps"]))
+        return text
+
+    async def _job(self) -> None:
+        try:
+            await self.send()
+        except Exception:  # noqa: BLE001 - next week's run tries again
+            log.exception("the weekly digest failed")
+
+    def start(self) -> None:
+        self.scheduler.add_job(self._job, trigger=self.trigger, id="digest", name="weekly digest",
+                               max_instances=1, coalesce=True, misfire_grace_time=3600)
+        self.scheduler.start()
+        log.info("weekly digest: next at %s", self.next_run())
+
+    def next_run(self) -> datetime | None:
+        job = self.scheduler.get_job("digest")
+        return job.next_run_time if job is not None else None
+
+    def stop(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
