@@ -76,6 +76,8 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     for failure in report.failed:
         print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
     print(report.summary())
+    if report.formats:
+        print("by format: " + report.formats_summary())
     nothing_indexed = not (report.added or report.changed or report.unchanged)
     return 1 if report.failed and nothing_indexed else 0
 

@@ -49,7 +49,7 @@ from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.errors import ServiceUnavailable
-from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
+from pipelines.indexing import FolderSource, FormatCounts, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
 from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
 from pipelines.store import DocRecord, KnowledgeStore
 
@@ -102,6 +102,8 @@ class RunRecord:
     knowledge_version: int | None = None
     orphaned: int = 0  # documents revoked because their source is no longer configured
     disallowed: int = 0  # pages robots.txt kept this run from fetching (revoked if they were indexed)
+    #: Per file type: {"documents", "ocr_pages", "failed"} converted this run.
+    formats: dict[str, dict[str, int]] = field(default_factory=dict)
 
     MAX_FAILURES = 200
 
@@ -130,6 +132,7 @@ class RunRecord:
             record.orphaned = len(report.orphaned)
             record.failed = [{"source": f.source, "reason": f.reason} for f in report.failed[: cls.MAX_FAILURES]]
             record.knowledge_version = report.knowledge_version or None
+            record.formats = {name: asdict(counts) for name, counts in sorted(report.formats.items())}
         return record
 
     def summary(self) -> str:
@@ -140,6 +143,8 @@ class RunRecord:
             counts += f", {self.disallowed} disallowed by robots.txt"
         if self.orphaned:
             counts += f", {self.orphaned} removed with a source no longer configured"
+        if self.formats:
+            counts += " (" + "; ".join(f"{name}: {FormatCounts(**c).summary()}" for name, c in self.formats.items()) + ")"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok
                                      else f"refresh failed after {self.duration_s:.1f} s ({self.error}); so far {counts}")
         if self.knowledge_version is not None:

@@ -44,11 +44,24 @@ class EmbedderSettings:
 
 
 @dataclass
+class OcrSettings:
+    """OCR of scanned PDF pages (no text layer), Chinese and English, offline (RapidOCR)."""
+
+    enabled: bool = True
+    #: Resolution pages are rendered at for OCR; 200 reads 10-point text reliably.
+    dpi: int = 200
+    #: Most scanned pages read per file; a file with more fails with the reason.
+    max_pages: int = 300
+
+
+@dataclass
 class IndexingSettings:
     chunk_chars: int = 700
     chunk_overlap_sentences: int = 1
-    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv"])
+    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv",
+                                                           ".docx", ".xlsx", ".pptx", ".eml", ".msg", ".epub"])
     max_file_mb: float = 20
+    ocr: OcrSettings = field(default_factory=OcrSettings)
 
 
 @dataclass
@@ -330,6 +343,9 @@ def _validate(s: Settings) -> None:
     lim = s.limits
     if lim.per_user < 0 or lim.per_channel < 0 or lim.window_s <= 0:
         raise SettingsError("limits.per_user and limits.per_channel must be >= 0 and limits.window_s > 0")
+    ocr = s.indexing.ocr
+    if not isinstance(ocr.enabled, bool) or not 72 <= ocr.dpi <= 600 or ocr.max_pages < 1:
+        raise SettingsError("indexing.ocr: enabled must be true or false, dpi between 72 and 600, max_pages >= 1")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False):
