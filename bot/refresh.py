@@ -48,6 +48,7 @@ from zoneinfo import ZoneInfo
 from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
+from pipelines.confluence import ConfluenceClient, ConfluenceError, ConfluenceSource
 from pipelines.errors import ServiceUnavailable
 from pipelines.indexing import FolderSource, FormatCounts, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
 from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
@@ -327,6 +328,8 @@ def is_due(source: SourceSettings, last_started: datetime | None, zone: Any, now
 def source_roots(source: SourceSettings) -> list[str]:
     if source.path:
         return [Path(source.path).resolve().as_posix()]
+    if source.confluence:
+        return [f"confluence:{source.name}"]
     return [f"urls:{source.name}"]
 
 
@@ -462,7 +465,7 @@ class Orphans:
 
     def is_orphan_root(self, root: str | None) -> bool:
         return (root is not None and root not in self.configured
-                and (root.startswith("urls:") or root in self.completed))
+                and (root.startswith(("urls:", "confluence:")) or root in self.completed))
 
     def waiting_for(self, own_complete: bool) -> list[str]:
         """The configured sources that have not completed a run with their current roots."""
@@ -579,10 +582,27 @@ class Refresher:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
                                 exclude=src.exclude)
+        if src.confluence:
+            return self._confluence(src, states or {})
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
                          robots=Robots(fetcher) if src.respect_robots else None)
+
+    def _confluence(self, src: SourceSettings, states: dict[str, FetchState]) -> ConfluenceSource:
+        c, r = src.confluence, self.settings.refresh
+        assert c is not None
+        token = os.environ.get(c.token_env, "").strip()
+        client = None
+        if token:
+            client = ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
+                                      connect_timeout_s=r.connect_timeout_s, max_bytes=int(r.max_download_mb * 1_000_000),
+                                      max_retries=c.max_retries, max_retry_wait_s=c.max_retry_wait_s,
+                                      user_agent=r.user_agent)
+        return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
+                                states=states, max_documents=r.max_urls,
+                                missing=None if token else f"the environment variable {c.token_env} (the Confluence "
+                                                           "token) is not set; nothing was read or revoked")
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:
         """What a run of ``src`` needs to reconcile the configuration; None (reconcile nothing) when the
@@ -637,7 +657,7 @@ class Refresher:
 
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
                           progress: Progress | None) -> RunRecord:
-        states = await self.runs.fetch_states(src.name) if src.urls else {}
+        states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
         source = self.build_source(src, states)
         orphans = await self.orphans(src)
         started = utcnow()
@@ -659,10 +679,12 @@ class Refresher:
             finally:
                 if isinstance(source, UrlSource):
                     source.fetcher.close()
+                elif isinstance(source, ConfluenceSource):
+                    source.close()
 
         try:
             await asyncio.to_thread(work)
-        except (FileNotFoundError, ServiceUnavailable, RefreshAborted) as exc:
+        except (FileNotFoundError, ServiceUnavailable, RefreshAborted, ConfluenceError) as exc:
             error = _reason(exc)
         except Exception as exc:  # noqa: BLE001 - recorded; the next run retries
             log.exception("refresh of %s failed", src.name)
@@ -679,7 +701,7 @@ class Refresher:
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
         try:
             await self.runs.save_run(record)
-            if isinstance(source, UrlSource):
+            if isinstance(source, UrlSource | ConfluenceSource):
                 # A finished run keeps the validators of what it saw; a broken one also keeps the old ones.
                 kept = source.updated_states if error is None else {**states, **source.updated_states}
                 await self.runs.save_fetch_states(src.name, kept)
