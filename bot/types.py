@@ -63,7 +63,9 @@ class Citation:
         else:
             locator = str(meta.get("header") or "")
         return cls(index=index, doc_id=str(meta.get("doc_id", "")), version=int(meta.get("version", 0)),
-                   position=int(meta.get("position", 0)), title=str(meta.get("title") or meta.get("source") or ""),
+                   position=int(meta.get("position", 0)),
+                   # An e-mail's attachment is its own document to the reader, under its file name.
+                   title=str(meta.get("attachment") or meta.get("title") or meta.get("source") or ""),
                    source=str(meta.get("source") or ""), locator=locator, page=page)
 
     @property

@@ -191,7 +191,7 @@ def _mail(data: bytes, suffix: str, ocr: OcrOptions, depth: int) -> Converted:
         except ConversionError as exc:
             converted.skipped.append((attachment.name, str(exc)))
             continue
-        # An attachment is cited as itself, not as the mail that carried it.
+        # An attachment is cited as itself (``attachment``, which citations show), not as the mail that carried it.
         for part in inner.parts:
             part.meta = {"format": inner.format, **part.meta, "title": attachment.name, "attachment": attachment.name}
         converted.parts += inner.parts
