@@ -15,8 +15,10 @@ install:
 demo: install
 	@$(UV) run kbbot chat
 
-# Starts Redis and Weaviate when needed (building Weaviate once), then runs the tests.
+# Starts Redis and Weaviate when needed (building Weaviate once), installs the CJK font the scanned-PDF
+# tests draw with, then runs the tests.
 test: install services
+	@bash scripts/test_fonts.sh
 	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q $(PYTEST_ARGS)
 
 services:
