@@ -208,9 +208,8 @@ class Entry:
     content_id: str
     version: int
     title: str
-    link: str  # the web link people follow (the page, or the attachment's download)
+    link: str  # the web link people follow (the page), for an attachment its download
     suffix: str = ".md"
-    download: str = ""
 
     @property
     def tag(self) -> str:
@@ -254,7 +253,7 @@ class _ConfluenceScan:
                 storage = ((page.get("body") or {}).get("storage") or {}).get("value") or ""
                 item.data = storage_to_markdown(page.get("title") or entry.title, storage).encode("utf-8")
             else:
-                item.data = src.client.get(entry.download)
+                item.data = src.client.get(entry.link)
         except Gone as exc:
             item.gone = True
             item.error = str(exc)
@@ -341,7 +340,7 @@ class ConfluenceSource:
                 download = client.url(links["download"])
                 entries.append(Entry(self._doc_id("attachment", str(result["id"])), "attachment", str(result["id"]),
                                      int((result.get("version") or {}).get("number") or 0), title, download,
-                                     suffix=suffix, download=download))
+                                     suffix=suffix))
         if len(entries) > self.max_documents:
             raise ConfluenceError(f"{len(entries)} pages and attachments listed; more than the "
                                   f"{self.max_documents} a source may have (refresh.max_urls)")
@@ -352,7 +351,11 @@ class ConfluenceSource:
         if self.client is None:
             raise ConfluenceError(self.missing or "no Confluence client")
         started = time.perf_counter()
-        entries = self._list()
+        try:
+            entries = self._list()
+        except Gone as exc:  # the search itself is missing: not a page that went away
+            raise ConfluenceError(f"{exc}; is {self.client.base_url} the Confluence base URL (Cloud: "
+                                  "https://<site>.atlassian.net/wiki)?") from exc
         log.info("confluence source=%s: %d pages and attachments listed in %.1f s (%d requests, %d rate-limited)",
                  self.name, len(entries), time.perf_counter() - started, self.client.requests, self.client.throttled)
         return _ConfluenceScan(self, entries, current, space)

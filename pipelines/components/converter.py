@@ -99,7 +99,7 @@ class OcrOptions:
     max_pages: int = 300
 
 
-def convert_pdf(data: bytes, ocr: OcrOptions) -> tuple[list[Part], str]:
+def convert_pdf(data: bytes, ocr: OcrOptions) -> Converted:
     """One part per page with its ``page`` number (1-based); scanned pages read by OCR (``ocr: True``)."""
     from pypdf import PdfReader
     from pypdf.errors import PyPdfError
@@ -112,6 +112,7 @@ def convert_pdf(data: bytes, ocr: OcrOptions) -> tuple[list[Part], str]:
         raise ConversionError(f"not a readable PDF ({type(exc).__name__}: {exc})") from exc
     scanned = [i for i, text in enumerate(pages) if len(text.strip()) < MIN_PAGE_CHARS]
     read_by_ocr: set[int] = set()
+    seconds = 0.0
     if scanned and ocr.enabled:
         if len(scanned) > ocr.max_pages:
             raise ConversionError(f"{len(scanned)} pages without a text layer; OCR reads at most {ocr.max_pages} "
@@ -122,8 +123,7 @@ def convert_pdf(data: bytes, ocr: OcrOptions) -> tuple[list[Part], str]:
             texts, stats = ocr_pdf_pages(data, scanned, dpi=ocr.dpi)
         except Exception as exc:  # noqa: BLE001 - PDFium and the OCR engine raise their own types
             raise ConversionError(f"OCR of the scanned pages failed ({type(exc).__name__}: {exc})") from exc
-        log.info("OCR: %d of %d pages read in %.1f s (%.2f s per page)", stats.pages, len(pages), stats.seconds,
-                 stats.seconds_per_page)
+        seconds = stats.seconds
         for i, text in texts.items():
             if len(text.strip()) > len(pages[i].strip()):
                 pages[i] = text
@@ -134,7 +134,8 @@ def convert_pdf(data: bytes, ocr: OcrOptions) -> tuple[list[Part], str]:
         if scanned and not ocr.enabled:
             raise ConversionError("the PDF has no text layer (scanned pages) and OCR is off (indexing.ocr.enabled)")
         raise ConversionError("the PDF has no extractable text")
-    return parts, str(info_title).strip() or _first_line_title(parts[0].text)
+    return Converted(parts, str(info_title).strip() or _first_line_title(parts[0].text), "pdf",
+                     pages=len(pages), ocr_seconds=seconds)
 
 
 def convert_csv(data: bytes) -> str:
@@ -166,19 +167,18 @@ class Converted:
     format: str
     #: Attachments (of an e-mail) that could not be read: (name, reason); the rest is indexed.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: A PDF's page count, and the seconds OCR took for its scanned pages.
+    pages: int = 0
+    ocr_seconds: float = 0.0
 
     @property
     def ocr_pages(self) -> int:
         return sum(1 for p in self.parts if p.meta.get("ocr"))
 
 
-def _html_markdown(data: bytes) -> tuple[str, str]:
-    return convert_html(data)
-
-
 def _mail(data: bytes, suffix: str, ocr: OcrOptions, depth: int) -> Converted:
     if suffix == ".eml":
-        text, subject, attachments = office.read_eml(data, _html_markdown)
+        text, subject, attachments = office.read_eml(data, convert_html)
     else:
         text, subject, attachments = office.read_msg(data)
     converted = Converted([Part(text)], subject, suffix.lstrip("."))
@@ -214,7 +214,7 @@ def convert_bytes(data: bytes, suffix: str, *, ocr: OcrOptions = OcrOptions(), d
         text, title = convert_html(data)
         return Converted([Part(text)], title, "html")
     if suffix in PDF_SUFFIXES:
-        return Converted(*convert_pdf(data, ocr), "pdf")
+        return convert_pdf(data, ocr)
     if suffix in CSV_SUFFIXES:
         return Converted([Part(convert_csv(data))], "", "csv")  # titled by the file name
     if suffix == ".docx":
@@ -224,7 +224,7 @@ def convert_bytes(data: bytes, suffix: str, *, ocr: OcrOptions = OcrOptions(), d
     if suffix == ".pptx":
         return Converted(*office.convert_pptx(data), "pptx")
     if suffix == ".epub":
-        return Converted(*office.convert_epub(data, _html_markdown), "epub")
+        return Converted(*office.convert_epub(data, convert_html), "epub")
     if suffix in (".eml", ".msg"):
         if depth > 2:
             raise ConversionError("e-mails nested more than 2 deep")
@@ -275,6 +275,9 @@ class FileToDocument:
                 continue
             for name, reason in converted.skipped:
                 log.warning("%s: attachment %s not indexed: %s", source, name, reason)
+            if converted.ocr_pages:
+                log.info("OCR %s: %d of %d pages read in %.1f s (%.2f s per page)", source, converted.ocr_pages,
+                         converted.pages, converted.ocr_seconds, converted.ocr_seconds / converted.ocr_pages)
             extra = meta[i] if meta else {}
             title = converted.title or path.stem
             for part in converted.parts:

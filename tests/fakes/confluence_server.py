@@ -76,8 +76,11 @@ def parse_cql(cql: str) -> list[tuple[str, list[str]]]:
 
 
 class FakeConfluence(LocalServer):
-    def __init__(self, *, cloud: bool = True, token: str = "conf-token", user: str | None = None):
+    def __init__(self, *, cloud: bool = True, token: str = "conf-token", user: str | None = None,
+                 max_limit: int = 200):
         super().__init__()
+        #: The largest page of results served, whatever ``limit`` asks (Confluence caps it too).
+        self.max_limit = max_limit
         self.path = "/wiki" if cloud else ""
         self.token = token
         self.user = user
@@ -176,7 +179,7 @@ class FakeConfluence(LocalServer):
         except ValueError as exc:
             return self._answer(request, 400, data={"message": str(exc)})
         expand = set(query.get("expand", "").split(","))
-        start, limit = int(query.get("start", "0")), min(int(query.get("limit", "25")), 200)
+        start, limit = int(query.get("start", "0")), min(int(query.get("limit", "25")), self.max_limit)
         kinds = next((v for f, v in clauses if f == "type"), ["page"])
         results: list[dict[str, Any]] = []
         for page in self.pages.values():
