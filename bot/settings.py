@@ -438,7 +438,7 @@ def _validate_refresh(s: Settings) -> None:
         if not isinstance(src.space, str) or not src.space.strip():
             raise SettingsError(f"{where}.space must be a knowledge space name")
         if sum(map(bool, (src.path, src.urls, src.confluence))) != 1:
-            raise SettingsError(f"{where} needs exactly one of path (a local folder), urls (pages and sitemaps) or "
+            raise SettingsError(f"{where} needs exactly one of path (a local folder) or urls (pages and sitemaps) or "
                                 "confluence (a Confluence site)")
         if src.confluence is not None:
             _validate_confluence(src.confluence, f"{where}.confluence")
