@@ -8,15 +8,16 @@ third of ``refresh.lock_ttl_s``; a replica that dies mid-run stops renewing and 
 and since every document is published atomically the previous knowledge stays fully served. A run
 that finds its lock lost stops before its next document.
 
-Each run leaves a ``RunRecord`` (the last one per source is kept) and, for URL sources, the
-validators of what it downloaded. With Redis (keys after ``redis_prefix``):
+Each run leaves a ``RunRecord`` (the last one per source is kept, with counts per file format) and,
+for URL sources, the validators of what it downloaded (for Confluence sources, the page versions). With Redis (keys after ``redis_prefix``):
 
 ====================================  ======  ==================================================
 key                                   type    contents
 ====================================  ======  ==================================================
 ``{prefix}refresh:run:{source}``      string  the source's last ``RunRecord`` as JSON
 ``{prefix}refresh:fetch:{source}``    hash    url -> ``FetchState`` JSON (ETag, Last-Modified,
-                                              content hash; a sitemap's listed pages)
+                                              content hash; a sitemap's listed pages); Confluence:
+                                              doc id -> version and content hash
 ``{prefix}refresh:roots``             hash    root -> when a configured source last completed a
                                               run with it (``Orphans``)
 ``{prefix}lock:refresh``              string  the refresh lock (``bot.redis_state.RedisLock``)
