@@ -16,8 +16,9 @@ demo: install
 	@$(UV) run kbbot chat
 
 # Starts Redis and Weaviate when needed (building Weaviate once), installs Chromium for the admin
-# page's browser tests, then runs the tests.
+# page's browser tests and the CJK font the scanned-PDF tests draw with, then runs the tests.
 test: install services browser
+	@bash scripts/test_fonts.sh
 	@set -a; source <($(SERVICES) env); set +a; KBBOT_CHROMIUM="$$(bash scripts/browser.sh)" \
 		$(UV) run pytest -q $(PYTEST_ARGS)
 

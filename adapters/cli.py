@@ -77,7 +77,9 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
         raise UserError(str(exc)) from exc
     for failure in report.failed:
         print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
-    print(report.summary())
+    if report.formats:
+        print("by format: " + report.formats_summary())
+    print(report.summary())  # the last line: scripts read it
     nothing_indexed = not (report.added or report.changed or report.unchanged)
     return 1 if report.failed and nothing_indexed else 0
 

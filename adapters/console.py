@@ -13,8 +13,8 @@ def render_sources(answer: Answer) -> str:
         return ""
     lines = ["", "Sources:"]
     for c in answer.citations:
-        where = c.source if c.source != c.title else ""
-        lines.append(f"  [{c.index}] {c.title}" + (f" — {where}" if where else ""))
+        where = (c.url or c.source) if c.source != c.title else ""
+        lines.append(f"  [{c.index}] {c.label}" + (f" — {where}" if where else ""))
     return "\n".join(lines)
 
 

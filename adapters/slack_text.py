@@ -104,12 +104,12 @@ def sources_block(citations: list[Citation], *, max_chars: int = 2900) -> dict[s
     elements: list[dict[str, Any]] = []
     current = "*Sources*"
     for c in citations:
-        title = (c.title or c.source or c.doc_id).strip() or f"source {c.index}"
+        title = c.label
         if len(title) > 120:
             title = title[:119] + "…"
         title = mrkdwn_escape(title).replace("|", "¦")
-        if c.source.startswith(("http://", "https://")) and "|" not in c.source and ">" not in c.source:
-            entry = f"[{c.index}] <{c.source}|{title}>"
+        if c.url and "|" not in c.url and ">" not in c.url:
+            entry = f"[{c.index}] <{c.url}|{title}>"
         else:
             entry = f"[{c.index}] {title}"
         candidate = f"{current}  ·  {entry}" if current != "*Sources*" else f"{current}  {entry}"

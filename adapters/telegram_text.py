@@ -219,15 +219,15 @@ def sources_rendered(citations: list[Citation], language: str = "en") -> Rendere
     text = heading
     entities: list[dict[str, Any]] = [{"type": "bold", "offset": 0, "length": utf16_len(heading)}]
     for c in citations:
-        title = " ".join((c.title or c.source or c.doc_id or f"source {c.index}").split())
+        title = " ".join(c.label.split())
         if len(title) > 120:
             title = title[:119] + "…"
         line_start = utf16_len(text + "\n")
         label = f"[{c.index}] "
         text += f"\n{label}{title}"
-        if c.source.startswith(("http://", "https://")):
+        if c.url:
             entities.append({"type": "text_link", "offset": line_start + utf16_len(label),
-                             "length": utf16_len(title), "url": c.source})
+                             "length": utf16_len(title), "url": c.url})
     return Rendered(text, tuple(entities))
 
 

@@ -50,15 +50,7 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
         if not 1 <= n <= len(sources):
             return ""
         if n not in cited:
-            meta = sources[n - 1].meta or {}
-            cited[n] = Citation(
-                index=n,
-                doc_id=str(meta.get("doc_id", "")),
-                version=int(meta.get("version", 0)),
-                position=int(meta.get("position", 0)),
-                title=str(meta.get("title") or meta.get("source") or ""),
-                source=str(meta.get("source") or ""),
-            )
+            cited[n] = Citation.of_chunk(n, sources[n - 1].meta or {})
         return match.group(0)
 
     cleaned = _MARKER.sub(keep, text)

@@ -8,15 +8,16 @@ third of ``refresh.lock_ttl_s``; a replica that dies mid-run stops renewing and 
 and since every document is published atomically the previous knowledge stays fully served. A run
 that finds its lock lost stops before its next document.
 
-Each run leaves a ``RunRecord`` (the last one per source is kept) and, for URL sources, the
-validators of what it downloaded. With Redis (keys after ``redis_prefix``):
+Each run leaves a ``RunRecord`` (the last one per source is kept, with counts per file format) and,
+for URL sources, the validators of what it downloaded (for Confluence sources, the page versions). With Redis (keys after ``redis_prefix``):
 
 ====================================  ======  ==================================================
 key                                   type    contents
 ====================================  ======  ==================================================
 ``{prefix}refresh:run:{source}``      string  the source's last ``RunRecord`` as JSON
 ``{prefix}refresh:fetch:{source}``    hash    url -> ``FetchState`` JSON (ETag, Last-Modified,
-                                              content hash; a sitemap's listed pages)
+                                              content hash; a sitemap's listed pages); Confluence:
+                                              doc id -> version and content hash
 ``{prefix}refresh:roots``             hash    root -> when a configured source last completed a
                                               run with it (``Orphans``)
 ``{prefix}lock:refresh``              string  the refresh lock (``bot.redis_state.RedisLock``)
@@ -48,8 +49,10 @@ from zoneinfo import ZoneInfo
 from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
+from pipelines.confluence import ConfluenceClient, ConfluenceError, ConfluenceSource
 from pipelines.errors import ServiceUnavailable
-from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source, discover
+from pipelines.indexing import (FolderSource, FormatCounts, Indexer, IndexReport, Progress, RefreshAborted, Source,
+                                discover)
 from pipelines.redact import redact_url, scrub
 from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
 from pipelines.store import DocRecord, KnowledgeStore
@@ -103,6 +106,8 @@ class RunRecord:
     knowledge_version: int | None = None
     orphaned: int = 0  # documents revoked because their source is no longer configured
     disallowed: int = 0  # pages robots.txt kept this run from fetching (revoked if they were indexed)
+    #: Per file type: {"documents", "ocr_pages", "failed"} converted this run.
+    formats: dict[str, dict[str, int]] = field(default_factory=dict)
 
     MAX_FAILURES = 200
 
@@ -131,6 +136,7 @@ class RunRecord:
             record.orphaned = len(report.orphaned)
             record.failed = [{"source": f.source, "reason": f.reason} for f in report.failed[: cls.MAX_FAILURES]]
             record.knowledge_version = report.knowledge_version or None
+            record.formats = {name: asdict(counts) for name, counts in sorted(report.formats.items())}
         return record
 
     def summary(self) -> str:
@@ -141,6 +147,8 @@ class RunRecord:
             counts += f", {self.disallowed} disallowed by robots.txt"
         if self.orphaned:
             counts += f", {self.orphaned} removed with a source no longer configured"
+        if self.formats:
+            counts += " (" + "; ".join(f"{name}: {FormatCounts(**c).summary()}" for name, c in self.formats.items()) + ")"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok
                                      else f"refresh failed after {self.duration_s:.1f} s ({self.error}); so far {counts}")
         if self.knowledge_version is not None:
@@ -323,6 +331,8 @@ def is_due(source: SourceSettings, last_started: datetime | None, zone: Any, now
 def source_roots(source: SourceSettings) -> list[str]:
     if source.path:
         return [Path(source.path).resolve().as_posix()]
+    if source.confluence:
+        return [f"confluence:{source.name}"]
     return [f"urls:{source.name}"]
 
 
@@ -465,7 +475,7 @@ class Orphans:
 
     def is_orphan_root(self, root: str | None) -> bool:
         return (root is not None and root not in self.configured
-                and (root.startswith("urls:") or root in self.completed))
+                and (root.startswith(("urls:", "confluence:")) or root in self.completed))
 
     def waiting_for(self, own_complete: bool) -> list[str]:
         """The configured sources that have not completed a run with their current roots."""
@@ -583,11 +593,28 @@ class Refresher:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
                                 exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb)
+        if src.confluence:
+            return self._confluence(src, states or {})
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
                          max_sitemaps=self.settings.refresh.max_sitemaps,
                          robots=Robots(fetcher) if src.respect_robots else None)
+
+    def _confluence(self, src: SourceSettings, states: dict[str, FetchState]) -> ConfluenceSource:
+        c, r = src.confluence, self.settings.refresh
+        assert c is not None
+        token = os.environ.get(c.token_env, "").strip()
+        client = None
+        if token:
+            client = ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
+                                      connect_timeout_s=r.connect_timeout_s, max_bytes=int(r.max_download_mb * 1_000_000),
+                                      max_retries=c.max_retries, max_retry_wait_s=c.max_retry_wait_s,
+                                      user_agent=r.user_agent)
+        return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
+                                states=states, max_documents=r.max_urls,
+                                missing=None if token else f"the environment variable {c.token_env} (the Confluence "
+                                                           "token) is not set; nothing was read or revoked")
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:
         """What a run of ``src`` needs to reconcile the configuration; None (reconcile nothing) when the
@@ -642,7 +669,7 @@ class Refresher:
 
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
                           progress: Progress | None) -> RunRecord:
-        states = await self.runs.fetch_states(src.name) if src.urls else {}
+        states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
         source = self.build_source(src, states)
         orphans = await self.orphans(src)
         started = utcnow()
@@ -664,10 +691,12 @@ class Refresher:
             finally:
                 if isinstance(source, UrlSource):
                     source.fetcher.close()
+                elif isinstance(source, ConfluenceSource):
+                    source.close()
 
         try:
             await asyncio.to_thread(work)
-        except (FileNotFoundError, ServiceUnavailable, RefreshAborted) as exc:
+        except (FileNotFoundError, ServiceUnavailable, RefreshAborted, ConfluenceError) as exc:
             error = _reason(exc)
         except Exception as exc:  # noqa: BLE001 - recorded; the next run retries
             log.exception("refresh of %s failed", src.name)
@@ -684,7 +713,7 @@ class Refresher:
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
         try:
             await self.runs.save_run(record)
-            if isinstance(source, UrlSource):
+            if isinstance(source, UrlSource | ConfluenceSource):
                 # A finished run keeps the validators of what it saw; a broken one also keeps the old ones.
                 kept = source.updated_states if error is None else {**states, **source.updated_states}
                 await self.runs.save_fetch_states(src.name, kept)

@@ -24,6 +24,7 @@ from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.generators import make_generator
+from pipelines.components.converter import OcrOptions
 from pipelines.indexing import Indexer, build_indexing_pipeline
 from pipelines.query import build_query_pipeline
 from pipelines.store import KnowledgeStore, open_store
@@ -87,7 +88,8 @@ class Runtime:
     def indexer(self) -> Indexer:
         i = self.settings.indexing
         pipeline = build_indexing_pipeline(self.store, self.document_embedder, chunk_chars=i.chunk_chars,
-                                           overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb)
+                                           overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb,
+                                           ocr=OcrOptions(i.ocr.enabled, i.ocr.dpi, i.ocr.max_pages))
         return Indexer(self.store, pipeline, suffixes=i.extensions, max_file_mb=i.max_file_mb)
 
     async def start(self) -> None:

@@ -49,11 +49,24 @@ class EmbedderSettings:
 
 
 @dataclass
+class OcrSettings:
+    """OCR of scanned PDF pages (no text layer), Chinese and English, offline (RapidOCR)."""
+
+    enabled: bool = True
+    #: Resolution pages are rendered at for OCR; 200 reads 10-point text reliably.
+    dpi: int = 200
+    #: Most scanned pages read per file; a file with more fails with the reason.
+    max_pages: int = 300
+
+
+@dataclass
 class IndexingSettings:
     chunk_chars: int = 700
     chunk_overlap_sentences: int = 1
-    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv"])
+    extensions: list[str] = field(default_factory=lambda: [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv",
+                                                           ".docx", ".xlsx", ".pptx", ".eml", ".msg", ".epub"])
     max_file_mb: float = 20
+    ocr: OcrSettings = field(default_factory=OcrSettings)
 
 
 @dataclass
@@ -150,6 +163,26 @@ def parse_interval(text: str) -> float:
 
 
 @dataclass
+class ConfluenceSettings:
+    """A Confluence site (Cloud or Data Center) as a source: the pages of some spaces or of a CQL query."""
+
+    #: The base URL: ``https://<site>.atlassian.net/wiki`` (Cloud) or ``https://confluence.example.com``.
+    url: str = ""
+    #: Space keys, or (instead) a CQL query selecting the pages (``type = page`` is added).
+    spaces: list[str] = field(default_factory=list)
+    cql: str | None = None
+    #: The environment variable holding the API token (Cloud) or personal access token (Data Center).
+    token_env: str = "CONFLUENCE_TOKEN"
+    #: Cloud only: the account e-mail the API token belongs to (Basic auth); unset: the token is a Bearer PAT.
+    user: str | None = None
+    #: Index the pages' attachments of the indexed file types.
+    attachments: bool = True
+    #: 429/503 answers are retried after their Retry-After, this many times, never waiting longer than this.
+    max_retries: int = 5
+    max_retry_wait_s: float = 120
+
+
+@dataclass
 class SourceSettings:
     """One entry of ``sources:``: a local folder or a list of URLs, refreshed on a schedule."""
 
@@ -164,13 +197,15 @@ class SourceSettings:
     urls: list[str] = field(default_factory=list)
     #: Read each host's robots.txt and keep to it (Disallow, Crawl-delay); false only for hosts you own.
     respect_robots: bool = True
+    #: A Confluence site (see ``ConfluenceSettings``), instead of path or urls.
+    confluence: ConfluenceSettings | None = None
     #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
     interval: str | None = None
     cron: str | None = None
 
     @property
     def kind(self) -> str:
-        return "path" if self.path else "urls"
+        return "path" if self.path else "confluence" if self.confluence else "urls"
 
     @property
     def interval_s(self) -> float | None:
@@ -360,6 +395,9 @@ def _validate(s: Settings) -> None:
     if lim.max_turns_in_flight < 1 or lim.max_queued_turns < 0 or lim.concurrent_model_calls < 1:
         raise SettingsError("limits.max_turns_in_flight and limits.concurrent_model_calls must be at least 1 and "
                             "limits.max_queued_turns not negative")
+    ocr = s.indexing.ocr
+    if not isinstance(ocr.enabled, bool) or not 72 <= ocr.dpi <= 600 or ocr.max_pages < 1:
+        raise SettingsError("indexing.ocr: enabled must be true or false, dpi between 72 and 600, max_pages >= 1")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
     for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False) + s.insights.problems():
@@ -389,6 +427,10 @@ def _sources(raw: Any, s: Settings) -> list[SourceSettings]:
             setattr(source, key, [v.strip() for v in value])
         if source.path is not None:
             source.path = str(s.resolve(str(source.path)).resolve())
+        if source.confluence is not None and not isinstance(source.confluence, ConfluenceSettings):
+            source.confluence = _build(ConfluenceSettings, source.confluence, f"{where}.confluence")
+            spaces = source.confluence.spaces
+            source.confluence.spaces = [spaces] if isinstance(spaces, str) else spaces
         out.append(source)
     return out
 
@@ -429,8 +471,11 @@ def _validate_refresh(s: Settings) -> None:
         names.add(src.name)
         if not isinstance(src.space, str) or not src.space.strip():
             raise SettingsError(f"{where}.space must be a knowledge space name")
-        if bool(src.path) == bool(src.urls):
-            raise SettingsError(f"{where} needs exactly one of path (a local folder) or urls (pages and sitemaps)")
+        if sum(map(bool, (src.path, src.urls, src.confluence))) != 1:
+            raise SettingsError(f"{where} needs exactly one of path (a local folder) or urls (pages and sitemaps) or "
+                                "confluence (a Confluence site)")
+        if src.confluence is not None:
+            _validate_confluence(src.confluence, f"{where}.confluence")
         if src.urls and (src.include or src.exclude):
             raise SettingsError(f"{where}: include/exclude apply to folders; a URL source lists its urls")
         if not isinstance(src.respect_robots, bool):
@@ -462,3 +507,20 @@ def _validate_refresh(s: Settings) -> None:
                     raise SettingsError(f"{where}.path overlaps the folder of source {other_name!r}; each file "
                                         "must belong to one source")
             folders.append((src.name, src.path))
+
+
+def _validate_confluence(c: ConfluenceSettings, where: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(c.url or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{where}.url must be the site's http(s) base URL (Cloud: https://<site>.atlassian.net/wiki), "
+                            f"got {c.url!r}")
+    if not isinstance(c.spaces, list) or not all(isinstance(k, str) and k.strip() for k in c.spaces):
+        raise SettingsError(f"{where}.spaces must be a list of space keys")
+    if bool(c.spaces) == bool(c.cql and str(c.cql).strip()):
+        raise SettingsError(f"{where} needs exactly one of spaces (space keys) or cql (a CQL query)")
+    if not isinstance(c.token_env, str) or not c.token_env.strip():
+        raise SettingsError(f"{where}.token_env must name the environment variable that holds the token")
+    if c.max_retries < 0 or c.max_retry_wait_s <= 0:
+        raise SettingsError(f"{where}.max_retries must be >= 0 and max_retry_wait_s positive")

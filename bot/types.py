@@ -44,9 +44,55 @@ class Citation:
     position: int
     title: str
     source: str
+    #: Where in the document the cited chunk is: ``p. 14``, ``slide 3``, ``sheet Parts`` or its section.
+    locator: str = ""
+    #: The PDF page of the cited chunk (1-based), which a link to a URL source points at.
+    page: int | None = None
+
+    @classmethod
+    def of_chunk(cls, index: int, meta: dict[str, Any]) -> Citation:
+        """The citation of a chunk, from its meta (as the indexing pipeline wrote it)."""
+        page = _int(meta.get("page"))
+        slide = _int(meta.get("slide"))
+        if page is not None:
+            locator = f"p. {page}"
+        elif slide is not None:
+            locator = f"slide {slide}"
+        elif meta.get("sheet"):
+            locator = f"sheet {meta['sheet']}"
+        else:
+            locator = str(meta.get("header") or "")
+        return cls(index=index, doc_id=str(meta.get("doc_id", "")), version=int(meta.get("version", 0)),
+                   position=int(meta.get("position", 0)),
+                   # An e-mail's attachment is its own document to the reader, under its file name.
+                   title=str(meta.get("attachment") or meta.get("title") or meta.get("source") or ""),
+                   source=str(meta.get("source") or ""), locator=locator, page=page)
+
+    @property
+    def label(self) -> str:
+        """What a sources block shows: ``manual.pdf, p. 14``."""
+        title = (self.title or self.source or self.doc_id).strip() or f"source {self.index}"
+        return f"{title}, {self.locator}" if self.locator and self.locator != title else title
+
+    @property
+    def url(self) -> str | None:
+        """The link of a URL source, at the cited page of a PDF (``#page=14``, which PDF viewers open)."""
+        if not self.source.startswith(("http://", "https://")):
+            return None
+        if self.page is not None and "#" not in self.source:
+            return f"{self.source}#page={self.page}"
+        return self.source
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _int(value: Any) -> int | None:
+    # Weaviate's auto-schema stores numbers as floats: 14.0 is page 14.
+    try:
+        return int(value) if value is not None and value != "" else None
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass

@@ -26,7 +26,7 @@ from haystack import Pipeline
 from haystack.components.preprocessors import DocumentCleaner
 from haystack.dataclasses import ByteStream
 
-from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDocument
+from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDocument, OcrOptions
 from pipelines.errors import ServiceUnavailable, root_cause
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
@@ -43,11 +43,12 @@ def build_indexing_pipeline(
     overlap_sentences: int = 1,
     max_file_mb: float = 20,
     from_documents: bool = False,
+    ocr: OcrOptions | None = None,
 ) -> Pipeline:
     """Files or ByteStreams in at ``convert.sources``; with ``from_documents``, Documents in at ``clean.documents``."""
     pipe = Pipeline()
     if not from_documents:
-        pipe.add_component("convert", FileToDocument(max_file_mb=max_file_mb))
+        pipe.add_component("convert", FileToDocument(max_file_mb=max_file_mb, ocr=ocr))
     pipe.add_component(
         "clean",
         DocumentCleaner(
@@ -69,6 +70,27 @@ def build_indexing_pipeline(
 
 
 @dataclass
+class FormatCounts:
+    """One format's share of a refresh: documents converted, PDF pages read by OCR, failures."""
+
+    documents: int = 0
+    ocr_pages: int = 0
+    failed: int = 0
+
+    def summary(self) -> str:
+        text = f"{self.documents} indexed"
+        if self.ocr_pages:
+            text += f" ({self.ocr_pages} pages OCR'd)"
+        return text + (f", {self.failed} failed" if self.failed else "")
+
+
+def format_of(suffix: str) -> str:
+    """The report's name for a file type: ``.htm`` and ``.html`` are both html, etc."""
+    suffix = suffix.lower().lstrip(".")
+    return {"htm": "html", "markdown": "md", "": "unknown"}.get(suffix, suffix)
+
+
+@dataclass
 class IndexReport:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
@@ -80,6 +102,15 @@ class IndexReport:
     chunks: int = 0
     knowledge_version: int = 0
     seconds: float = 0.0
+    #: Per file type (``pdf``, ``docx``, ...): what was converted this run, and what failed.
+    formats: dict[str, FormatCounts] = field(default_factory=dict)
+
+    def count_format(self, suffix: str) -> FormatCounts:
+        return self.formats.setdefault(format_of(suffix), FormatCounts())
+
+    def formats_summary(self) -> str:
+        """``pdf: 3 indexed (12 pages OCR'd); docx: 1 indexed, 1 failed``; empty when nothing was converted."""
+        return "; ".join(f"{name}: {counts.summary()}" for name, counts in sorted(self.formats.items()))
 
     @property
     def changed_anything(self) -> bool:
@@ -100,7 +131,7 @@ class RefreshAborted(RuntimeError):
 
 # Bumped whenever conversion, cleaning or splitting changes what a file becomes, so the next
 # refresh re-indexes everything once instead of keeping chunks made the old way.
-INDEX_FORMAT = "3"
+INDEX_FORMAT = "4"
 
 
 def content_hash(data: bytes) -> str:
@@ -430,12 +461,17 @@ class Indexer:
                 raise unavailable from exc
             cause = root_cause(exc)
             log.exception("indexing %s failed", item.source)
+            report.count_format(item.suffix).failed += 1
             report.failed.append(Failure(item.source, f"indexing failed ({type(cause).__name__}: {cause})"))
             return
         failures = result["convert"]["failures"]
+        counts = report.count_format(item.suffix)
         if failures:
+            counts.failed += 1
             report.failed.extend(Failure(item.source, f.reason) for f in failures)
             return
+        counts.documents += 1
+        counts.ocr_pages += sum(1 for d in result["convert"]["documents"] if (d.meta or {}).get("ocr"))
         published = result["write"]["published"]
         report.chunks += sum(r.chunks for r in published)
         (report.changed if current else report.added).append(item.source)

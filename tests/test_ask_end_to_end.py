@@ -40,7 +40,7 @@ def test_chinese_question_is_answered_from_the_overheating_guide(cli_env, capsys
     assert result["trace"]["query"] == "电机过热怎么办？" and result["trace"]["model_calls"] == 0
     assert {"embed", "retrieve", "rank", "generate"} <= set(result["trace"]["stages"])
     for c in result["citations"]:
-        assert set(c) == {"index", "doc_id", "version", "position", "title", "source"}
+        assert set(c) == {"index", "doc_id", "version", "position", "title", "source", "locator", "page"}
         assert f"[{c['index']}]" in result["answer"]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from haystack import Document, component
 
+from pipelines.components.converter import MARKDOWN_FORMATS
 from pipelines.text import breadcrumb, detect_language, split_sentences
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
@@ -127,7 +128,7 @@ class SectionSplitter:
 
     def split(self, doc: Document) -> list[Document]:
         text = doc.content or ""
-        markdown = (doc.meta or {}).get("format") in ("markdown", "html")
+        markdown = (doc.meta or {}).get("format") in MARKDOWN_FORMATS
         title = (doc.meta or {}).get("title") or ""
         out: list[Document] = []
         for section in parse_sections(text, markdown):

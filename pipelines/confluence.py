@@ -1,0 +1,362 @@
+"""Confluence as a source: the pages of some spaces (or of a CQL query) and their attachments.
+
+``ConfluenceSource`` is a ``pipelines.indexing.Source``. It speaks the REST API that Confluence
+Cloud (``https://<site>.atlassian.net/wiki``, e-mail + API token) and Data Center
+(``https://confluence.example.com``, a personal access token as Bearer) share:
+
+- one listing per run, ``GET /rest/api/content/search`` with CQL (``space in (...) and type = page``,
+  or the configured CQL ``and type = page``), following ``_links.next`` page after page, with each
+  page's version number; attachments likewise, one listing for the spaces the pages are in, kept
+  when their page is listed and their file type is indexed;
+- a page or attachment whose version is the one indexed last time (``FetchState``, kept by the
+  caller between runs, trusted only while the store still holds what it produced) costs nothing
+  more: no body, no download, no conversion, no embedding;
+- a changed page's body (storage format) becomes Markdown with its headings (``markdownify``), so
+  the splitter keeps the page's section structure; an attachment is converted like a file;
+- what the listing no longer has (deleted, moved out of scope, restricted from the API user) is
+  revoked by the indexer, since the listing is complete or the run fails; a page that answers 403 or
+  404 between the listing and its download is gone too;
+- every document's source is its web link (the page, or the attachment's download), so a citation
+  links to it (a PDF attachment at the cited page);
+- 429 and 503 answers are retried after their ``Retry-After`` (seconds or an HTTP date), at most
+  ``max_retries`` times and never waiting longer than ``max_retry_wait_s`` at once; beyond that
+  the run fails with the reason and every document keeps its version.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timezone
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from pipelines.components.converter import SUPPORTED_SUFFIXES
+from pipelines.indexing import INDEX_FORMAT, SourceItem, content_hash
+from pipelines.sources import FetchState
+from pipelines.store import DocRecord
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = (429, 503)
+PAGE_SIZE = 100
+
+
+class ConfluenceError(Exception):
+    """The Confluence API could not be read; the message is the reason shown to the operator."""
+
+
+class Gone(ConfluenceError):
+    """A page or attachment no longer exists for us (deleted, or restricted from the API user)."""
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds to wait: a number of seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    now = time.time() if now is None else now
+    return max(0.0, moment.timestamp() - now)
+
+
+class ConfluenceClient:
+    """GETs against one Confluence site with its credentials, rate-limit retries and size cap."""
+
+    def __init__(self, base_url: str, token: str, *, user: str | None = None, timeout_s: float = 30,
+                 connect_timeout_s: float = 10, max_bytes: int = 20_000_000, max_retries: int = 5,
+                 max_retry_wait_s: float = 120, user_agent: str = "kbbot",
+                 transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.base_url = base_url.rstrip("/")
+        self.max_bytes = max_bytes
+        self.max_retries = max_retries
+        self.max_retry_wait_s = max_retry_wait_s
+        self.sleep = sleep
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        auth: httpx.Auth | None = None
+        if user:  # Cloud: e-mail address and API token
+            auth = httpx.BasicAuth(user, token)
+        else:  # Data Center: a personal access token
+            headers["Authorization"] = f"Bearer {token}"
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
+                                   headers=headers, auth=auth, follow_redirects=True, max_redirects=5,
+                                   transport=transport)
+        self.origin = _origin(self.base_url)
+        #: Requests sent and 429/503 answers waited out, for the run's log line.
+        self.requests = 0
+        self.throttled = 0
+
+    def close(self) -> None:
+        self.client.close()
+
+    def url(self, link: str) -> str:
+        """An API or web link (``_links.next``, ``webui``, ``download``) as an absolute URL of this site."""
+        if link.startswith(("http://", "https://")):
+            if _origin(link) != self.origin:
+                raise ConfluenceError(f"the API pointed to another site ({_origin(link)}); not followed")
+            return link
+        return self.base_url + "/" + link.lstrip("/")
+
+    def get(self, link: str, params: dict[str, Any] | None = None) -> bytes:
+        """The body of a 200 answer (at most ``max_bytes``); else ``Gone`` or ``ConfluenceError``."""
+        url = self.url(link)
+        for attempt in range(self.max_retries + 1):
+            self.requests += 1
+            try:
+                with self.client.stream("GET", url, params=params) as response:
+                    if response.status_code in RETRY_STATUSES:
+                        wait = retry_after_s(response.headers.get("Retry-After"))
+                        wait = min(2.0 ** attempt, 30.0) if wait is None else wait
+                        if attempt == self.max_retries or wait > self.max_retry_wait_s:
+                            raise ConfluenceError(
+                                f"HTTP {response.status_code} from {urlsplit(url).path}: rate limited; gave up after "
+                                f"{attempt + 1} tries (Retry-After {wait:g} s, longest wait allowed "
+                                f"{self.max_retry_wait_s:g} s)")
+                        self.throttled += 1
+                        log.info("confluence: HTTP %d, waiting %.1f s as Retry-After asks", response.status_code, wait)
+                    else:
+                        _check_status(response, url)
+                        body = bytearray()
+                        for chunk in response.iter_bytes():
+                            body.extend(chunk)
+                            if len(body) > self.max_bytes:
+                                raise ConfluenceError(f"{urlsplit(url).path}: larger than the "
+                                                      f"{self.max_bytes / 1e6:.1f} MB limit; not downloaded")
+                        return bytes(body)
+            except httpx.TimeoutException as exc:
+                raise ConfluenceError(f"no answer from {self.origin} in time ({type(exc).__name__})") from exc
+            except httpx.TransportError as exc:
+                raise ConfluenceError(f"cannot reach {self.origin} ({type(exc).__name__}: {exc})") from exc
+            self.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def json(self, link: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = self.get(link, params)
+        path = urlsplit(self.url(link)).path
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ConfluenceError(f"{path}: not a JSON answer; is {self.base_url} the Confluence base URL "
+                                  "(Cloud: https://<site>.atlassian.net/wiki)?") from exc
+        if not isinstance(data, dict):
+            raise ConfluenceError(f"{path}: unexpected answer ({type(data).__name__})")
+        return data
+
+    def results(self, link: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every result of a paginated listing, following ``_links.next`` (offsets on Data Center,
+        cursors on Cloud) to the end."""
+        data = self.json(link, params)
+        while True:
+            yield from data.get("results") or []
+            following = (data.get("_links") or {}).get("next")
+            if not following:
+                return
+            data = self.json(following)
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{(parts.netloc or '').lower()}"
+
+
+def _check_status(response: httpx.Response, url: str) -> None:
+    status = response.status_code
+    if status == 200:
+        return
+    path = urlsplit(url).path
+    if status in (403, 404):
+        raise Gone(f"HTTP {status} for {path}: deleted, or not visible to the API user")
+    if status == 401:
+        raise ConfluenceError("HTTP 401: Confluence refused the credentials (check the token, and for Cloud the "
+                              "user e-mail)")
+    response.read()
+    detail = response.text[:200].strip()
+    raise ConfluenceError(f"HTTP {status} for {path}" + (f": {detail}" if detail else ""))
+
+
+def storage_to_markdown(title: str, storage: str) -> str:
+    """A page's storage-format body as Markdown under ``# title``: headings, lists and tables kept,
+    macro bodies kept as text, images and links reduced to their text."""
+    from markdownify import markdownify
+
+    body = markdownify(storage or "", heading_style="ATX", strip=["img", "a"], bullets="-")
+    # Confluence pages start at h1 inside the page; the title is the document's own heading.
+    lines = [("#" + line) if line.startswith("#") else line for line in body.splitlines()]
+    return f"# {title}\n\n" + "\n".join(lines).strip() + "\n"
+
+
+@dataclass
+class Entry:
+    """One page or attachment as the listing showed it."""
+
+    doc_id: str
+    kind: str  # page | attachment
+    content_id: str
+    version: int
+    title: str
+    link: str  # the web link people follow (the page), for an attachment its download
+    suffix: str = ".md"
+
+    @property
+    def tag(self) -> str:
+        """What ``FetchState.etag`` keeps: the version this index format made it from."""
+        return f"v{self.version}:{INDEX_FORMAT}"
+
+
+def _cql_list(values: list[str]) -> str:
+    return ", ".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+
+
+class _ConfluenceScan:
+    def __init__(self, source: ConfluenceSource, entries: list[Entry], current: dict[str, DocRecord], space: str):
+        self.source = source
+        self.entries = entries
+        self.current = current
+        self.space = space
+
+    @property
+    def total(self) -> int:
+        return len(self.entries)
+
+    def _unchanged(self, entry: Entry) -> bool:
+        state = self.source.states.get(entry.doc_id)
+        record = self.current.get(entry.doc_id)
+        return (state is not None and record is not None and state.etag == entry.tag
+                and state.content_hash == record.content_hash and record.space == self.space
+                and record.root == self.source.root)
+
+    def _item(self, entry: Entry) -> SourceItem:
+        src = self.source
+        item = SourceItem(doc_id=entry.doc_id, source=entry.link, root=src.root, suffix=entry.suffix,
+                          name=PurePosixPath(entry.title).stem if entry.kind == "attachment" else entry.title)
+        if self._unchanged(entry):
+            item.not_modified = True
+            src.updated_states[entry.doc_id] = src.states[entry.doc_id]
+            return item
+        try:
+            if entry.kind == "page":
+                page = src.client.json(f"rest/api/content/{entry.content_id}", {"expand": "body.storage,version"})
+                storage = ((page.get("body") or {}).get("storage") or {}).get("value") or ""
+                item.data = storage_to_markdown(page.get("title") or entry.title, storage).encode("utf-8")
+            else:
+                item.data = src.client.get(entry.link)
+        except Gone as exc:
+            item.gone = True
+            item.error = str(exc)
+            return item
+        except ConfluenceError as exc:
+            item.error = str(exc)
+            return item
+        src.updated_states[entry.doc_id] = FetchState(etag=entry.tag, content_hash=content_hash(item.data))
+        return item
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        for entry in self.entries:
+            yield self._item(entry)
+
+
+class ConfluenceSource:
+    """The pages (and attachments) of ``spaces`` or of ``cql`` on one Confluence site; ``root``
+    (``confluence:<name>``) scopes revocation to it."""
+
+    def __init__(self, name: str, client: ConfluenceClient | None, *, spaces: list[str] | None = None,
+                 cql: str | None = None, attachments: bool = True, states: dict[str, FetchState] | None = None,
+                 max_documents: int = 10000, missing: str | None = None):
+        if bool(spaces) == bool(cql):
+            raise ValueError("a Confluence source needs space keys or a CQL query (one of them)")
+        self.name = name
+        self.client = client
+        self.spaces = list(spaces or [])
+        self.cql = cql
+        self.attachments = attachments
+        self.states = dict(states or {})
+        self.updated_states: dict[str, FetchState] = {}
+        self.max_documents = max_documents
+        #: Why there is no client (a token not set): the run fails with it, nothing is revoked.
+        self.missing = missing
+        self.listed_completely = True  # a listing is whole, or the scan raises
+
+    @property
+    def root(self) -> str:
+        return f"confluence:{self.name}"
+
+    @property
+    def roots(self) -> list[str]:
+        return [self.root]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def page_cql(self) -> str:
+        scope = f"space in ({_cql_list(self.spaces)})" if self.spaces else f"({self.cql})"
+        return f"{scope} and type = page"
+
+    def _doc_id(self, kind: str, content_id: str) -> str:
+        return f"{self.root}:{kind}:{content_id}"
+
+    def _list(self) -> list[Entry]:
+        assert self.client is not None
+        client = self.client
+        entries: list[Entry] = []
+        pages: dict[str, Entry] = {}
+        space_keys: set[str] = set()
+        for result in client.results("rest/api/content/search",
+                                     {"cql": self.page_cql(), "expand": "version,space", "limit": PAGE_SIZE}):
+            content_id = str(result["id"])
+            links = result.get("_links") or {}
+            entry = Entry(self._doc_id("page", content_id), "page", content_id,
+                          int((result.get("version") or {}).get("number") or 0), str(result.get("title") or ""),
+                          client.url(links.get("webui") or f"pages/viewpage.action?pageId={content_id}"))
+            pages[content_id] = entry
+            key = (result.get("space") or {}).get("key")
+            if key:
+                space_keys.add(str(key))
+        entries += pages.values()
+        if self.attachments and pages and space_keys:
+            cql = f"space in ({_cql_list(sorted(space_keys))}) and type = attachment"
+            for result in client.results("rest/api/content/search",
+                                         {"cql": cql, "expand": "version,container", "limit": PAGE_SIZE}):
+                container = str((result.get("container") or {}).get("id") or "")
+                title = str(result.get("title") or "")
+                suffix = PurePosixPath(title).suffix.lower()
+                links = result.get("_links") or {}
+                if container not in pages or suffix not in SUPPORTED_SUFFIXES or not links.get("download"):
+                    continue
+                download = client.url(links["download"])
+                entries.append(Entry(self._doc_id("attachment", str(result["id"])), "attachment", str(result["id"]),
+                                     int((result.get("version") or {}).get("number") or 0), title, download,
+                                     suffix=suffix))
+        if len(entries) > self.max_documents:
+            raise ConfluenceError(f"{len(entries)} pages and attachments listed; more than the "
+                                  f"{self.max_documents} a source may have (refresh.max_urls)")
+        return entries
+
+    def scan(self, current: dict[str, DocRecord], space: str) -> _ConfluenceScan:
+        """Lists the source (raises ``ConfluenceError`` if the listing cannot be read whole)."""
+        if self.client is None:
+            raise ConfluenceError(self.missing or "no Confluence client")
+        started = time.perf_counter()
+        try:
+            entries = self._list()
+        except Gone as exc:  # the search itself is missing: not a page that went away
+            raise ConfluenceError(f"{exc}; is {self.client.base_url} the Confluence base URL (Cloud: "
+                                  "https://<site>.atlassian.net/wiki)?") from exc
+        log.info("confluence source=%s: %d pages and attachments listed in %.1f s (%d requests, %d rate-limited)",
+                 self.name, len(entries), time.perf_counter() - started, self.client.requests, self.client.throttled)
+        return _ConfluenceScan(self, entries, current, space)
+
