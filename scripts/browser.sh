@@ -13,12 +13,12 @@ for pkg in "${PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     echo "browser.sh: installing ${missing[*]} with apt-get (needs root) ..." >&2
-    ((EUID == 0)) || { echo "browser.sh: not root; install them: apt-get -o DPkg::Lock::Timeout=600 install ${missing[*]}" >&2; exit 1; }
+    ((EUID == 0)) || { echo "browser.sh: not root; install them: apt-get install ${missing[*]}" >&2; exit 1; }
     command -v apt-get >/dev/null 2>&1 || { echo "browser.sh: apt-get is unavailable; install ${missing[*]}" >&2; exit 1; }
     log="$(mktemp)"
     if ! { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}"; } >"$log" 2>&1; then
-        echo "browser.sh: apt-get -o DPkg::Lock::Timeout=600 install ${missing[*]} failed; log: $log" >&2
+        echo "browser.sh: apt-get install ${missing[*]} failed; log: $log" >&2
         exit 1
     fi
     rm -f "$log"
