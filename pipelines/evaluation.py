@@ -98,7 +98,7 @@ def miss_cause(query: EvalQuery, top: str | None, retrieved: list[str], ranked: 
                titles: dict[str, str]) -> str | None:
     """Why the best gold passage is not first, from what the titles' ``a > b > c`` paths say:
     ``hit`` (it is first), ``not_retrieved`` (no candidate of the retriever), ``cut_by_ranker``
-    (a candidate the ranker dropped), ``duplicate`` (the first passage has the gold's very title),
+    (among as many first candidates as were ranked, but dropped by the ranker), ``duplicate`` (the first passage has the gold's very title),
     ``parent_first`` / ``child_first`` (the first is the gold's ancestor / descendant section),
     ``sibling_first`` (same parent section), ``other_section``."""
     gold = set(query.gold_ids)
@@ -106,7 +106,7 @@ def miss_cause(query: EvalQuery, top: str | None, retrieved: list[str], ranked: 
         return "hit"
     if not gold & set(retrieved):
         return "not_retrieved"
-    if not gold & set(ranked):
+    if not gold & set(ranked) and gold & set(retrieved[: len(ranked)]):
         return "cut_by_ranker"
     if top is None:
         return "not_retrieved"

@@ -101,4 +101,5 @@ def test_miss_causes_read_the_section_paths():
     assert cause("d2", ["d1", "d2"]) == "duplicate"
     assert cause("c", ["x", "c"]) == "other_section"
     assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x"], ["x"], titles) == "not_retrieved"
-    assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x", "c"], ["x"], titles) == "cut_by_ranker"
+    assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x", "c", "s"], ["x", "s"], titles) == "cut_by_ranker"
+    assert miss_cause(EvalQuery("q", "?", ["c"]), "x", ["x", "s", "c"], ["x", "s"], titles) == "other_section"
