@@ -239,7 +239,8 @@ def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable:
     return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity, **result}
 
 
-def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False) -> int:
+def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False,
+             answers: bool = False, limit: int | None = None, turns: str | None = None) -> int:
     from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
     from pipelines.indexing import build_indexing_pipeline
     from pipelines.query import build_retrieval_pipeline
@@ -267,7 +268,12 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
                                          fusion=settings.retrieval.fusion,
                                          ranker=make_ranker(settings))
     try:
-        result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
+        if answers:
+            from adapters.answer_eval import run_answer_eval
+
+            result = {"dataset": name, **run_answer_eval(settings, runtime, path, limit=limit, turns_path=turns)}
+        else:
+            result = {"dataset": name, **evaluate(retrieval, queries, mode=mode, k=k)}
         if unanswerable:
             result["abstention"] = eval_abstention(settings, runtime, mode, queries, refusals)
     finally:
@@ -318,6 +324,11 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--unanswerable", action="store_true",
                     help="also run whole turns (extractive) and score abstention on queries_unanswerable.jsonl")
+    ev.add_argument("--answers", action="store_true",
+                    help="run whole turns with the configured generator and score the answers "
+                         "(citations, grounding, reference overlap, language, abstention, seconds per turn)")
+    ev.add_argument("--limit", type=int, help="with --answers: the first N questions of each set")
+    ev.add_argument("--turns", help="with --answers: append each turn as a JSON line to this file")
     return p
 
 
@@ -333,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         if args.command == "eval":
-            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable)
+            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable,
+                            args.answers, args.limit, args.turns)
         if args.command == "status":
             return run_status(settings, args.json)
         runtime = build_runtime(settings)

@@ -17,6 +17,7 @@ from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore
 from bot.settings import Settings
 from bot.state import Idempotency, MemoryIdempotency
 from pipelines.components.embedders import make_embedders
+from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.generators import make_generator
@@ -41,6 +42,50 @@ def make_ranker(settings: Settings) -> Any:
 
 
 @dataclass
+class Generators:
+    """What answers a turn: the answer's generator, the helper calls' (None: rules and retrieval
+    scores decide), and the budgets that fit them."""
+
+    answer: Any
+    helper: Any | None
+    budget_chars: int
+    turn_timeout_s: float
+
+
+def make_generators(settings: Settings, *, temperature: float | None = None,
+                    similarity: Similarity | None = None) -> Generators:
+    """The configured generators; ``temperature`` overrides ``generator.temperature`` (evals use 0);
+    ``similarity`` lets the extractive answer pick sentences by meaning.
+
+    ``local`` starts the in-process llama.cpp server (joining the default model on first use) and
+    talks to it like ``openai``, with its own, smaller prompt budget and token limits."""
+    g, a = settings.generator, settings.answering
+    kind = settings.generator_kind
+    temperature = g.temperature if temperature is None else temperature
+    if kind == "extractive":
+        return Generators(ExtractiveAnswerer(similarity=similarity), None, settings.prompt.budget_chars,
+                          a.turn_timeout_s)
+    if kind == "local":
+        from pipelines.local_model import LocalModelServer, default_model_path
+
+        local = g.local
+        path = settings.resolve(g.model_path) if g.model_path else default_model_path()
+        base_url = LocalModelServer.shared(path, n_ctx=local.n_ctx, n_threads=local.threads).start()
+        answer = make_generator(kind, model=path.name, max_tokens=local.max_tokens, timeout_s=local.turn_timeout_s,
+                                max_retries=0, base_url=base_url, temperature=temperature)
+        helper = make_generator(kind, model=path.name, max_tokens=local.helper_max_tokens,
+                                timeout_s=local.helper_timeout_s, max_retries=0, base_url=base_url,
+                                temperature=temperature) if local.helpers else None
+        return Generators(answer, helper, local.budget_chars, local.turn_timeout_s)
+    answer = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
+                            max_retries=g.max_retries, base_url=g.base_url, temperature=temperature)
+    # Rewrite, guard, grade and reformulate: short calls to the same model.
+    helper = make_generator(kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
+                            max_retries=min(g.max_retries, 1), base_url=g.base_url, temperature=temperature)
+    return Generators(answer, helper, settings.prompt.budget_chars, a.turn_timeout_s)
+
+
+@dataclass
 class Runtime:
     """Everything a process of kbbot needs. ``await start()`` connects the state services
     inside the event loop that will use them (redis.asyncio connections belong to one loop)."""
@@ -56,6 +101,10 @@ class Runtime:
     _limiter: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.settings.generator_kind == "local":
+            from pipelines.local_model import prepare_process
+
+            prepare_process()  # before the embedder loads its OpenMP runtime
         e = self.settings.embedder
         self._embedders = make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
                                          query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
@@ -67,6 +116,10 @@ class Runtime:
     @property
     def document_embedder(self) -> Any:
         return self._embedders[1]
+
+    @property
+    def sentence_similarity(self) -> Similarity:
+        return embedding_similarity(self.text_embedder, self.document_embedder)
 
     @cached_property
     def indexer(self) -> Indexer:
@@ -146,36 +199,39 @@ class Runtime:
             raise RuntimeError("Runtime.start() has not been awaited")
         return self._idempotency
 
+    def query_pipeline(self, generators: Generators, topics: Any, *, clarify: bool | None = None) -> Any:
+        """The answering pipeline on this runtime's store, with ``generators``."""
+        s, a = self.settings, self.settings.answering
+        return build_query_pipeline(
+            self.store, self.text_embedder, make_ranker(s), generators.answer,
+            system_template=s.template("system_template"), user_template=s.template("user_template"),
+            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
+            budget_chars=generators.budget_chars, min_similarity=s.retrieval.min_similarity,
+            helper_generator=generators.helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
+            off_topic_similarity=a.off_topic_similarity, off_topic_similarity_zh=a.off_topic_similarity_zh,
+            clarify=a.clarify if clarify is None else clarify,
+        )
+
     @cached_property
     def answerer(self) -> Answerer:
         s = self.settings
         g, a = s.generator, s.answering
         kind = s.generator_kind
-        generator = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
-                                   max_retries=g.max_retries, base_url=g.base_url)
-        # Rewrite, guard, grade and reformulate: short calls to the same model, or rules without one.
-        helper = None if kind == "extractive" else make_generator(
-            kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
-            max_retries=min(g.max_retries, 1), base_url=g.base_url)
+        generators = make_generators(s, similarity=self.sentence_similarity)
+        helper = generators.helper
         topics = s.topics()
-        pipeline = build_query_pipeline(
-            self.store, self.text_embedder, make_ranker(s), generator,
-            system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
-            budget_chars=s.prompt.budget_chars, min_similarity=s.retrieval.min_similarity,
-            helper_generator=helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
-            off_topic_similarity=a.off_topic_similarity, clarify=a.clarify,
-        )
+        pipeline = self.query_pipeline(generators, topics)
 
         async def learner(message: str) -> str | None:
             budget = TurnBudget(max_model_calls=1, reserved=0)
             return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
 
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
-                        handoff=a.handoff, turn_timeout_s=a.turn_timeout_s, max_question_chars=a.max_question_chars,
+                        handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s, max_question_chars=a.max_question_chars,
                         max_model_calls=a.max_model_calls, max_retries=a.max_retries,
                         model_answers=kind != "extractive", cache=self._answers,
-                        cache_identity=(g.model if kind != "extractive" else "extractive", s.memory.policy_version),
+                        cache_identity=(generators.answer.model if kind != "extractive" else "extractive",
+                                        s.memory.policy_version),
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
                         learner=learner if helper is not None else None, limiter=self._limiter)
 

@@ -76,6 +76,20 @@ class PromptSettings:
 
 
 @dataclass
+class LocalModelSettings:
+    """``generator.kind: local``: a GGUF model run in process (much slower than a hosted one)."""
+
+    n_ctx: int = 4096
+    threads: int = 2
+    budget_chars: int = 3000      # replaces prompt.budget_chars: prompt tokens cost ~30 ms each
+    max_tokens: int = 320         # replaces generator.max_tokens
+    helpers: bool = False         # rewrite / guard / grade / reformulate as model calls
+    helper_max_tokens: int = 60
+    helper_timeout_s: float = 60
+    turn_timeout_s: float = 300   # replaces answering.turn_timeout_s
+
+
+@dataclass
 class GeneratorSettings:
     kind: str = "auto"
     model: str = "claude-sonnet-5-5"
@@ -83,6 +97,9 @@ class GeneratorSettings:
     timeout_s: float = 60
     max_retries: int = 2
     base_url: str | None = None
+    temperature: float = 0.2
+    model_path: str | None = None  # kind local: a GGUF file; null: the default model (README)
+    local: LocalModelSettings = field(default_factory=LocalModelSettings)
 
 
 @dataclass
@@ -93,6 +110,7 @@ class AnsweringSettings:
     turn_timeout_s: float = 120
     guard_min_confidence: float = 0.7
     off_topic_similarity: float = 0.78
+    off_topic_similarity_zh: float = 0.85
     clarify: bool = True
     helper_max_tokens: int = 300
     max_question_chars: int = 4000
@@ -294,6 +312,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
         settings.store.weaviate_url = env["WEAVIATE_URL"]
     settings.redis_url = env.get("REDIS_URL") or None
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
+    if env.get("KBBOT_GENERATOR"):
+        settings.generator.kind = env["KBBOT_GENERATOR"]
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
     _validate(settings)
@@ -303,7 +323,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
 def _validate(s: Settings) -> None:
     choices = {
         "store.kind": (s.store.kind, ("auto", "memory", "weaviate")),
-        "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "extractive")),
+        "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "local", "extractive")),
         "retrieval.mode": (s.retrieval.mode, ("hybrid", "bm25", "vector")),
         "retrieval.fusion": (s.retrieval.fusion, ("dbsf", "rrf")),
         "ranker.kind": (s.ranker.kind, ("balanced", "rerank_http")),
@@ -316,9 +336,15 @@ def _validate(s: Settings) -> None:
         raise SettingsError("store.kind is weaviate but WEAVIATE_URL is not set")
     if s.generator_kind == "anthropic" and not s.anthropic_key_set:
         raise SettingsError("generator.kind is anthropic but ANTHROPIC_API_KEY is not set")
-    if s.prompt.budget_chars < 1000:
-        raise SettingsError("prompt.budget_chars must be at least 1000")
+    if s.prompt.budget_chars < 1000 or s.generator.local.budget_chars < 1000:
+        raise SettingsError("prompt.budget_chars and generator.local.budget_chars must be at least 1000")
+    if not 0 <= s.generator.temperature <= 2:
+        raise SettingsError("generator.temperature must be between 0 and 2")
+    if s.generator_kind == "local" and s.generator.model_path and not s.resolve(s.generator.model_path).is_file():
+        raise SettingsError(f"generator.model_path: no GGUF file at {s.resolve(s.generator.model_path)}")
     a = s.answering
+    if not 0 <= a.off_topic_similarity_zh <= 1:
+        raise SettingsError("answering.off_topic_similarity_zh must be between 0 and 1")
     if not 0 <= a.off_topic_similarity <= s.retrieval.min_similarity:
         raise SettingsError("answering.off_topic_similarity must be between 0 and retrieval.min_similarity")
     if a.max_retries < 0 or a.max_model_calls < 1 or a.turn_timeout_s <= 0:

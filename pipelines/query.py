@@ -87,6 +87,7 @@ def build_query_pipeline(
     topics: Topics | None = None,
     guard_min_confidence: float = 0.7,
     off_topic_similarity: float = 0.0,
+    off_topic_similarity_zh: float | None = None,
     clarify: bool = True,
     max_facts: int = 40,
 ) -> Pipeline:
@@ -95,7 +96,8 @@ def build_query_pipeline(
     ``generator`` writes the answer: a chat generator (``messages`` in, ``replies`` out) or an
     ``ExtractiveAnswerer``. ``helper_generator`` (a chat generator with a small ``max_tokens``, or
     None) serves rewrite, guard, grade and reformulate; without it those steps fall back to rules
-    and retrieval scores (``min_similarity`` for not_found, ``off_topic_similarity`` for off_topic).
+    and retrieval scores (``min_similarity`` for not_found, ``off_topic_similarity`` and, for Chinese
+    questions, ``off_topic_similarity_zh`` for off_topic).
     """
     topics = topics or Topics()
     pipe = Pipeline(max_runs_per_component=10)
@@ -104,7 +106,8 @@ def build_query_pipeline(
     pipe.add_component("search", BranchJoiner(str))
     _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, ranker=ranker)
     pipe.add_component("grade", RelevanceGrader(helper_generator, min_similarity=min_similarity,
-                                                off_topic_similarity=off_topic_similarity))
+                                                off_topic_similarity=off_topic_similarity,
+                                                off_topic_similarity_zh=off_topic_similarity_zh))
     pipe.add_component("reformulate", QueryReformulator(helper_generator))
     pipe.add_component("clarify", ModelClarifier(topics, enabled=clarify))
     pipe.add_component("facts", FactLookup(store, max_facts=max_facts))
