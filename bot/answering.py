@@ -20,6 +20,7 @@ from bot.messages import say
 from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
+from pipelines.citations import normalize_markers
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
@@ -36,8 +37,11 @@ _MARKER = re.compile(r"\[(\d{1,3})\]")
 def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Citation]]:
     """Citations for the ``[n]`` markers in ``text``; markers that refer to no source are removed.
 
-    Numbers stay those the model saw, so text already streamed and the final sources agree.
+    Numbers stay those the model saw, so text already streamed and the final sources agree. Marker
+    forms small models write (``【1】``, ``[1,2]``, a line of bare markers) become ``[1][2]`` on the
+    line they support first.
     """
+    text = normalize_markers(text)
     cited: dict[int, Citation] = {}
 
     def keep(match: re.Match[str]) -> str:

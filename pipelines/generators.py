@@ -3,6 +3,7 @@ served in process is one: ``pipelines/local_model.py``), or extractive."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from haystack.utils import Secret
@@ -44,7 +45,9 @@ def make_generator(
         if not base_url:
             raise ValueError(f"generator.kind {kind!r} needs a base_url (e.g. http://localhost:11434/v1)")
         return OpenAIChatGenerator(
-            api_key=Secret.from_env_var("OPENAI_API_KEY", strict=False) or Secret.from_token("unused"),
+            # Keyless servers (llama.cpp, Ollama) still need the client to hold some key.
+            api_key=Secret.from_env_var("OPENAI_API_KEY") if kind == "openai" and os.environ.get("OPENAI_API_KEY")
+            else Secret.from_token("unused"),
             model=model,
             api_base_url=base_url,
             generation_kwargs={"max_completion_tokens": max_tokens, **sampling},

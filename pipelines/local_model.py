@@ -203,6 +203,7 @@ class LocalModelServer:
             params.n_parallel = self.parallel
             params.cpuparams.n_threads = self.n_threads
             params.cpuparams_batch.n_threads = self.n_threads
+            params.verbosity = -1  # llama.cpp logs every request at INFO otherwise
             params.port = self.port = self.port or _free_port()
             started = time.monotonic()
             try:
