@@ -80,7 +80,7 @@ def make_generators(settings: Settings, *, temperature: float | None = None,
     answer = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
                             max_retries=g.max_retries, base_url=g.base_url, temperature=temperature)
     # Rewrite, guard, grade and reformulate: short calls to the same model.
-    helper = make_generator(kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
+    helper = make_generator(kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=a.helper_timeout_s,
                             max_retries=min(g.max_retries, 1), base_url=g.base_url, temperature=temperature)
     return Generators(answer, helper, settings.prompt.budget_chars, a.turn_timeout_s)
 
@@ -215,7 +215,7 @@ class Runtime:
     @cached_property
     def answerer(self) -> Answerer:
         s = self.settings
-        g, a = s.generator, s.answering
+        a = s.answering
         kind = s.generator_kind
         generators = make_generators(s, similarity=self.sentence_similarity)
         helper = generators.helper
@@ -227,7 +227,8 @@ class Runtime:
             return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
 
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
-                        handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s, max_question_chars=a.max_question_chars,
+                        handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s,
+                        max_question_chars=a.max_question_chars,
                         max_model_calls=a.max_model_calls, max_retries=a.max_retries,
                         model_answers=kind != "extractive", cache=self._answers,
                         cache_identity=(generators.answer.model if kind != "extractive" else "extractive",

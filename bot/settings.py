@@ -113,6 +113,7 @@ class AnsweringSettings:
     off_topic_similarity_zh: float = 0.85
     clarify: bool = True
     helper_max_tokens: int = 300
+    helper_timeout_s: float = 30
     max_question_chars: int = 4000
     handoff: dict[str, str] = field(default_factory=dict)  # language -> line; config/kbbot.yaml has them
 
@@ -347,6 +348,8 @@ def _validate(s: Settings) -> None:
         raise SettingsError("answering.off_topic_similarity_zh must be between 0 and 1")
     if not 0 <= a.off_topic_similarity <= s.retrieval.min_similarity:
         raise SettingsError("answering.off_topic_similarity must be between 0 and retrieval.min_similarity")
+    if a.helper_timeout_s <= 0 or s.generator.local.helper_timeout_s <= 0 or s.generator.local.turn_timeout_s <= 0:
+        raise SettingsError("answering.helper_timeout_s and generator.local's time limits must be positive")
     if a.max_retries < 0 or a.max_model_calls < 1 or a.turn_timeout_s <= 0:
         raise SettingsError("answering.max_retries must be >= 0, max_model_calls >= 1 and turn_timeout_s > 0")
     if not 0 <= a.guard_min_confidence <= 1:
