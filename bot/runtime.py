@@ -208,6 +208,8 @@ class Runtime:
             mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion,
             budget_chars=generators.budget_chars, min_similarity=s.retrieval.min_similarity,
             helper_generator=generators.helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
+            # Self-hosted models are often small: their "off-topic" alone does not end a turn.
+            guard_weighs_retrieval=s.generator_kind in ("openai", "local"),
             off_topic_similarity=a.off_topic_similarity, off_topic_similarity_zh=a.off_topic_similarity_zh,
             clarify=a.clarify if clarify is None else clarify,
         )

@@ -27,7 +27,8 @@ def make_generator(
     ``ANTHROPIC_API_KEY`` (and the SDK's ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY``.
 
     ``local`` is the OpenAI-compatible path pointed at ``base_url``, the in-process llama.cpp
-    server (started by the caller); ``temperature`` None leaves the model's default."""
+    server (started by the caller); ``temperature`` (OpenAI-compatible kinds) None leaves the
+    model's default."""
     sampling = {} if temperature is None else {"temperature": temperature}
     if kind == "anthropic":
         from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator
@@ -35,7 +36,8 @@ def make_generator(
         return AnthropicChatGenerator(
             api_key=Secret.from_env_var("ANTHROPIC_API_KEY"),
             model=model,
-            generation_kwargs={"max_tokens": max_tokens, **sampling},
+            # The anthropic SDK in use takes no temperature: Claude runs at its default.
+            generation_kwargs={"max_tokens": max_tokens},
             timeout=timeout_s,
             max_retries=max_retries,
         )

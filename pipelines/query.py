@@ -86,6 +86,7 @@ def build_query_pipeline(
     helper_generator: Any | None = None,
     topics: Topics | None = None,
     guard_min_confidence: float = 0.7,
+    guard_weighs_retrieval: bool = False,
     off_topic_similarity: float = 0.0,
     off_topic_similarity_zh: float | None = None,
     clarify: bool = True,
@@ -97,12 +98,14 @@ def build_query_pipeline(
     ``ExtractiveAnswerer``. ``helper_generator`` (a chat generator with a small ``max_tokens``, or
     None) serves rewrite, guard, grade and reformulate; without it those steps fall back to rules
     and retrieval scores (``min_similarity`` for not_found, ``off_topic_similarity`` and, for Chinese
-    questions, ``off_topic_similarity_zh`` for off_topic).
+    questions, ``off_topic_similarity_zh`` for off_topic). ``guard_weighs_retrieval``: the guard
+    model's "off-topic" is checked against retrieval before it ends the turn (for small models).
     """
     topics = topics or Topics()
     pipe = Pipeline(max_runs_per_component=10)
     pipe.add_component("rewrite", QueryRewriter(helper_generator, topics))
-    pipe.add_component("guard", TopicGuard(helper_generator, topics, guard_min_confidence))
+    pipe.add_component("guard", TopicGuard(helper_generator, topics, guard_min_confidence,
+                                           defer_to_retrieval=guard_weighs_retrieval))
     pipe.add_component("search", BranchJoiner(str))
     _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, ranker=ranker)
     pipe.add_component("grade", RelevanceGrader(helper_generator, min_similarity=min_similarity,

@@ -59,7 +59,7 @@ async def test_a_guard_that_calls_a_greasing_question_off_topic_is_overruled_by_
     async with FakeOpenAI(reply=lambda req: '```json\n{"on_topic": false, "confidence": 0.8}\n```') as fake:
         model = make_generator("local", model="m", base_url=f"{fake.base_url}/v1", max_retries=0, temperature=0)
         budget = TurnBudget()
-        guard = TopicGuard(model)
+        guard = TopicGuard(model, defer_to_retrieval=True)
         out = await guard.run_async(query="How often should the bearings be greased?", budget=budget)
     assert out == {"query": "How often should the bearings be greased?"} and budget.off_topic_doubt == 0.8
     assert fake.requests[-1]["temperature"] == 0

@@ -29,7 +29,7 @@ class TopicGuard:
     """``query`` out when the message is in scope, ``off_topic`` when the model is at least
     ``min_confidence`` sure it is not.
 
-    With ``defer_to_retrieval`` (the default) an off-topic verdict does not end the turn here: it
+    With ``defer_to_retrieval`` an off-topic verdict does not end the turn here: it
     is recorded on the budget (``off_topic_doubt``) and the query goes on, so the relevance grader
     can weigh it against retrieval's evidence (a question whose best chunk is a strong match is
     not off-topic on a small model's word).
@@ -39,7 +39,7 @@ class TopicGuard:
     """
 
     def __init__(self, generator: Any | None = None, topics: Topics | None = None, min_confidence: float = 0.7,
-                 defer_to_retrieval: bool = True):
+                 defer_to_retrieval: bool = False):
         self.generator = generator
         self.defer_to_retrieval = defer_to_retrieval
         self.topics = topics or Topics()
