@@ -93,37 +93,49 @@ def _lexical(question: str, per_source: list[list[str]]) -> list[list[float]]:
             for sentences in per_source]
 
 
+Candidate = tuple[int, int, str, float]  # source number, order in the source, sentence, lexical score
+
+
+def _by_meaning(question: str, candidates: list[Candidate], similarity: Similarity) -> list[tuple[float, int, int, str]]:
+    """Scores by cosine with the question (the other language's sentences lifted by
+    ``CROSS_LANGUAGE_OFFSET``), plus a small share of the lexical score and ``IDENTIFIER_BONUS``
+    for a code the question names. Only each source's ``MAX_SENTENCES_PER_SOURCE`` best by shared
+    terms are embedded."""
+    language = detect_language(question)
+    codes = [c.lower() for c in identifiers(question)]
+    kept = [c for number in dict.fromkeys(c[0] for c in candidates)
+            for c in sorted((c for c in candidates if c[0] == number), key=lambda c: -c[3])[:MAX_SENTENCES_PER_SOURCE]]
+    cosines = similarity(question, [_clean(s) for _, _, s, _ in kept])
+    top = max(lex for *_, lex in kept) or 1.0
+    scored = []
+    for (number, order, sentence, lex), cosine in zip(kept, cosines):
+        score = cosine + LEXICAL_WEIGHT * lex / top
+        score += CROSS_LANGUAGE_OFFSET if detect_language(sentence) != language else 0.0
+        score += IDENTIFIER_BONUS if any(c in sentence.lower() for c in codes) else 0.0
+        scored.append((score, number, order, sentence))
+    return scored
+
+
 def select_sentences(question: str, sources: list[Document], max_sentences: int = 4, max_sources: int = 4,
                      similarity: Similarity | None = None) -> list[tuple[int, str]]:
-    """(source number, sentence) pairs, in source order.
-
-    With ``similarity`` (the embedder), sentences are chosen by meaning: their cosine with the
-    question, a sentence of the other language lifted by ``CROSS_LANGUAGE_OFFSET``, plus a small
-    share of the terms they share with it and ``IDENTIFIER_BONUS`` for a code the question names
-    (the best ``MAX_SENTENCES_PER_SOURCE`` of each source by shared terms are scored). Without it, by shared weighted terms alone, earlier
-    sources first (retrieval judged them more relevant).
-    """
+    """(source number, sentence) pairs, in source order: with ``similarity`` (the embedder) the
+    sentences closest in meaning (``_by_meaning``); without it, those sharing the most weighted
+    terms with the question, earlier sources first (retrieval judged them more relevant)."""
     per_source = [answer_sentences(doc) for doc in sources[:max_sources]]
     lexical = _lexical(question, per_source)
-    flat = [(number, order, sentence, lexical[number - 1][order])
-            for number, sentences in enumerate(per_source, start=1) for order, sentence in enumerate(sentences)]
-    if not flat:
+    candidates: list[Candidate] = [
+        (number, order, sentence, lexical[number - 1][order])
+        for number, sentences in enumerate(per_source, start=1) for order, sentence in enumerate(sentences)]
+    if not candidates:
         return []
     if similarity is not None:
-        language = detect_language(question)
-        codes = [c.lower() for c in identifiers(question)]
-        flat = [c for number in range(1, len(per_source) + 1)
-                for c in sorted((c for c in flat if c[0] == number), key=lambda c: -c[3])[:MAX_SENTENCES_PER_SOURCE]]
-        cosines = similarity(question, [_clean(s) for _, _, s, _ in flat])
-        top = max(lex for *_, lex in flat) or 1.0
-        scored = [(cos + (CROSS_LANGUAGE_OFFSET if detect_language(s) != language else 0.0) + LEXICAL_WEIGHT * lex / top
-                   + (IDENTIFIER_BONUS if any(c in s.lower() for c in codes) else 0.0), number, order, s)
-                  for (number, order, s, lex), cos in zip(flat, cosines)]
+        scored = _by_meaning(question, candidates, similarity)
     else:
-        scored = [(lex / (1 + 0.15 * (number - 1)), number, order, s) for number, order, s, lex in flat if lex > 0]
+        scored = [(lex / (1 + 0.15 * (number - 1)), number, order, s) for number, order, s, lex in candidates if lex > 0]
         if not scored:
             # Nothing shared lexically (e.g. a Chinese question over English text): the top chunk leads.
-            scored = [(0.0, number, order, s) for number, order, s, _ in flat if number == flat[0][0]][:2]
+            first = candidates[0][0]
+            scored = [(0.0, number, order, s) for number, order, s, _ in candidates if number == first][:2]
     picked = sorted(scored, key=lambda c: -c[0])[:max_sentences]
     picked.sort(key=lambda c: (c[1], c[2]))
     return [(number, _clean(sentence)) for _, number, _, sentence in picked]
