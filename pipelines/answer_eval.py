@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from haystack import Document, Pipeline
 
-from pipelines.citations import cited_numbers, normalize_markers, sentence_citations
+from pipelines.citations import MARKER, attach_missing_markers, cited_numbers, normalize_markers, sentence_citations
 from pipelines.components.extractive import HEADINGS
 from pipelines.components.turn import TurnBudget
 from pipelines.evaluation import read_jsonl
@@ -76,6 +76,7 @@ class TurnRecord:
     shown: list[str] = field(default_factory=list)  # doc ids of the sources the model was shown, in [n] order
     cited: list[int] = field(default_factory=list)
     invalid_markers: int = 0
+    markers_added: int = 0  # by attach_missing_markers, for sentences the model left uncited
     cited_gold: bool | None = None
     sentences: int = 0
     supported: int = 0
@@ -142,8 +143,10 @@ def supported(sentence: str, chunks: list[str], embed: Embed | None) -> bool:
 
 
 def score_answer(record: TurnRecord, case: AnswerCase, sources: Sequence[Document], embed: Embed | None) -> None:
-    """Fills the citation, grounding, reference and language fields of an answered turn."""
-    text = normalize_markers(record.text)
+    """Fills the citation, grounding, reference and language fields of an answered turn, on the
+    text kbbot shows (markers normalised, uncited sentences credited as the Answerer does)."""
+    text = attach_missing_markers(normalize_markers(record.text), [d.content or "" for d in sources])
+    record.markers_added = len(MARKER.findall(text)) - len(MARKER.findall(normalize_markers(record.text)))
     numbers = [int(n) for n in re.findall(r"\[(\d{1,3})\]", text)]
     record.cited = cited_numbers(text)
     record.invalid_markers = sum(1 for n in numbers if not 1 <= n <= len(sources))

@@ -9,7 +9,7 @@ import pytest
 from haystack import Document
 
 from bot.answering import resolve_citations
-from pipelines.citations import normalize_markers, sentence_citations
+from pipelines.citations import attach_missing_markers, normalize_markers, sentence_citations
 from pipelines.components.grader import RelevanceGrader
 from pipelines.components.guard import TopicGuard
 from pipelines.components.turn import TurnBudget, parse_confidence, parse_json_object, parse_numbers
@@ -96,3 +96,21 @@ async def test_grader_reads_numbers_written_as_strings_around_prose():
         docs = [Document(content=f"passage {i}", meta={"doc_id": f"d{i}"}) for i in range(1, 4)]
         out = await grader.run_async(query="q", documents=docs, budget=TurnBudget(), dense_documents=_dense(0.9))
     assert out["documents"] == [docs[0], docs[2]]
+
+
+def test_an_answer_the_model_left_uncited_is_credited_to_the_source_that_holds_it():
+    # Recorded: the 1.5B local model on clapnq (kbbot eval --answers), no marker at all.
+    answer = ('The Latin phrase "parens patriae" was used to refer to the public policy power of the state to '
+              "intervene against an abusive or negligent parent, legal guardian, or informal caretaker, and to act "
+              "as the parent of any child or individual who is in need of protection.")
+    sources = [Document(content="Minors in the United States ... juvenile court jurisdiction.", meta={"doc_id": "a"}),
+               Document(content="Parens patriae is Latin for `` parent of the nation '' . In law , it refers to the "
+                                "public policy power of the state to intervene against an abusive or negligent parent "
+                                ", legal guardian , or informal caretaker , and to act as the parent of any child or "
+                                "individual who is in need of protection .", meta={"doc_id": "gold"})]
+    text, citations = resolve_citations(answer + " It is also sung in operas.", sources)
+    assert text.startswith(answer + " [2]") and text.endswith("It is also sung in operas.")
+    assert [c.doc_id for c in citations] == ["gold"]
+    # Sentences the model did cite are left as they are.
+    assert attach_missing_markers("Parens patriae [1]. The state acts as parent.", [s.content for s in sources]) == \
+        "Parens patriae [1]. The state acts as parent."
