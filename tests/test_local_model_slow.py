@@ -18,6 +18,7 @@ async def test_the_local_model_answers_a_fault_code_question_with_valid_citation
                                                                                   tmp_path: Path):
     pytest.importorskip("xllamacpp", reason="needs the `local` extra: make test-local")
     settings = make_settings(kb_data_dir, KBBOT_GENERATOR="local")
+    settings.generator.local.turn_timeout_s = 800  # a shared 2-core machine can be several times slower
     runtime = build_runtime(settings)
     runtime.settings.data_dir = tmp_path
     await runtime.start()
