@@ -11,7 +11,7 @@ from bot.types import Inquiry, Outcome
 from tests.conftest import make_settings
 from tests.replies import RecordingReply
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the sample KB is indexed first
 
 
 async def test_the_local_model_answers_a_fault_code_question_with_valid_citations(kb_data_dir: Path,
