@@ -82,10 +82,12 @@ def test_missing_part_packages_say_how_to_install_them():
     assert len(DEFAULT_MODEL.packages) == 22 and DEFAULT_MODEL.size == 1_117_320_768
 
 
-def _settings(tmp_path: Path, generator_lines: str = "", env: dict[str, str] | None = None):
+def _settings(tmp_path: Path, model_path: str | None = None, env: dict[str, str] | None = None):
     text = (REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8")
     text = text.replace("path: ../examples/kb", f"path: {REPO}/examples/kb")
-    text = text.replace("\ngenerator:\n", f"\ngenerator:\n{generator_lines}", 1)
+    if model_path is not None:
+        assert "\n  model_path: null\n" in text
+        text = text.replace("\n  model_path: null\n", f"\n  model_path: {model_path}\n", 1)
     config = tmp_path / "kbbot.yaml"
     config.write_text(text, encoding="utf-8")
     for name in ("topics.yaml", "prompts"):
@@ -103,13 +105,13 @@ def test_local_is_turned_on_by_a_variable_with_its_own_smaller_budgets(tmp_path:
 
 def test_a_model_path_that_is_no_file_is_a_settings_error(tmp_path: Path):
     with pytest.raises(SettingsError, match="no GGUF file at"):
-        _settings(tmp_path, "  model_path: missing.gguf\n", env={"KBBOT_GENERATOR": "local"})
+        _settings(tmp_path, "missing.gguf", env={"KBBOT_GENERATOR": "local"})
 
 
 def test_make_generators_for_local_reports_a_model_llama_cpp_cannot_load(tmp_path: Path):
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(256))  # a GGUF header, then garbage
-    settings = _settings(tmp_path, f"  model_path: {fake}\n", env={"KBBOT_GENERATOR": "local"})
+    settings = _settings(tmp_path, str(fake), env={"KBBOT_GENERATOR": "local"})
     expected = "could not load" if importlib.util.find_spec("xllamacpp") else "needs xllamacpp"
     with pytest.raises(LocalModelError, match=expected):
         make_generators(settings)
