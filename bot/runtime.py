@@ -105,9 +105,12 @@ class Runtime:
             from pipelines.local_model import prepare_process
 
             prepare_process()  # before the embedder loads its OpenMP runtime
+        self._embedders = self._make_embedders()
+
+    def _make_embedders(self) -> tuple[Any, Any]:
         e = self.settings.embedder
-        self._embedders = make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
-                                         query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
+        return make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
+                              query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
 
     @property
     def text_embedder(self) -> Any:
@@ -117,9 +120,11 @@ class Runtime:
     def document_embedder(self) -> Any:
         return self._embedders[1]
 
-    @property
+    @cached_property
     def sentence_similarity(self) -> Similarity:
-        return embedding_similarity(self.text_embedder, self.document_embedder)
+        """For the extractive answer: embedders of its own (the model itself is shared), so what
+        indexing and retrieval embed is counted apart from answer sentences."""
+        return embedding_similarity(*self._make_embedders())
 
     @cached_property
     def indexer(self) -> Indexer:
