@@ -147,6 +147,7 @@ def score_answer(record: TurnRecord, case: AnswerCase, sources: Sequence[Documen
     text kbbot shows (markers normalised, uncited sentences credited as the Answerer does)."""
     text = attach_missing_markers(normalize_markers(record.text), [d.content or "" for d in sources])
     record.markers_added = len(MARKER.findall(text)) - len(MARKER.findall(normalize_markers(record.text)))
+    record.text = text
     numbers = [int(n) for n in re.findall(r"\[(\d{1,3})\]", text)]
     record.cited = cited_numbers(text)
     record.invalid_markers = sum(1 for n in numbers if not 1 <= n <= len(sources))
