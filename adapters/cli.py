@@ -263,9 +263,10 @@ def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable:
 
 
 def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False,
-             per_query: str | None = None) -> int:
+             per_query: str | None = None, answers: bool = False, limit: int | None = None,
+             turns: str | None = None) -> int:
     try:
-        return _run_eval(settings, dataset, k, mode, as_json, unanswerable, per_query)
+        return _run_eval(settings, dataset, k, mode, as_json, unanswerable, per_query, answers, limit, turns)
     except Exception as exc:
         if diagnose(exc).kind != "store":
             raise
@@ -274,7 +275,7 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
 
 
 def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool,
-              per_query: str | None) -> int:
+              per_query: str | None, answers: bool, limit: int | None, turns: str | None) -> int:
     from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
     from pipelines.indexing import build_indexing_pipeline
     from pipelines.query import build_retrieval_pipeline
@@ -305,7 +306,11 @@ def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool
                                         ranker=make_ranker(settings))
 
     try:
-        if per_query:
+        if answers:
+            from adapters.answer_eval import run_answer_eval
+
+            result = {"dataset": name, **run_answer_eval(settings, runtime, path, limit=limit, turns_path=turns)}
+        elif per_query:
             result = {"dataset": name, **eval_per_query(retrieval, queries, docs, mode, k, Path(per_query))}
         else:
             result = {"dataset": name, **evaluate(retrieval(mode), queries, mode=mode, k=k)}
@@ -416,6 +421,11 @@ def parser() -> argparse.ArgumentParser:
                          "and chunks, miss cause) to FILE")
     ev.add_argument("--unanswerable", action="store_true",
                     help="also run whole turns (extractive) and score abstention on queries_unanswerable.jsonl")
+    ev.add_argument("--answers", action="store_true",
+                    help="run whole turns with the configured generator and score the answers "
+                         "(citations, grounding, reference overlap, language, abstention, seconds per turn)")
+    ev.add_argument("--limit", type=int, help="with --answers: the first N questions of each set")
+    ev.add_argument("--turns", help="with --answers: append each turn as a JSON line to this file")
     return p
 
 
@@ -431,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         if args.command == "eval":
-            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable, args.per_query)
+            return run_eval(settings, args.dataset, args.k, args.mode, args.json, args.unanswerable, args.per_query,
+                            args.answers, args.limit, args.turns)
         if args.command == "reindex":
             return run_reindex(settings)
         if args.command == "status":

@@ -25,6 +25,7 @@ from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
 from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
+from pipelines.citations import attach_missing_markers, normalize_markers
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, diagnose
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
@@ -41,8 +42,12 @@ _MARKER = re.compile(r"\[(\d{1,3})\]")
 def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Citation]]:
     """Citations for the ``[n]`` markers in ``text``; markers that refer to no source are removed.
 
-    Numbers stay those the model saw, so text already streamed and the final sources agree.
+    Numbers stay those the model saw, so text already streamed and the final sources agree. Marker
+    forms small models write (``【1】``, ``[1,2]``, a line of bare markers) become ``[1][2]`` on the
+    line they support first, and a sentence the model left uncited gets the marker of the source
+    that holds it (``attach_missing_markers``).
     """
+    text = attach_missing_markers(normalize_markers(text), [d.content or "" for d in sources])
     cited: dict[int, Citation] = {}
 
     def keep(match: re.Match[str]) -> str:

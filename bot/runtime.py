@@ -5,7 +5,7 @@ Only this module (and the adapters) read settings; pipeline builders get explici
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +20,7 @@ from bot.settings import Settings
 from bot.capacity import TurnGate
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from pipelines.components.embedders import make_embedders
+from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
@@ -50,6 +51,50 @@ def make_ranker(settings: Settings) -> Any:
 
 
 @dataclass
+class Generators:
+    """What answers a turn: the answer's generator, the helper calls' (None: rules and retrieval
+    scores decide), and the budgets that fit them."""
+
+    answer: Any
+    helper: Any | None
+    budget_chars: int
+    turn_timeout_s: float
+
+
+def make_generators(settings: Settings, *, temperature: float | None = None,
+                    similarity: Similarity | None = None) -> Generators:
+    """The configured generators; ``temperature`` overrides ``generator.temperature`` (evals use 0);
+    ``similarity`` lets the extractive answer pick sentences by meaning.
+
+    ``local`` starts the in-process llama.cpp server (joining the default model on first use) and
+    talks to it like ``openai``, with its own, smaller prompt budget and token limits."""
+    g, a = settings.generator, settings.answering
+    kind = settings.generator_kind
+    temperature = g.temperature if temperature is None else temperature
+    if kind == "extractive":
+        return Generators(ExtractiveAnswerer(similarity=similarity), None, settings.prompt.budget_chars,
+                          a.turn_timeout_s)
+    if kind == "local":
+        from pipelines.local_model import LocalModelServer, default_model_path
+
+        local = g.local
+        path = settings.resolve(g.model_path) if g.model_path else default_model_path()
+        base_url = LocalModelServer.shared(path, n_ctx=local.n_ctx, n_threads=local.threads).start()
+        answer = make_generator(kind, model=path.name, max_tokens=local.max_tokens, timeout_s=local.turn_timeout_s,
+                                max_retries=0, base_url=base_url, temperature=temperature)
+        helper = make_generator(kind, model=path.name, max_tokens=local.helper_max_tokens,
+                                timeout_s=local.helper_timeout_s, max_retries=0, base_url=base_url,
+                                temperature=temperature) if local.helpers else None
+        return Generators(answer, helper, local.budget_chars, local.turn_timeout_s)
+    answer = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
+                            max_retries=g.max_retries, base_url=g.base_url, temperature=temperature)
+    # Rewrite, guard, grade and reformulate: short calls to the same model.
+    helper = make_generator(kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=a.helper_timeout_s,
+                            max_retries=min(g.max_retries, 1), base_url=g.base_url, temperature=temperature)
+    return Generators(answer, helper, settings.prompt.budget_chars, a.turn_timeout_s)
+
+
+@dataclass
 class Runtime:
     """Everything a process of kbbot needs. ``await start()`` connects the state services
     inside the event loop that will use them (redis.asyncio connections belong to one loop)."""
@@ -67,9 +112,16 @@ class Runtime:
     _turns: TurnRecorder | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.settings.generator_kind == "local":
+            from pipelines.local_model import prepare_process
+
+            prepare_process()  # before the embedder loads its OpenMP runtime
+        self._embedders = self._make_embedders()
+
+    def _make_embedders(self) -> tuple[Any, Any]:
         e = self.settings.embedder
-        self._embedders = make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
-                                         query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
+        return make_embedders(e.kind, threads=e.threads, base_url=e.base_url, model=e.model,
+                              query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
 
     @cached_property
     def model_calls(self) -> ModelCallSlots:
@@ -83,6 +135,12 @@ class Runtime:
     @property
     def document_embedder(self) -> Any:
         return self._embedders[1]
+
+    @cached_property
+    def sentence_similarity(self) -> Similarity:
+        """For the extractive answer: embedders of its own (the model itself is shared), so what
+        indexing and retrieval embed is counted apart from answer sentences."""
+        return embedding_similarity(*self._make_embedders())
 
     @cached_property
     def indexer(self) -> Indexer:
@@ -195,38 +253,45 @@ class Runtime:
             raise RuntimeError("Runtime.start() has not been awaited")
         return self._idempotency
 
+    def query_pipeline(self, generators: Generators, topics: Any, *, clarify: bool | None = None) -> Any:
+        """The answering pipeline on this runtime's store, with ``generators``."""
+        s, a = self.settings, self.settings.answering
+        return build_query_pipeline(
+            self.store, self.text_embedder, make_ranker(s), generators.answer,
+            system_template=s.template("system_template"), user_template=s.template("user_template"),
+            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
+            budget_chars=generators.budget_chars, min_similarity=s.retrieval.min_similarity,
+            helper_generator=generators.helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
+            # Self-hosted models are often small: their "off-topic" alone does not end a turn.
+            guard_weighs_retrieval=s.generator_kind in ("openai", "local"),
+            off_topic_similarity=a.off_topic_similarity, off_topic_similarity_zh=a.off_topic_similarity_zh,
+            clarify=a.clarify if clarify is None else clarify,
+        )
+
     @cached_property
     def answerer(self) -> Answerer:
         s = self.settings
-        g, a = s.generator, s.answering
+        a = s.answering
         kind = s.generator_kind
-        generator = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
-                                   max_retries=g.max_retries, base_url=g.base_url)
-        # Rewrite, guard, grade and reformulate: short calls to the same model, or rules without one.
-        helper = None if kind == "extractive" else make_generator(
-            kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=min(g.timeout_s, 30),
-            max_retries=min(g.max_retries, 1), base_url=g.base_url)
-        if helper is not None:  # model calls share one process-wide cap (extractive answers make none)
-            generator, helper = Throttled(generator, self.model_calls), Throttled(helper, self.model_calls)
+        generators = make_generators(s, similarity=self.sentence_similarity)
+        model_name = generators.answer.model if kind != "extractive" else "extractive"
+        if kind != "extractive":  # model calls share one process-wide cap (extractive answers make none)
+            generators = replace(generators, answer=Throttled(generators.answer, self.model_calls),
+                                 helper=Throttled(generators.helper, self.model_calls) if generators.helper else None)
+        helper = generators.helper
         topics = s.topics()
-        pipeline = build_query_pipeline(
-            self.store, self.text_embedder, make_ranker(s), generator,
-            system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
-            budget_chars=s.prompt.budget_chars, min_similarity=s.retrieval.min_similarity,
-            helper_generator=helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
-            off_topic_similarity=a.off_topic_similarity, clarify=a.clarify,
-        )
+        pipeline = self.query_pipeline(generators, topics)
 
         async def learner(message: str) -> str | None:
             budget = TurnBudget(max_model_calls=1, reserved=0)
             return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
 
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
-                        handoff=a.handoff, turn_timeout_s=a.turn_timeout_s, max_question_chars=a.max_question_chars,
+                        handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s,
+                        max_question_chars=a.max_question_chars,
                         max_model_calls=a.max_model_calls, max_retries=a.max_retries,
                         model_answers=kind != "extractive", cache=self._answers,
-                        cache_identity=(g.model if kind != "extractive" else "extractive", s.memory.policy_version),
+                        cache_identity=(model_name, s.memory.policy_version),
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
                         learner=learner if helper is not None else None, limiter=self._limiter,
                         gate=TurnGate(s.limits.max_turns_in_flight, s.limits.max_queued_turns),

@@ -95,6 +95,20 @@ class PromptSettings:
 
 
 @dataclass
+class LocalModelSettings:
+    """``generator.kind: local``: a GGUF model run in process (much slower than a hosted one)."""
+
+    n_ctx: int = 4096
+    threads: int = 2
+    budget_chars: int = 3000      # replaces prompt.budget_chars: prompt tokens cost ~30 ms each
+    max_tokens: int = 320         # replaces generator.max_tokens
+    helpers: bool = False         # rewrite / guard / grade / reformulate as model calls
+    helper_max_tokens: int = 60
+    helper_timeout_s: float = 60
+    turn_timeout_s: float = 300   # replaces answering.turn_timeout_s
+
+
+@dataclass
 class GeneratorSettings:
     kind: str = "auto"
     model: str = "claude-sonnet-5-5"
@@ -102,6 +116,9 @@ class GeneratorSettings:
     timeout_s: float = 60
     max_retries: int = 2
     base_url: str | None = None
+    temperature: float = 0.2
+    model_path: str | None = None  # kind local: a GGUF file; null: the default model (README)
+    local: LocalModelSettings = field(default_factory=LocalModelSettings)
 
 
 @dataclass
@@ -112,8 +129,10 @@ class AnsweringSettings:
     turn_timeout_s: float = 120
     guard_min_confidence: float = 0.7
     off_topic_similarity: float = 0.78
+    off_topic_similarity_zh: float = 0.85
     clarify: bool = True
     helper_max_tokens: int = 300
+    helper_timeout_s: float = 30
     max_question_chars: int = 4000
     handoff: dict[str, str] = field(default_factory=dict)  # language -> line; config/kbbot.yaml has them
 
@@ -352,6 +371,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
         raise SettingsError("WEAVIATE_URL must be an http:// or https:// URL, got "
                             f"{redact_url(settings.store.weaviate_url)!r}")
     settings.anthropic_key_set = bool(env.get("ANTHROPIC_API_KEY"))
+    if env.get("KBBOT_GENERATOR"):
+        settings.generator.kind = env["KBBOT_GENERATOR"]
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
     settings.insights.apply_env(env)
@@ -362,7 +383,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
 def _validate(s: Settings) -> None:
     choices = {
         "store.kind": (s.store.kind, ("auto", "memory", "weaviate")),
-        "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "extractive")),
+        "generator.kind": (s.generator.kind, ("auto", "anthropic", "openai", "local", "extractive")),
         "retrieval.mode": (s.retrieval.mode, ("hybrid", "bm25", "vector")),
         "retrieval.fusion": (s.retrieval.fusion, ("relative_score", "dbsf", "rrf")),
         "ranker.kind": (s.ranker.kind, ("balanced", "rerank_http")),
@@ -378,11 +399,19 @@ def _validate(s: Settings) -> None:
     if not 0.0 <= s.retrieval.alpha <= 1.0:
         raise SettingsError(f"retrieval.alpha is {s.retrieval.alpha}; expected a number from 0 (keywords only) "
                             "to 1 (vectors only)")
-    if s.prompt.budget_chars < 1000:
-        raise SettingsError("prompt.budget_chars must be at least 1000")
+    if s.prompt.budget_chars < 1000 or s.generator.local.budget_chars < 1000:
+        raise SettingsError("prompt.budget_chars and generator.local.budget_chars must be at least 1000")
+    if not 0 <= s.generator.temperature <= 2:
+        raise SettingsError("generator.temperature must be between 0 and 2")
+    if s.generator_kind == "local" and s.generator.model_path and not s.resolve(s.generator.model_path).is_file():
+        raise SettingsError(f"generator.model_path: no GGUF file at {s.resolve(s.generator.model_path)}")
     a = s.answering
+    if not 0 <= a.off_topic_similarity_zh <= 1:
+        raise SettingsError("answering.off_topic_similarity_zh must be between 0 and 1")
     if not 0 <= a.off_topic_similarity <= s.retrieval.min_similarity:
         raise SettingsError("answering.off_topic_similarity must be between 0 and retrieval.min_similarity")
+    if a.helper_timeout_s <= 0 or s.generator.local.helper_timeout_s <= 0 or s.generator.local.turn_timeout_s <= 0:
+        raise SettingsError("answering.helper_timeout_s and generator.local's time limits must be positive")
     if a.max_retries < 0 or a.max_model_calls < 1 or a.turn_timeout_s <= 0:
         raise SettingsError("answering.max_retries must be >= 0, max_model_calls >= 1 and turn_timeout_s > 0")
     if not 0 <= a.guard_min_confidence <= 1:

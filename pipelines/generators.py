@@ -1,14 +1,16 @@
-"""The generator factory: Anthropic Claude, any OpenAI-compatible chat endpoint, or extractive."""
+"""The generator factory: Anthropic Claude, any OpenAI-compatible chat endpoint (a local GGUF model
+served in process is one: ``pipelines/local_model.py``), or extractive."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from haystack.utils import Secret
 
 from pipelines.components.extractive import ExtractiveAnswerer
 
-GENERATOR_KINDS = ("anthropic", "openai", "extractive")
+GENERATOR_KINDS = ("anthropic", "openai", "local", "extractive")
 
 
 def make_generator(
@@ -19,29 +21,38 @@ def make_generator(
     timeout_s: float = 60,
     max_retries: int = 2,
     base_url: str | None = None,
+    temperature: float | None = None,
 ) -> Any:
     """A chat generator with bounded time and retries. Keys come from the environment only:
-    ``ANTHROPIC_API_KEY`` (and the SDK's ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY``."""
+    ``ANTHROPIC_API_KEY`` (and the SDK's ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY``.
+
+    ``local`` is the OpenAI-compatible path pointed at ``base_url``, the in-process llama.cpp
+    server (started by the caller); ``temperature`` (OpenAI-compatible kinds) None leaves the
+    model's default."""
+    sampling = {} if temperature is None else {"temperature": temperature}
     if kind == "anthropic":
         from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator
 
         return AnthropicChatGenerator(
             api_key=Secret.from_env_var("ANTHROPIC_API_KEY"),
             model=model,
+            # The anthropic SDK in use takes no temperature: Claude runs at its default.
             generation_kwargs={"max_tokens": max_tokens},
             timeout=timeout_s,
             max_retries=max_retries,
         )
-    if kind == "openai":
+    if kind in ("openai", "local"):
         from haystack.components.generators.chat import OpenAIChatGenerator
 
         if not base_url:
-            raise ValueError("generator.kind 'openai' needs generator.base_url (e.g. http://localhost:11434/v1)")
+            raise ValueError(f"generator.kind {kind!r} needs a base_url (e.g. http://localhost:11434/v1)")
         return OpenAIChatGenerator(
-            api_key=Secret.from_env_var("OPENAI_API_KEY", strict=False) or Secret.from_token("unused"),
+            # Keyless servers (llama.cpp, Ollama) still need the client to hold some key.
+            api_key=Secret.from_env_var("OPENAI_API_KEY") if kind == "openai" and os.environ.get("OPENAI_API_KEY")
+            else Secret.from_token("unused"),
             model=model,
             api_base_url=base_url,
-            generation_kwargs={"max_completion_tokens": max_tokens},
+            generation_kwargs={"max_completion_tokens": max_tokens, **sampling},
             timeout=timeout_s,
             max_retries=max_retries,
         )

@@ -89,7 +89,9 @@ def build_query_pipeline(
     helper_generator: Any | None = None,
     topics: Topics | None = None,
     guard_min_confidence: float = 0.7,
+    guard_weighs_retrieval: bool = False,
     off_topic_similarity: float = 0.0,
+    off_topic_similarity_zh: float | None = None,
     clarify: bool = True,
     max_facts: int = 40,
 ) -> Pipeline:
@@ -98,17 +100,21 @@ def build_query_pipeline(
     ``generator`` writes the answer: a chat generator (``messages`` in, ``replies`` out) or an
     ``ExtractiveAnswerer``. ``helper_generator`` (a chat generator with a small ``max_tokens``, or
     None) serves rewrite, guard, grade and reformulate; without it those steps fall back to rules
-    and retrieval scores (``min_similarity`` for not_found, ``off_topic_similarity`` for off_topic).
+    and retrieval scores (``min_similarity`` for not_found, ``off_topic_similarity`` and, for Chinese
+    questions, ``off_topic_similarity_zh`` for off_topic). ``guard_weighs_retrieval``: the guard
+    model's "off-topic" is checked against retrieval before it ends the turn (for small models).
     """
     topics = topics or Topics()
     pipe = Pipeline(max_runs_per_component=10)
     pipe.add_component("rewrite", QueryRewriter(helper_generator, topics))
-    pipe.add_component("guard", TopicGuard(helper_generator, topics, guard_min_confidence))
+    pipe.add_component("guard", TopicGuard(helper_generator, topics, guard_min_confidence,
+                                           defer_to_retrieval=guard_weighs_retrieval))
     pipe.add_component("search", BranchJoiner(str))
     _add_retrieval(pipe, store, text_embedder, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha,
                    ranker=ranker)
     pipe.add_component("grade", RelevanceGrader(helper_generator, min_similarity=min_similarity,
-                                                off_topic_similarity=off_topic_similarity))
+                                                off_topic_similarity=off_topic_similarity,
+                                                off_topic_similarity_zh=off_topic_similarity_zh))
     pipe.add_component("reformulate", QueryReformulator(helper_generator))
     pipe.add_component("clarify", ModelClarifier(topics, enabled=clarify))
     pipe.add_component("facts", FactLookup(store, max_facts=max_facts))

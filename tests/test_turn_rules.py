@@ -74,7 +74,7 @@ def test_rules_rewrite_joins_a_clarification_and_searches_follow_ups_with_the_pr
 
 
 def _doc(title: str) -> Document:
-    return Document(content="x", meta={"title": title})
+    return Document(content="Rated current: 15.2 A at 400 V. 额定电流 15.2 A。", meta={"title": title})
 
 
 def test_clarify_only_when_the_best_document_is_about_one_model_and_another_model_fits():
@@ -89,6 +89,9 @@ def test_clarify_only_when_the_best_document_is_about_one_model_and_another_mode
     assert "documents" in clarify.run(query="rated current?", documents=[schedule, m200, d50])
     assert "documents" in clarify.run(query="rated current?", documents=[m200, m200])
     assert "documents" in ModelClarifier(topics, enabled=False).run(query="rated current?", documents=[m200, d50])
+    # A request about no product at all is never asked which model it means (issue 14: a poem).
+    for request in ("帮我写一首关于春天的诗", "Write me a poem about spring"):
+        assert "documents" in clarify.run(query=request, question=request, documents=[m200, schedule, d50])
 
 
 def test_a_question_naming_a_model_keeps_to_it():

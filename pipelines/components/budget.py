@@ -1,7 +1,7 @@
 """Fills the prompt's context within a character budget, in priority order.
 
 Retrieved chunks come first (best first, never cut mid-chunk: a chunk that does not fit is
-left out whole), then thread history (newest turns first, shown in chronological order), then
+left out whole; chunks of one document become one source, so a document has one ``[n]``), then thread history (newest turns first, shown in chronological order), then
 structured facts. An empty block says so in words, so the model never mistakes a missing
 block for a formatting accident.
 """
@@ -34,6 +34,22 @@ def format_turn(message: ChatMessage) -> str:
     return f"{role}: {neutralize_tags((message.text or '').strip())}"
 
 
+def by_document(documents: list[Document]) -> list[list[Document]]:
+    """Chunks grouped by document, groups in order of their best chunk, chunks in document order."""
+    groups: dict[str, list[Document]] = {}
+    for doc in documents:
+        groups.setdefault(str((doc.meta or {}).get("doc_id") or doc.id), []).append(doc)
+    return [sorted(g, key=lambda d: (d.meta or {}).get("position", 0)) for g in groups.values()]
+
+
+def merged(chunks: list[Document], lead: Document) -> Document:
+    """One source of a document's chunks, with the meta of ``lead``, its best-ranked chunk."""
+    if len(chunks) == 1:
+        return lead
+    content = "\n".join((c.content or "").strip() for c in chunks)
+    return Document(content=content, meta=dict(lead.meta or {}), score=lead.score)
+
+
 @component
 class ContextBudget:
     """Chooses what goes into the prompt; outputs the blocks for ``ChatPromptBuilder``.
@@ -62,13 +78,16 @@ class ContextBudget:
         remaining = self.budget_chars
         sources: list[Document] = []
         source_parts: list[str] = []
-        for doc in documents:
-            part = format_source(len(sources) + 1, doc)
-            if len(part) + 1 > remaining:
-                continue
-            remaining -= len(part) + 1
-            sources.append(doc)
-            source_parts.append(part)
+        for chunks in by_document(documents):
+            # The whole document's chunks if they fit, else its best chunk alone.
+            lead = min(chunks, key=documents.index)
+            for doc in (merged(chunks, lead), lead):
+                part = format_source(len(sources) + 1, doc)
+                if len(part) + 1 <= remaining:
+                    remaining -= len(part) + 1
+                    sources.append(doc)
+                    source_parts.append(part)
+                    break
 
         turns: list[str] = []
         for message in reversed(history or []):

@@ -6,6 +6,7 @@ from typing import Any
 
 from haystack import Document, component
 
+from pipelines.text import terms
 from pipelines.topics import Topics
 
 
@@ -18,7 +19,9 @@ class ModelClarifier:
     about a different model: the answer would depend on which is meant, so kbbot asks instead of
     guessing or mixing the two. The candidates are those models, then the catalogue's other models
     of the same kinds (a Chinese spec sheet the English question did not retrieve still fits).
-    Documents about several models at once (a maintenance schedule for all motors) never trigger it.
+    Documents about several models at once (a maintenance schedule for all motors) never trigger it,
+    and neither does a request that shares no content word with the model-specific chunks (a poem
+    about spring is about no product, however its retrieval came out).
 
     A question that names models keeps to them: chunks of documents about another single model are
     dropped and those about a named model come first; if nothing is left, ``not_found``.
@@ -38,6 +41,11 @@ class ModelClarifier:
         general = [d for d, s in zip(documents, subjects) if s is None]
         return on + general
 
+    def _about(self, question: str, documents: list[Document]) -> bool:
+        """The question shares a content word (or Chinese two-character word) with a chunk about one model."""
+        words = {t for t in terms(question) if len(t) > 1}
+        return any(words & set(terms(d.content or "")) for d in documents if self._subject(d))
+
     def _candidates(self, documents: list[Document]) -> list[str]:
         found = list(dict.fromkeys(s for d in documents if (s := self._subject(d))))
         kinds = {p.kind for p in self.topics.products if p.name in found and p.kind}
@@ -51,7 +59,7 @@ class ModelClarifier:
         if named:
             focused = self._focus(named, documents)
             return {"documents": focused, "query": query} if focused else {"not_found": 0.0}
-        if not self.enabled or self._subject(documents[0]) is None:
+        if not self.enabled or self._subject(documents[0]) is None or not self._about(question or query, documents):
             return {"documents": documents, "query": query}
         candidates = self._candidates(documents)
         if len(candidates) < 2 or len({self._subject(d) for d in documents} - {None}) < 2:

@@ -10,13 +10,16 @@ import asyncio
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from haystack import Document, component
 from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT, select_streaming_callback
 
-from pipelines.text import breadcrumb, detect_language, split_sentences, terms
+from pipelines.text import breadcrumb, detect_language, identifiers, split_sentences, terms
 
 HEADINGS = {
     "en": "No language model is configured, so here are the most relevant passages from the knowledge base:",
@@ -24,70 +27,150 @@ HEADINGS = {
 }
 _MARKUP = re.compile(r"^(#{1,6}\s+|[-*+]\s+|\d+[.)、]\s*)")
 _TABLE_RULE = re.compile(r"^\|?[\s:|-]+\|?$")
+_SENTENCE_END = ("。", "！", "!", ".", "；")
+# multilingual-e5-small scores a question against a sentence of the other language (zh <-> en)
+# lower than against an equally relevant sentence of its own: measured on examples/kb, the
+# Chinese overheating page's best sentence scored 0.874 for "My motor is overheating, what
+# should I check?", below an English maintenance-table row (0.889).
+CROSS_LANGUAGE_OFFSET = 0.03
+LEXICAL_WEIGHT = 0.03  # shared rare terms (numbers, names) break near-ties of meaning
+IDENTIFIER_BONUS = 0.1  # a fault code or model number the question names is an exact key
+MAX_SENTENCES_PER_SOURCE = 8  # what is embedded per turn stays small (~20 sentences/s on 2 cores)
+
+Similarity = Callable[[str, list[str]], list[float]]  # question, sentences -> cosine each
 
 
 def _clean(sentence: str) -> str:
-    return _MARKUP.sub("", sentence).strip()
+    return _MARKUP.sub("", sentence).strip().strip("*_").strip()
+
+
+def _heading_lines(doc: Document) -> tuple[set[str], list[str]]:
+    """Lines that only label the chunk: its title, section headings and the breadcrumb that opens
+    it (``Title > Section > 2. Subsection``), and breadcrumb prefixes to recognise them by."""
+    meta = doc.meta or {}
+    title = str(meta.get("title") or "")
+    path = [p for p in str(meta.get("header") or "").split(" > ") if p]
+    crumb = breadcrumb(title, path)
+    prefixes = [f"{p} > " for p in (title, *path[:1]) if p]
+    return {*path, title, crumb}, prefixes
+
+
+def _is_sentence(line: str) -> bool:
+    """A title can be the document's only sentence (a one-line .txt file): it ends like one."""
+    return line.endswith(_SENTENCE_END) and len(terms(line)) >= 3
 
 
 def answer_sentences(doc: Document) -> list[str]:
-    """Sentences that can stand as an answer: not headings, table header rows or questions."""
-    meta = doc.meta or {}
-    path = [p for p in (meta.get("header") or "").split(" > ") if p]
-    headings = set(path) | {meta.get("title") or "", breadcrumb(meta.get("title"), path)}
-    raw = split_sentences(doc.content or "")
+    """Sentences that can stand as an answer: not headings, breadcrumbs, table header rows or questions."""
+    headings, prefixes = _heading_lines(doc)
+    lines = [ln.strip() for ln in (doc.content or "").splitlines() if ln.strip()]
     out = []
-    for i, sentence in enumerate(raw):
-        is_table_header = i + 1 < len(raw) and bool(_TABLE_RULE.match(raw[i + 1])) and "|" in raw[i + 1]
-        cleaned = _clean(sentence)
-        if (_TABLE_RULE.match(sentence) or is_table_header or not cleaned or cleaned in headings
-                or cleaned.endswith(("?", "？"))):
+    for i, line in enumerate(lines):
+        cleaned = _clean(line)
+        if not cleaned or line.startswith(tuple(prefixes)) or line.startswith("#"):
             continue
-        out.append(sentence)
+        if cleaned in headings and not _is_sentence(cleaned):
+            continue
+        is_table_header = i + 1 < len(lines) and bool(_TABLE_RULE.match(lines[i + 1])) and "|" in lines[i + 1]
+        if _TABLE_RULE.match(line) or is_table_header:
+            continue
+        for sentence in split_sentences(line):
+            cleaned = _clean(sentence)
+            if cleaned and not cleaned.endswith(("?", "？")) and (cleaned not in headings or _is_sentence(cleaned)):
+                out.append(sentence)
     return out
 
 
-def select_sentences(question: str, sources: list[Document], max_sentences: int = 4,
-                     max_sources: int = 3) -> list[tuple[int, str]]:
-    """(source number, sentence) pairs: the sentences sharing the most weighted terms with the question."""
+def _lexical(question: str, per_source: list[list[str]]) -> list[list[float]]:
+    """Per sentence: the idf-weighted terms it shares with the question."""
     q_terms = set(terms(question))
-    candidates: list[tuple[float, int, int, str]] = []
     df: Counter[str] = Counter()
-    per_source: list[list[str]] = []
-    for doc in sources[:max_sources]:
-        sentences = answer_sentences(doc)
-        per_source.append(sentences)
+    for sentences in per_source:
         for s in sentences:
             df.update(set(terms(s)))
     n = sum(len(s) for s in per_source) or 1
-    for number, sentences in enumerate(per_source, start=1):
-        for order, sentence in enumerate(sentences):
-            overlap = q_terms & set(terms(sentence))
-            score = sum(math.log(1 + n / (1 + df[t])) for t in overlap)
-            # Earlier sources rank higher: retrieval already judged them more relevant.
-            candidates.append((score / (1 + 0.15 * (number - 1)), number, order, sentence))
-    picked = [c for c in sorted(candidates, key=lambda c: -c[0]) if c[0] > 0][:max_sentences]
-    if not picked and per_source and per_source[0]:
-        # Nothing shared lexically (e.g. a Chinese question over English text): the top chunk leads.
-        picked = [(0.0, 1, i, s) for i, s in enumerate(per_source[0][:2])]
+    return [[sum(math.log(1 + n / (1 + df[t])) for t in q_terms & set(terms(s))) for s in sentences]
+            for sentences in per_source]
+
+
+Candidate = tuple[int, int, str, float]  # source number, order in the source, sentence, lexical score
+
+
+def _by_meaning(question: str, candidates: list[Candidate], similarity: Similarity) -> list[tuple[float, int, int, str]]:
+    """Scores by cosine with the question (the other language's sentences lifted by
+    ``CROSS_LANGUAGE_OFFSET``), plus a small share of the lexical score and ``IDENTIFIER_BONUS``
+    for a code the question names. Only each source's ``MAX_SENTENCES_PER_SOURCE`` best by shared
+    terms are embedded."""
+    language = detect_language(question)
+    codes = [c.lower() for c in identifiers(question)]
+    kept = [c for number in dict.fromkeys(c[0] for c in candidates)
+            for c in sorted((c for c in candidates if c[0] == number), key=lambda c: -c[3])[:MAX_SENTENCES_PER_SOURCE]]
+    cosines = similarity(question, [_clean(s) for _, _, s, _ in kept])
+    top = max(lex for *_, lex in kept) or 1.0
+    scored = []
+    for (number, order, sentence, lex), cosine in zip(kept, cosines):
+        score = cosine + LEXICAL_WEIGHT * lex / top
+        score += CROSS_LANGUAGE_OFFSET if detect_language(sentence) != language else 0.0
+        score += IDENTIFIER_BONUS if any(c in sentence.lower() for c in codes) else 0.0
+        scored.append((score, number, order, sentence))
+    return scored
+
+
+def select_sentences(question: str, sources: list[Document], max_sentences: int = 4, max_sources: int = 4,
+                     similarity: Similarity | None = None) -> list[tuple[int, str]]:
+    """(source number, sentence) pairs, in source order: with ``similarity`` (the embedder) the
+    sentences closest in meaning (``_by_meaning``); without it, those sharing the most weighted
+    terms with the question, earlier sources first (retrieval judged them more relevant)."""
+    per_source = [answer_sentences(doc) for doc in sources[:max_sources]]
+    lexical = _lexical(question, per_source)
+    candidates: list[Candidate] = [
+        (number, order, sentence, lexical[number - 1][order])
+        for number, sentences in enumerate(per_source, start=1) for order, sentence in enumerate(sentences)]
+    if not candidates:
+        return []
+    if similarity is not None:
+        scored = _by_meaning(question, candidates, similarity)
+    else:
+        scored = [(lex / (1 + 0.15 * (number - 1)), number, order, s) for number, order, s, lex in candidates if lex > 0]
+        if not scored:
+            # Nothing shared lexically (e.g. a Chinese question over English text): the top chunk leads.
+            first = candidates[0][0]
+            scored = [(0.0, number, order, s) for number, order, s, _ in candidates if number == first][:2]
+    picked = sorted(scored, key=lambda c: -c[0])[:max_sentences]
     picked.sort(key=lambda c: (c[1], c[2]))
     return [(number, _clean(sentence)) for _, number, _, sentence in picked]
 
 
-def compose(question: str, sources: list[Document]) -> str:
+def embedding_similarity(text_embedder: Any, document_embedder: Any) -> Similarity:
+    """``Similarity`` from the pipeline's embedders (question as a query, sentences as passages)."""
+    def similarity(question: str, sentences: list[str]) -> list[float]:
+        q = np.asarray(text_embedder.run(text=question)["embedding"], dtype=np.float32)
+        docs = document_embedder.run(documents=[Document(content=s) for s in sentences])["documents"]
+        vectors = np.asarray([d.embedding for d in docs], dtype=np.float32)
+        norms = np.linalg.norm(vectors, axis=1) * (np.linalg.norm(q) or 1.0)
+        return (vectors @ q / np.maximum(norms, 1e-9)).tolist()
+
+    return similarity
+
+
+def compose(question: str, sources: list[Document], similarity: Similarity | None = None) -> str:
     language = detect_language(question)
     lines = [HEADINGS[language], ""]
-    for number, sentence in select_sentences(question, sources):
+    for number, sentence in select_sentences(question, sources, similarity=similarity):
         lines.append(f"- {sentence} [{number}]")
     return "\n".join(lines).strip()
 
 
 @component
 class ExtractiveAnswerer:
-    """Answers with cited source sentences; streams them line by line like a model would."""
+    """Answers with cited source sentences; streams them line by line like a model would.
 
-    def __init__(self, streaming_callback: StreamingCallbackT | None = None):
+    ``similarity`` (see ``embedding_similarity``) picks sentences by meaning; without it, by
+    shared words."""
+
+    def __init__(self, streaming_callback: StreamingCallbackT | None = None, similarity: Similarity | None = None):
         self.streaming_callback = streaming_callback
+        self.similarity = similarity
 
     def _chunks(self, text: str) -> list[StreamingChunk]:
         info = ComponentInfo.from_component(self)
@@ -103,7 +186,7 @@ class ExtractiveAnswerer:
     def run(self, question: str, sources: list[Document],
             streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
         callback = select_streaming_callback(self.streaming_callback, streaming_callback, requires_async=False)
-        text = compose(question, sources)
+        text = compose(question, sources, self.similarity)
         if callback:
             for chunk in self._chunks(text):
                 callback(chunk)
@@ -113,7 +196,7 @@ class ExtractiveAnswerer:
     async def run_async(self, question: str, sources: list[Document],
                         streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
         callback = select_streaming_callback(self.streaming_callback, streaming_callback, requires_async=True)
-        text = compose(question, sources)
+        text = compose(question, sources, self.similarity)
         if callback:
             for chunk in self._chunks(text):
                 result = callback(chunk)

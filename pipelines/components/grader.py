@@ -8,8 +8,8 @@ from typing import Any
 from haystack import Document, component
 
 from pipelines.components.gate import best_similarity
-from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object
-from pipelines.text import identifiers, neutralize_tags
+from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object, parse_numbers
+from pipelines.text import detect_language, identifiers, neutralize_tags
 
 log = logging.getLogger("kbbot.grade")
 
@@ -37,7 +37,9 @@ class RelevanceGrader:
     - ``documents`` (and ``query``, passed on): the relevant chunks, in ranking order;
     - ``retry``: the query, when nothing relevant was found and a retry is left (a model reformulates it);
     - ``not_found``: nothing relevant and no retry left (the best dense similarity seen, for the trace);
-    - ``off_topic``: without a model only, when even the best chunk is below ``off_topic_similarity``.
+    - ``off_topic``: when even the best chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh``
+      for a Chinese question), or when the guard model doubted the question (``budget.off_topic_doubt``)
+      and no chunk is a strong match (``strong_margin`` above the relevance floor, or a named code).
 
     The dense similarity threshold ``min_similarity`` comes first and costs no model call (a chunk
     holding a code the query names passes it whatever its similarity). A model
@@ -46,13 +48,23 @@ class RelevanceGrader:
     """
 
     def __init__(self, generator: Any | None = None, *, min_similarity: float = 0.8,
-                 off_topic_similarity: float = 0.0, max_graded: int = 8):
+                 off_topic_similarity: float = 0.0, off_topic_similarity_zh: float | None = None,
+                 strong_margin: float = 0.04, max_graded: int = 8, passage_chars: int = PASSAGE_CHARS):
         if off_topic_similarity > min_similarity:
             raise ValueError("off_topic_similarity must not exceed min_similarity")
         self.generator = generator
         self.min_similarity = min_similarity
         self.off_topic_similarity = off_topic_similarity
+        self.off_topic_similarity_zh = off_topic_similarity if off_topic_similarity_zh is None else off_topic_similarity_zh
+        self.strong_margin = strong_margin
         self.max_graded = max_graded
+        self.passage_chars = passage_chars
+
+    def _floors(self, query: str) -> tuple[float, float]:
+        """(off-topic, relevant) similarity floors for the query's language: Chinese questions
+        score higher against Chinese chunks whatever they ask ("帮我写一首关于春天的诗" 0.83)."""
+        off = self.off_topic_similarity_zh if detect_language(query) == "zh" else self.off_topic_similarity
+        return off, max(self.min_similarity, off)
 
     def _screen(self, query: str, documents: list[Document], dense_documents: list[Document] | None,
                 budget: TurnBudget) -> dict[str, Any] | None:
@@ -61,11 +73,19 @@ class RelevanceGrader:
             best = 1.0 if documents else 0.0
         else:
             best = best_similarity(dense_documents) or 0.0
-        if documents and (best >= self.min_similarity or _names_a_code_in(query, documents)):
+        off, relevant = self._floors(query)
+        named = _names_a_code_in(query, documents)
+        if budget.off_topic_doubt is not None and not named and best < relevant + self.strong_margin:
+            # The guard model said off-topic and retrieval has no strong match to say otherwise.
+            budget.note("grade", off_topic=True, guard_doubt=budget.off_topic_doubt, best_similarity=round(best, 4))
+            return {"off_topic": best}
+        if documents and (best >= relevant or named):
             return None
         budget.note("grade", relevant=0, best_similarity=round(best, 4))
+        if best < off:  # nothing in the knowledge base is even close, whatever a model would say
+            return {"off_topic": best}
         if self.generator is None:
-            return {"off_topic": best} if best < self.off_topic_similarity else {"not_found": best}
+            return {"not_found": best}
         return self._nothing(query, budget, best)
 
     @staticmethod
@@ -76,7 +96,7 @@ class RelevanceGrader:
         parts = []
         for i, doc in enumerate(documents[: self.max_graded], 1):
             title = (doc.meta or {}).get("title") or ""
-            text = neutralize_tags((doc.content or "").strip()[:PASSAGE_CHARS])
+            text = neutralize_tags((doc.content or "").strip()[: self.passage_chars])
             title = neutralize_tags(title).replace('"', "'")
             parts.append(f'<passage id="{i}" title="{title}">\n{text}\n</passage>')
         question = neutralize_tags(query)
@@ -87,8 +107,8 @@ class RelevanceGrader:
         if reply is None:  # no model, or no call left: the ranking stands
             return {"documents": documents, "query": query}
         parsed = parse_json_object(reply)
-        numbers = parsed.get("relevant") if parsed else None
-        if not isinstance(numbers, list) or not all(isinstance(n, int) for n in numbers):
+        numbers = parse_numbers(parsed.get("relevant")) if parsed else None
+        if numbers is None:
             log.warning("grader reply not usable (%r); keeping the retrieval ranking", reply[:120])
             budget.note("grade", error="unusable reply", fallback="retrieval ranking")
             return {"documents": documents, "query": query}

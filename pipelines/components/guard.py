@@ -7,7 +7,7 @@ from typing import Any
 
 from haystack import component
 
-from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object
+from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_bool, parse_confidence, parse_json_object
 from pipelines.text import neutralize_tags
 from pipelines.topics import Topics
 
@@ -29,12 +29,19 @@ class TopicGuard:
     """``query`` out when the message is in scope, ``off_topic`` when the model is at least
     ``min_confidence`` sure it is not.
 
+    With ``defer_to_retrieval`` an off-topic verdict does not end the turn here: it
+    is recorded on the budget (``off_topic_doubt``) and the query goes on, so the relevance grader
+    can weigh it against retrieval's evidence (a question whose best chunk is a strong match is
+    not off-topic on a small model's word).
+
     Without a model (or when its reply cannot be used) everything passes: the relevance grader's
     retrieval-score threshold then tells off-topic questions apart.
     """
 
-    def __init__(self, generator: Any | None = None, topics: Topics | None = None, min_confidence: float = 0.7):
+    def __init__(self, generator: Any | None = None, topics: Topics | None = None, min_confidence: float = 0.7,
+                 defer_to_retrieval: bool = False):
         self.generator = generator
+        self.defer_to_retrieval = defer_to_retrieval
         self.topics = topics or Topics()
         self.min_confidence = min_confidence
 
@@ -48,17 +55,17 @@ class TopicGuard:
         if reply is None:
             return {"query": query}
         parsed = parse_json_object(reply)
-        verdict = parsed.get("on_topic") if parsed else None
+        verdict = parse_bool(parsed.get("on_topic")) if parsed else None
         if not isinstance(verdict, bool):
             log.warning("guard reply not usable (%r); treating the question as on topic", reply[:120])
             budget.note("guard", error="unusable reply", on_topic=True)
             return {"query": query}
-        try:
-            confidence = float(parsed.get("confidence", 1.0))
-        except (TypeError, ValueError):
-            confidence = 1.0
+        confidence = parse_confidence(parsed.get("confidence"))
         off = not verdict and confidence >= self.min_confidence
         budget.note("guard", on_topic=not off, confidence=confidence)
+        if off and self.defer_to_retrieval:
+            budget.off_topic_doubt = confidence
+            return {"query": query}
         return {"off_topic": query} if off else {"query": query}
 
     @component.output_types(query=str, off_topic=str)

@@ -29,6 +29,9 @@ class TurnBudget:
     deadline: float | None = None  # time.monotonic() by which the turn must be done
     retries_left: int = 2
     reserved: int = 1  # calls kept for generating the answer
+    # The guard model's confidence that the question is off-topic, when it said so: the grader
+    # weighs it against what retrieval found (a small model's word alone does not decide).
+    off_topic_doubt: float | None = None
     calls: list[str] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
 
@@ -62,21 +65,79 @@ class TurnBudget:
         self.steps.append({"step": step, **details})
 
 
-_JSON_OBJECT = re.compile(r"\{.*\}", re.S)
+# Full-width forms small models write in Chinese context: ｛"on_topic"：true，"confidence"：０.９｝
+_FULL_WIDTH = str.maketrans({"｛": "{", "｝": "}", "：": ":", "，": ",", "“": '"', "”": '"', "＂": '"',
+                             "［": "[", "］": "]", "【": "[", "】": "]", "．": "."}
+                            | {chr(0xFF10 + d): str(d) for d in range(10)})
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+_DECODER = json.JSONDecoder()
 
 
 def parse_json_object(text: str | None) -> dict[str, Any] | None:
-    """The first JSON object in a model reply (models like to wrap JSON in prose or fences)."""
+    """The first JSON object in a model reply. Models wrap JSON in code fences or prose, write
+    full-width punctuation, or add a second object; the first object that parses is taken."""
     if not text:
         return None
-    match = _JSON_OBJECT.search(text)
-    if not match:
+    text = text.translate(_FULL_WIDTH)
+    for candidate in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
+        for start in (i for i, ch in enumerate(candidate) if ch == "{"):
+            try:
+                value, _ = _DECODER.raw_decode(candidate, start)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def parse_confidence(value: Any) -> float:
+    """A confidence from 0 to 1 as models write it (0.8, "0.8", "80%", 80); 1.0 when absent or unreadable."""
+    if isinstance(value, str):
+        text = value.strip().rstrip("%")
+        try:
+            number = float(text) / (100 if value.strip().endswith("%") else 1)
+        except ValueError:
+            return 1.0
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        return 1.0
+    return number / 100 if 1 < number <= 100 else min(max(number, 0.0), 1.0)
+
+
+def parse_numbers(value: Any) -> list[int] | None:
+    """Passage numbers as models write them ([1, 3], ["1", "3"], "1, 3", 2); None when unreadable."""
+    if isinstance(value, bool):
         return None
-    try:
-        value = json.loads(match.group(0))
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, str):
+        found = re.findall(r"\d+", value)
+        return [int(n) for n in found] if found or not value.strip() else None
+    if isinstance(value, list):
+        numbers = []
+        for item in value:
+            if isinstance(item, int) and not isinstance(item, bool):
+                numbers.append(item)
+            elif isinstance(item, str) and item.strip().isdigit():
+                numbers.append(int(item.strip()))
+            else:
+                return None
+        return numbers
+    return None
+
+
+def parse_bool(value: Any) -> bool | None:
+    """true / false, also as the strings models sometimes write ("true", "yes", "否")."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in {"true", "yes", "是"}:
+            return True
+        if word in {"false", "no", "否"}:
+            return False
+    return None
 
 
 def _messages(system: str, user: str) -> list[ChatMessage]:
