@@ -75,7 +75,7 @@ class RetrievalSettings:
     candidates: int = 30
     mode: str = "hybrid"
     fusion: str = "relative_score"
-    alpha: float = 0.5
+    alpha: float = 0.55
     max_chunks_per_doc: int = 2
     min_similarity: float = 0.82
 

@@ -24,7 +24,7 @@ LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")
 FUSIONS = {"relative_score": None, "dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
 # The vector list's weight in relative score fusion (emanual, clapnq and cmrc2018: README, Evaluation).
-DEFAULT_ALPHA = 0.5
+DEFAULT_ALPHA = 0.55
 
 
 def check_choice(name: str, value: str, allowed: Any) -> None:
