@@ -72,7 +72,10 @@ class Citation:
     def label(self) -> str:
         """What a sources block shows: ``manual.pdf, p. 14``."""
         title = (self.title or self.source or self.doc_id).strip() or f"source {self.index}"
-        return f"{title}, {self.locator}" if self.locator and self.locator != title else title
+        locator = self.locator
+        if locator.startswith(f"{title} > "):  # a Markdown file's heading path opens with its own title
+            locator = locator[len(title) + 3:]
+        return f"{title}, {locator}" if locator and locator != title else title
 
     @property
     def url(self) -> str | None:
