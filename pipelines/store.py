@@ -25,15 +25,6 @@ from haystack.document_stores.types import DuplicatePolicy
 
 from pipelines.keyword_index import KeywordIndex
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-# Overlapping CJK character bigrams plus whole Latin words and numbers: the default in-memory
-# tokenizer makes every Chinese character a token, which matches 的/是 everywhere.
-# Hyphenated codes (e-004, hl-m200, 6309-2z) are also kept whole, so an exact code outscores its parts.
-CJK_BIGRAM_BM25_REGEX = (
-    rf"(?=((?<![^\W{_CJK}-])[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)+"
-    rf"|[{_CJK}]{{2}}|(?<![{_CJK}])[{_CJK}](?![{_CJK}])|(?<![^\W{_CJK}])[^\W{_CJK}]+))"
-)
-
 DEFAULT_SPACE = "default"
 
 
@@ -143,9 +134,9 @@ class InMemoryKnowledgeStore:
 
     @staticmethod
     def _new_document_store() -> InMemoryDocumentStore:
+        # BM25 is scored by our keyword index (pipelines.keyword_index), not by this store; it still
+        # tokenizes what it is given for its own BM25, so it keeps its default (cheapest) tokenizer.
         return InMemoryDocumentStore(
-            bm25_tokenization_regex=CJK_BIGRAM_BM25_REGEX,
-            bm25_algorithm="BM25Plus",
             embedding_similarity_function="cosine",
             shared=False,
         )
