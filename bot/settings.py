@@ -18,6 +18,7 @@ import yaml
 
 from bot.insights.settings import InsightsSettings
 from bot.platform_settings import SlackSettings, TelegramSettings
+from pipelines.components.retrievers import check_alpha
 from pipelines.redact import redact_url
 from pipelines.topics import Topics
 
@@ -75,7 +76,7 @@ class RetrievalSettings:
     candidates: int = 30
     mode: str = "hybrid"
     fusion: str = "relative_score"
-    alpha: float = 0.55
+    alpha: float | str = "auto"  # or a fixed weight of the vector list, 0..1
     max_chunks_per_doc: int = 2
     min_similarity: float = 0.82
 
@@ -396,9 +397,10 @@ def _validate(s: Settings) -> None:
         raise SettingsError("store.kind is weaviate but WEAVIATE_URL is not set")
     if s.generator_kind == "anthropic" and not s.anthropic_key_set:
         raise SettingsError("generator.kind is anthropic but ANTHROPIC_API_KEY is not set")
-    if not 0.0 <= s.retrieval.alpha <= 1.0:
-        raise SettingsError(f"retrieval.alpha is {s.retrieval.alpha}; expected a number from 0 (keywords only) "
-                            "to 1 (vectors only)")
+    try:
+        s.retrieval.alpha = check_alpha(s.retrieval.alpha)
+    except ValueError as exc:
+        raise SettingsError(f"retrieval.{exc}") from None
     if s.prompt.budget_chars < 1000 or s.generator.local.budget_chars < 1000:
         raise SettingsError("prompt.budget_chars and generator.local.budget_chars must be at least 1000")
     if not 0 <= s.generator.temperature <= 2:

@@ -38,7 +38,7 @@ PROMPT_VARIABLES = ("sources_block", "history_block", "facts_block", "question",
 
 
 def _add_retrieval(pipe: Pipeline, store: KnowledgeStore, text_embedder: Any | None, *, mode: str,
-                   candidates: int, fusion: str, alpha: float, ranker: Any | None) -> None:
+                   candidates: int, fusion: str, alpha: float | str, ranker: Any | None) -> None:
     if mode != "bm25":
         if text_embedder is None:
             raise ValueError(f"{mode} retrieval needs a text embedder")
@@ -62,7 +62,7 @@ def build_retrieval_pipeline(
     mode: str = "hybrid",
     candidates: int = 30,
     fusion: str = "relative_score",
-    alpha: float = DEFAULT_ALPHA,
+    alpha: float | str = DEFAULT_ALPHA,
     ranker: Any | None = None,
 ) -> Pipeline:
     """Retrieval alone (embed -> retrieve -> current [-> rank]), for evaluation."""
@@ -83,7 +83,7 @@ def build_query_pipeline(
     mode: str = "hybrid",
     candidates: int = 30,
     fusion: str = "relative_score",
-    alpha: float = DEFAULT_ALPHA,
+    alpha: float | str = DEFAULT_ALPHA,
     budget_chars: int = 12000,
     min_similarity: float = 0.8,
     helper_generator: Any | None = None,

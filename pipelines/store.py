@@ -85,7 +85,7 @@ class KnowledgeStore(Protocol):
         """Releases connections (a no-op for the in-memory store)."""
         ...
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float = 0.55) -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
         """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
 
@@ -169,7 +169,7 @@ class InMemoryKnowledgeStore:
     def close(self) -> None:
         pass
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float = 0.55) -> Any:
+    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
         from pipelines.components.retrievers import InMemoryHybridRetriever
 
         return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha)

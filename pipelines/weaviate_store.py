@@ -110,7 +110,7 @@ from weaviate.util import generate_uuid5
 
 from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk_search_text
 from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
-from pipelines.components.retrievers import LANGUAGES, MODES, check_choice
+from pipelines.components.retrievers import AUTO_ALPHA, LANGUAGES, MODES, adaptive_alpha, check_alpha, check_choice
 from pipelines.errors import ServiceUnavailable
 from pipelines.redact import redact_url, scrub
 from pipelines.store import DocRecord, prepare_chunks
@@ -366,7 +366,7 @@ class WeaviateKnowledgeStore:
 
     def __init__(self, url: str, collection: str = "KbChunk", grpc_port: int | None = None, *,
                  tokenization: str = DEFAULT_TOKENIZATION, fusion: str = DEFAULT_FUSION,
-                 alpha: float = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0,
+                 alpha: float | str = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0,
                  allow_outdated: bool = False, api_key: str | None = None):
         if not url or urlparse(url).scheme not in ("http", "https"):
             raise ValueError(f"Weaviate URL must start with http:// or https://, got {redact_url(url or '')!r}")
@@ -729,7 +729,7 @@ class WeaviateKnowledgeStore:
         return present
 
     def retriever(self, *, mode: str, candidates: int, fusion: str | None = None,
-                  alpha: float | None = None) -> WeaviateHybridRetriever:
+                  alpha: float | str | None = None) -> WeaviateHybridRetriever:
         """Our retriever; ``fusion`` also takes the in-memory store's names: ``dbsf`` (score-based,
         like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the store's own
         fusion and ``alpha``."""
@@ -822,6 +822,41 @@ def _merge_dense(per_language: list[list[Document]]) -> list[Document]:
 _EXPLAINED_VECTOR = re.compile(r"\(Result Set vector[^)]*\) Document ([0-9a-fA-F-]{36}): original score ([-+0-9.eE]+)")
 
 
+# Both sides of a relative-score hybrid result as Weaviate explains them; a side's "normalized
+# score" is its score min-max scaled over that side's results, times the side's weight.
+_EXPLAINED_SIDE = re.compile(r"\(Result Set (keyword|vector)[^)]*\) Document ([0-9a-fA-F-]{36}): original score "
+                             r"[-+0-9.eE]+, normalized score: ([-+0-9.eE]+)")
+# alpha "auto": the hybrid query goes out with equal weights and its results are re-weighed per
+# question from their explanations (one round trip, as with a fixed alpha).
+PROBE_ALPHA = 0.5
+
+
+def explained_sides(obj: Any) -> dict[str, float] | None:
+    """A hybrid result's scaled keyword and vector scores (0..1, before weighting), read from its
+    score explanation (a side it was not found by is absent); None when nothing is explained."""
+    found = {side: float(value) for side, uuid, value in _EXPLAINED_SIDE.findall(
+        getattr(obj.metadata, "explain_score", None) or "") if uuid.lower() == str(obj.uuid).lower()}
+    if not found:
+        return None
+    weights = {"keyword": 1.0 - PROBE_ALPHA, "vector": PROBE_ALPHA}
+    return {side: value / weights[side] for side, value in found.items()}
+
+
+def reweighed(objects: list[Any], dense: list[Document]) -> list[Document] | None:
+    """The results of a hybrid query sent with ``PROBE_ALPHA``, fused again with this question's
+    ``adaptive_alpha`` (from the raw cosines of ``dense``), best first; None when a result does not
+    explain its scores."""
+    alpha = adaptive_alpha(d.score or 0.0 for d in dense)
+    fused: list[tuple[float, Any]] = []
+    for obj in objects:
+        sides = explained_sides(obj)
+        if sides is None:
+            return None
+        fused.append((alpha * sides.get("vector", 0.0) + (1.0 - alpha) * sides.get("keyword", 0.0), obj))
+    fused.sort(key=lambda pair: -pair[0])
+    return [to_document(obj, score=score) for score, obj in fused]
+
+
 def explained_similarity(obj: Any) -> float | None:
     """The cosine between a hybrid result and the query vector, read from the result's score
     explanation; None when the object was not among the vector side's results (or the
@@ -885,7 +920,7 @@ class WeaviateHybridRetriever:
     """
 
     def __init__(self, store: WeaviateKnowledgeStore, mode: str = "hybrid", candidates: int = 30,
-                 fusion: str = DEFAULT_FUSION, alpha: float = DEFAULT_ALPHA,
+                 fusion: str = DEFAULT_FUSION, alpha: float | str = DEFAULT_ALPHA,
                  query_properties: tuple[str, ...] = QUERY_PROPERTIES, parallel: bool = True,
                  timeout_s: float = DEFAULT_QUERY_TIMEOUT_S):
         check_choice("retrieval mode", mode, MODES)
@@ -894,7 +929,9 @@ class WeaviateHybridRetriever:
         self.mode = mode
         self.candidates = candidates
         self.fusion = fusion
-        self.alpha = alpha
+        self.alpha = check_alpha(alpha)
+        # "auto" is re-weighed per question from the results' explanations (relative score fusion only).
+        self.auto = self.alpha == AUTO_ALPHA and mode == "hybrid" and fusion == "relative_score"
         self.query_properties = list(query_properties)
         self.parallel = parallel
         self.timeout_s = timeout_s
@@ -908,16 +945,18 @@ class WeaviateHybridRetriever:
         if self.mode in ("hybrid", "vector") and query_embedding is None:
             raise ValueError(f"{self.mode} retrieval needs a query embedding")
         keyword = self.mode in ("hybrid", "bm25") and bool(query.strip())
-        explained = (keyword and self.mode == "hybrid" and self.fusion == "relative_score" and self.alpha > 0
-                     and len(languages) <= 1)
+        explained = (keyword and self.mode == "hybrid" and self.fusion == "relative_score"
+                     and (self.auto or float(self.alpha) > 0) and len(languages) <= 1)
         return keyword, explained, self.mode in ("hybrid", "vector") and not explained
 
     def _keyword_kwargs(self, query: str, query_embedding: list[float] | None, where: Any, k: int,
                         explained: bool) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"query": query, "query_properties": self.query_properties, "filters": where,
-                                  "limit": k, "return_metadata": MetadataQuery(score=True, explain_score=explained)}
+                                  "limit": k,
+                                  "return_metadata": MetadataQuery(score=True, explain_score=explained or self.auto)}
         if self.mode == "hybrid":
-            kwargs.update(vector=query_embedding, alpha=self.alpha, fusion_type=_FUSIONS[self.fusion])
+            alpha = PROBE_ALPHA if self.alpha == AUTO_ALPHA else self.alpha
+            kwargs.update(vector=query_embedding, alpha=alpha, fusion_type=_FUSIONS[self.fusion])
         return kwargs
 
     @staticmethod
@@ -933,22 +972,29 @@ class WeaviateHybridRetriever:
         None (after a warning, once) when they explain no vector score: then near-vector queries follow."""
         found = _hybrid_with_dense(keyword or [])
         if found is not None:
-            return {"documents": found[0][:k], "dense_documents": found[1]}
-        self._unexplained()
+            return {"documents": self._documents(keyword or [], found[1], found[0])[:k], "dense_documents": found[1]}
+        self._unexplained("sending near-vector queries for the similarities instead (one more round trip per query)")
         return None
 
-    def _unexplained(self) -> None:
+    def _unexplained(self, instead: str) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("Weaviate hybrid results do not explain their vector scores; sending near-vector "
-                        "queries for the similarities instead (one more round trip per query)")
+            log.warning("Weaviate hybrid results do not explain their scores; %s", instead)
 
-    @staticmethod
-    def _finish(keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
+    def _documents(self, keyword: list[Any], dense: list[Document], as_sent: list[Document] | None = None) -> list[Document]:
+        """The keyword/hybrid results in final order: as Weaviate fused them, or re-weighed for this
+        question when ``alpha`` is "auto" (as sent, after a warning, when they explain no scores)."""
+        if self.auto and keyword:
+            if (documents := reweighed(keyword, dense)) is not None:
+                return documents
+            self._unexplained(f"alpha auto keeps the equal weights ({PROBE_ALPHA}) it was sent with")
+        return as_sent if as_sent is not None else [to_document(o, score=o.metadata.score) for o in keyword]
+
+    def _finish(self, keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
         dense = _merge_dense([_dense(objs) for objs in per_language])
         if keyword is None:  # vector mode, or hybrid without query text
             return {"documents": dense[:k], "dense_documents": dense}
-        return {"documents": [to_document(o, score=o.metadata.score) for o in keyword][:k], "dense_documents": dense}
+        return {"documents": self._documents(keyword, dense)[:k], "dense_documents": dense}
 
     def _too_slow(self) -> WeaviateUnavailable:
         # The client retries an unavailable server for about a minute; a question should not wait that long.

