@@ -14,7 +14,8 @@ Weaviate gets the same chunks and vectors, so both backends rank identical data.
 run when ``WEAVIATE_URL`` is set (``make services``).
 
 Overhead: with the query vectors computed beforehand, the p50 of our ``WeaviateHybridRetriever``
-against one bare ``collection.query.hybrid`` with the same alpha and fusion, in alternation (which
+against one bare ``collection.query.hybrid`` with the same fusion and the weight ours sends (equal
+weights: the default ``alpha`` "auto" re-weighs that one query's results), in alternation (which
 of the two goes first alternates too, so neither profits from the other's warm caches), same
 collection. Also checked, question by question: whether the best cosine our retriever reports
 (what the relevance gate reads) is the exact one (brute force over the chunks' vectors), and
@@ -208,7 +209,7 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
     relevance gate reads) is the exact one, next to a near-vector query's (what it sent before)."""
     from weaviate.classes.query import MetadataQuery
 
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, QUERY_PROPERTIES, WeaviateHybridRetriever
+    from pipelines.weaviate_store import _FUSIONS, DEFAULT_FUSION, PROBE_ALPHA, QUERY_PROPERTIES, WeaviateHybridRetriever
 
     ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
     collection = store.collection
@@ -216,7 +217,7 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
     terms = {q.text: " ".join(analyze(q.text)) for q in queries}  # the same search, analysed outside the timing
 
     def bare(q: Any, v: list[float]) -> Any:
-        return collection.query.hybrid(query=terms[q.text], vector=v, alpha=DEFAULT_ALPHA, limit=30,
+        return collection.query.hybrid(query=terms[q.text], vector=v, alpha=PROBE_ALPHA, limit=30,
                                        query_properties=list(QUERY_PROPERTIES), fusion_type=_FUSIONS[DEFAULT_FUSION])
 
     def mine(q: Any, v: list[float]) -> Any:
@@ -255,7 +256,7 @@ def ratios(bare_ms: list[float], ours_ms: list[float], prefix: str = "") -> dict
 def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], rounds: int = 2) -> dict[str, Any]:
     """The same comparison on the async client: ``run_async`` (what the bot's pipeline calls)
     against a bare ``await collection.query.hybrid``."""
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_ALPHA, DEFAULT_FUSION, QUERY_PROPERTIES, WeaviateHybridRetriever
+    from pipelines.weaviate_store import _FUSIONS, DEFAULT_FUSION, PROBE_ALPHA, QUERY_PROPERTIES, WeaviateHybridRetriever
 
     async def measure() -> dict[str, Any]:
         collection = await store.async_collection()
@@ -264,7 +265,7 @@ def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], r
         terms = {q.text: " ".join(analyze(q.text)) for q in queries}
 
         async def bare(q: Any, v: list[float]) -> Any:
-            return await collection.query.hybrid(query=terms[q.text], vector=v, alpha=DEFAULT_ALPHA, limit=30,
+            return await collection.query.hybrid(query=terms[q.text], vector=v, alpha=PROBE_ALPHA, limit=30,
                                                  query_properties=list(QUERY_PROPERTIES),
                                                  fusion_type=_FUSIONS[DEFAULT_FUSION])
 
