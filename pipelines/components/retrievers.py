@@ -12,13 +12,14 @@ even when the other language fills the top of the list (see ``components/ranker.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component
 from haystack.components.joiners import DocumentJoiner
 from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
 
-from pipelines.store import KnowledgeStore
+if TYPE_CHECKING:  # the stores build these retrievers: importing them at run time would be a cycle
+    from pipelines.store import KnowledgeStore
 
 LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")
