@@ -1,14 +1,15 @@
 """The Slack adapter: mentions, thread follow-ups and DMs in; streamed, cited answers out.
 
 Events arrive through bolt's ``AsyncApp`` (Events API over HTTP, or Socket Mode) and are acknowledged
-at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for ``Answerer.answer`` with a
+at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for the conversation service
+(``bot/conversation.py``, which owns every flow below: claims, turns, clicks, commands) with a
 ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final message with sources and
 👍/👎, the rate budget) that renders the answer in the thread; the text and blocks are built in
 ``adapters/slack_text.py``. A workspace that refuses streaming is remembered for an hour, so its later
 answers edit directly.
 
 Slack redelivers events it believes were not acknowledged; a claim on the event id (and on the
-message itself) in the shared ``Idempotency`` store makes sure one question gets one answer.
+message itself) makes sure one question gets one answer.
 
 Admins (``slack.admins``) have a slash command: ``/kbbot status`` (knowledge version, sources, last
 and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowledged at once and

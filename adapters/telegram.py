@@ -3,13 +3,14 @@
 Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long polling (any webhook is
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
-for ``Answerer.answer`` with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
+for the conversation service (``bot/conversation.py``, which owns every flow: claims, turns, clicks,
+commands) with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
 edits, the final messages with sources and 👍/👎, the rate budget); texts, entities and buttons are
 built in ``adapters/telegram_text.py``. A Bot API server without ``sendMessageDraft`` is remembered
 for an hour, so later answers edit directly.
 
 An update delivered twice (webhook retry, restart during polling) is claimed in the shared
-``Idempotency`` store by bot id and update id, and released when the turn fails.
+``Idempotency`` store by bot id and update id (and released when the turn fails).
 
 Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
 services) and ``/refresh [SOURCE]``; anyone else is politely refused.
