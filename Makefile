@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
 SERVICES := scripts/services.sh
 
-.PHONY: demo demo-local test test-local install install-local services services-stop browser bench eval eval-answers clean
+.PHONY: demo demo-local test test-local install install-local lint services services-stop browser bench eval eval-answers clean
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
@@ -29,13 +29,17 @@ test-local: install-local
 
 # Starts Redis and Weaviate when needed (building Weaviate once), installs Chromium for the admin
 # page's browser tests and the CJK font the scanned-PDF tests draw with, then runs the tests.
-test: install services browser
+test: install lint services browser
 	@bash scripts/test_fonts.sh
 	@set -a; source <($(SERVICES) env); set +a; KBBOT_CHROMIUM="$$(bash scripts/browser.sh)" \
 		$(UV) run pytest -q $(PYTEST_ARGS)
 
 browser:
 	@bash scripts/browser.sh >/dev/null
+
+# ruff, configured in pyproject.toml (part of `make test`).
+lint: install
+	@$(UV) run ruff check .
 
 services:
 	@bash $(SERVICES) start

@@ -25,7 +25,7 @@ import logging
 import math
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -66,7 +66,7 @@ _SECURITY_HEADERS = {
 
 
 def _when(at: float | None) -> str:
-    return "–" if at is None else datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "–" if at is None else datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _matches(record: TurnRecord, words: list[str]) -> bool:

@@ -7,18 +7,29 @@ import asyncio
 import json
 import logging
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from adapters.answer_eval import run_answer_eval
 from adapters.console import ConsoleReply, console_inquiry
+from bot.insights.report import format_report, report_of
 from bot.logs import log_format, setup_logging
+from bot.refresh import FileRunLog, RedisRunLog, RefreshBusy, UnknownSource, format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime, make_ranker, make_store
-from bot.settings import Settings, SettingsError, load_settings
+from bot.settings import Settings, SettingsError, load_settings, parse_interval
 from bot.types import Answer
-from pipelines.errors import ServiceUnavailable, diagnose
+from pipelines.components.extractive import ExtractiveAnswerer
+from pipelines.components.turn import TurnBudget
+from pipelines.errors import ErrorKind, ServiceUnavailable, diagnose
+from pipelines.evaluation import corpus_documents, evaluate, evaluate_abstention, index_corpus, load_queries
+from pipelines.indexing import FolderSource, build_indexing_pipeline
+from pipelines.query import build_query_pipeline, build_retrieval_pipeline
 from pipelines.redact import scrub
 
 
@@ -27,8 +38,6 @@ class UserError(Exception):
 
 
 def tqdm_progress(desc: str, unit: str | None = None):
-    from tqdm import tqdm
-
     def wrap(items: Iterable[Any], total: int) -> Iterable[Any]:
         return tqdm(items, total=total, desc=desc, unit=unit or ("file" if desc == "indexing" else "batch"),
                     file=sys.stderr, leave=False, dynamic_ncols=True)
@@ -39,15 +48,14 @@ def tqdm_progress(desc: str, unit: str | None = None):
 @asynccontextmanager
 async def refresher_of(runtime: Runtime) -> AsyncIterator[Any]:
     """A ``Refresher`` on the runtime's store, with a Redis client of its own for this event loop."""
-    from bot.refresh import Refresher
 
     redis = None
     if runtime.settings.redis_url:
-        from bot.redis_state import connect_redis
+        from bot.redis_state import connect_redis  # only with REDIS_URL: the embedded default needs no client
 
         redis = await connect_redis(runtime.settings.redis_url)
     try:
-        yield Refresher(runtime.settings, runtime.store, runtime.indexer, redis=redis)
+        yield runtime.refresher(redis)
     finally:
         if redis is not None:
             await redis.aclose()
@@ -59,9 +67,6 @@ def _waiting() -> None:
 
 def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     """``kbbot index PATH…``: a refresh of those paths as an ad-hoc source."""
-    from bot.refresh import RefreshBusy
-    from pipelines.indexing import FolderSource
-
     async def work() -> Any:
         async with refresher_of(runtime) as refresher:
             source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions,
@@ -90,8 +95,6 @@ def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", 
     Exit status 1 when a run failed as a whole (e.g. its folder is missing); documents that failed are
     listed but do not fail the command.
     """
-    from bot.refresh import RefreshBusy, UnknownSource
-
     out = out or sys.stdout
     settings = runtime.settings
     if not settings.sources:
@@ -132,8 +135,6 @@ def ensure_indexed(runtime: Runtime) -> None:
 
 def run_status(settings: Settings, as_json: bool) -> int:
     """``kbbot status [--json]``: knowledge version, sources, services; exit 3 when a service is down."""
-    from bot.refresh import FileRunLog, RedisRunLog, format_status, knowledge_status
-
     async def work() -> dict[str, Any]:
         store = redis = None
         store_error = redis_error = None
@@ -142,7 +143,7 @@ def run_status(settings: Settings, as_json: bool) -> int:
         except ServiceUnavailable as exc:
             store_error = str(exc)
         if settings.redis_url:
-            from bot.redis_state import connect_redis
+            from bot.redis_state import connect_redis  # only with REDIS_URL
 
             try:
                 redis = await connect_redis(settings.redis_url, retries=0)
@@ -226,11 +227,6 @@ def run_chat(runtime: Runtime, thread: str | None) -> int:
 
 def run_report(runtime: Runtime, since: str, as_json: bool) -> int:
     """``kbbot report [--since 7d] [--json]``."""
-    import time
-
-    from bot.insights.report import format_report, report_of
-    from bot.settings import parse_interval
-
     try:
         window_s = parse_interval(since)
     except ValueError as exc:
@@ -246,11 +242,6 @@ def run_report(runtime: Runtime, since: str, as_json: bool) -> int:
 def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable: list[Any],
                     unanswerable: list[Any]) -> dict[str, Any]:
     """Whole turns over the eval store, extractive (no model cost, thresholds decide), no topic scope."""
-    from pipelines.components.extractive import ExtractiveAnswerer
-    from pipelines.components.turn import TurnBudget
-    from pipelines.evaluation import evaluate_abstention
-    from pipelines.query import build_query_pipeline
-
     r, a = settings.retrieval, settings.answering
     fresh = Runtime(settings=settings, store=runtime.store)  # components belong to one pipeline each
     pipeline = build_query_pipeline(
@@ -268,18 +259,15 @@ def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool,
     try:
         return _run_eval(settings, dataset, k, mode, as_json, unanswerable, per_query, answers, limit, turns)
     except Exception as exc:
-        if diagnose(exc).kind != "store":
+        if diagnose(exc).kind is not ErrorKind.STORE:
             raise
         # A store error is the user's to fix (a server down, a name it refuses): one line, no trace.
-        raise ServiceUnavailable(f"the document store failed: {scrub(' '.join(str(exc).split()), settings.store.weaviate_url or '')[:500]}") from exc
+        detail = scrub(" ".join(str(exc).split()), settings.store.weaviate_url or "")[:500]
+        raise ServiceUnavailable(f"the document store failed: {detail}") from exc
 
 
 def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool,
               per_query: str | None, answers: bool, limit: int | None, turns: str | None) -> int:
-    from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
-    from pipelines.indexing import build_indexing_pipeline
-    from pipelines.query import build_retrieval_pipeline
-
     path = Path(dataset)
     if not path.is_dir():
         raise UserError(f"no dataset folder at {dataset}")
@@ -307,8 +295,6 @@ def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool
 
     try:
         if answers:
-            from adapters.answer_eval import run_answer_eval
-
             result = {"dataset": name, **run_answer_eval(settings, runtime, path, limit=limit, turns_path=turns)}
         elif per_query:
             result = {"dataset": name, **eval_per_query(retrieval, queries, docs, mode, k, Path(per_query))}
@@ -330,8 +316,6 @@ def eval_per_query(retrieval: Any, queries: list[Any], docs: list[Any], mode: st
                    path: Path) -> dict[str, Any]:
     """Every mode over the same store; one JSON line per question with each mode's ranks and miss
     cause (``pipelines.evaluation.miss_cause``); the summary of ``mode`` with its causes counted."""
-    from pipelines.evaluation import evaluate
-
     titles = {d.meta["doc_id"]: d.meta["title"] for d in docs}
     summaries: dict[str, Any] = {}
     records: dict[str, list[dict[str, Any]]] = {}
@@ -462,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return run_report(runtime, args.since, args.json)
         if args.command == "serve":
-            from adapters.server import run_serve
+            from adapters.server import run_serve  # Slack and Telegram SDKs: heavy, and only `serve` needs them
 
             ensure_indexed(runtime)
             return run_serve(runtime, port=args.port)

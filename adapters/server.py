@@ -7,7 +7,7 @@ Events API at ``/slack/events``, Telegram's webhook). Adapters that hold their o
 Socket Mode, Telegram polling) are started next to it. An adapter is anything with ``name``,
 ``mount(web_app)``, ``start()``, ``stop(timeout_s)`` and ``health()``.
 
-- ``/healthz``: Redis (PING), Weaviate (``/v1/.well-known/ready``), the refresh scheduler and each
+- ``/healthz``: Redis (PING), Weaviate (the knowledge version read), the refresh scheduler and each
   adapter, each ``up`` / ``down`` / ``off``; HTTP 503 when any is down, else 200.
 - ``/metrics``: Prometheus text format (``bot.metrics``). Platform API calls are counted where every
   adapter's requests pass: an aiohttp ``TraceConfig`` on the Slack client's session (bolt's
@@ -24,16 +24,18 @@ import signal
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import aiohttp
+from aiogram.exceptions import TelegramNetworkError, TelegramServerError
 from aiohttp import web
 
+from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
-from bot.feedback import JsonlFeedback, RedisFeedback
-from bot.insights.recorder import RecordingFeedback
+from bot.errors import SettingsError
+from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics, TelegramApiMetrics, slack_trace_config
-from bot.refresh import Refresher
-from bot.scheduler import KnowledgeAdmin, RefreshScheduler
+from bot.scheduler import KnowledgeAdmin
 
 log = logging.getLogger("kbbot.server")
 
@@ -54,17 +56,6 @@ class Adapter(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
-def feedback_store(runtime: Any) -> Any:
-    """Feedback next to the other shared state: Redis when the runtime has it, else a file in the data dir."""
-    redis = runtime.redis
-    if redis is not None:
-        store: Any = RedisFeedback(redis, prefix=runtime.settings.redis_prefix)
-    else:
-        store = JsonlFeedback(runtime.settings.data_dir / "feedback.jsonl")
-    turns = getattr(runtime, "turns", None)
-    return RecordingFeedback(store, turns) if turns is not None else store
-
-
 class TelegramServerErrorRetry:
     """An aiogram request middleware: a Bot API call answered 5xx (or lost on the network) is tried
     again, up to ``retries`` times after ``backoff_s``, 2 x ``backoff_s``, ...; Slack's client does the
@@ -76,8 +67,6 @@ class TelegramServerErrorRetry:
         self.backoff_s = backoff_s
 
     async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
-        from aiogram.exceptions import TelegramNetworkError, TelegramServerError
-
         name = getattr(method, "__api_method__", type(method).__name__)
         attempt = 0
         while True:
@@ -92,76 +81,35 @@ class TelegramServerErrorRetry:
                 await asyncio.sleep(self.backoff_s * attempt)
 
 
-def instrument(adapter: Any) -> None:
-    """Count the adapter's platform API calls (and 429s) in ``bot.metrics``; retry Telegram's 5xx."""
-    if isinstance(adapter, SlackAdapter):
-        import aiohttp
-
-        client = adapter.client
-        if client.session is None:
-            # Bolt copies this session into its per-request clients, so every call is counted once.
-            client.session = aiohttp.ClientSession(trace_configs=[slack_trace_config()])
-            adapter._kbbot_owned_session = client.session
-    elif isinstance(adapter, TelegramAdapter):
+def instrument(adapter: Any) -> aiohttp.ClientSession | None:
+    """Count the adapter's platform API calls (and 429s) in ``bot.metrics``; retry Telegram's 5xx.
+    Returns the HTTP session it opened for the adapter (the caller closes it), if any."""
+    if isinstance(adapter, SlackAdapter) and adapter.client.session is None:
+        # Bolt copies this session into its per-request clients, so every call is counted once.
+        adapter.client.session = aiohttp.ClientSession(trace_configs=[slack_trace_config()])
+        return adapter.client.session
+    if isinstance(adapter, TelegramAdapter):
         adapter.bot.session.middleware(TelegramServerErrorRetry())  # outermost: each attempt is counted
         adapter.bot.session.middleware(TelegramApiMetrics())
+    return None
 
 
-async def close_instrumentation(adapter: Any) -> None:
-    session = getattr(adapter, "_kbbot_owned_session", None)
-    if session is not None and not session.closed:
-        await session.close()
-
-
-def build_adapters(runtime: Any, admin: Any = None) -> list[Adapter]:
-    """The configured adapters, on a started runtime (its history and idempotency stores); ``admin``
-    (``bot.scheduler.KnowledgeAdmin``) answers their admin commands."""
+def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Adapter]:
+    """The configured adapters on one conversation service, on a started runtime; ``admin``
+    answers their admin commands."""
+    conversations = runtime.conversations(admin=admin)
     adapters: list[Adapter] = []
     slack = runtime.settings.slack
     if slack.enabled:
         slack.validate()
-        adapters.append(SlackAdapter(runtime.answerer, slack, idempotency=runtime.idempotency,
-                                     feedback=feedback_store(runtime), history=runtime.history, admin=admin))
+        adapters.append(SlackAdapter(conversations, slack))
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.validate()
-        adapters.append(TelegramAdapter(runtime.answerer, telegram, idempotency=runtime.idempotency,
-                                        feedback=feedback_store(runtime), history=runtime.history, admin=admin))
+        adapters.append(TelegramAdapter(conversations, telegram))
+    if runtime.settings.api.enabled:
+        adapters.append(HttpApi(conversations, runtime.settings.api))
     return adapters
-
-
-async def _check_redis(runtime: Any, timeout_s: float) -> dict[str, Any]:
-    # /healthz answers anyone: it says up or down, never where a service is or how it is reached.
-    if not runtime.settings.redis_url:
-        return {"status": "off", "detail": "state kept in this process (set REDIS_URL)"}
-    status: dict[str, Any] = {}
-    if runtime.redis is None:
-        return {**status, "status": "down", "error": "not connected"}
-    try:
-        await asyncio.wait_for(runtime.redis.ping(), timeout_s)
-        return {**status, "status": "up"}
-    except asyncio.TimeoutError:
-        return {**status, "status": "down", "error": f"no answer within {timeout_s:g} s"}
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return {**status, "status": "down", "error": type(exc).__name__}
-
-
-async def _check_weaviate(runtime: Any, timeout_s: float) -> dict[str, Any]:
-    import aiohttp
-
-    if runtime.settings.store_kind != "weaviate":
-        return {"status": "off", "detail": "embedded in-memory store (set WEAVIATE_URL)"}
-    url = str(runtime.settings.store.weaviate_url).rstrip("/")
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(f"{url}/v1/.well-known/ready") as response:
-                if response.status == 200:
-                    return {"status": "up"}
-                return {"status": "down", "error": f"HTTP {response.status}"}
-    except asyncio.TimeoutError:
-        return {"status": "down", "error": f"no answer within {timeout_s:g} s"}
-    except Exception as exc:  # noqa: BLE001
-        return {"status": "down", "error": type(exc).__name__}
 
 
 def _check_scheduler(scheduler: Any) -> dict[str, Any]:
@@ -184,10 +132,6 @@ def _check_adapter(adapter: Any) -> dict[str, Any]:
         body = dict(adapter.health())
     except Exception as exc:  # noqa: BLE001
         return {"status": "down", "error": type(exc).__name__}
-    polling = getattr(adapter, "_polling", None)  # Telegram long polling that died stops all updates
-    if polling is not None and polling.done():
-        body.setdefault("status", "down")
-        body.setdefault("error", "polling stopped")
     body.setdefault("status", "up")
     return body
 
@@ -198,15 +142,14 @@ async def health_report(adapters: list[Adapter], runtime: Any = None, scheduler:
     checks: dict[str, Any] = {}
     body: dict[str, Any] = {}
     if runtime is not None:
-        checks["redis"], checks["weaviate"] = await asyncio.gather(_check_redis(runtime, timeout_s),
-                                                                   _check_weaviate(runtime, timeout_s))
+        # /healthz answers anyone: it says up or down, never where a service is or how it is reached.
+        (checks["weaviate"], version), checks["redis"] = await asyncio.gather(
+            check_store(runtime.settings, runtime.store, lambda store: store.knowledge_version, timeout_s=timeout_s,
+                        public=True),
+            check_redis(runtime.settings, runtime.redis, timeout_s=timeout_s, public=True))
         checks["scheduler"] = _check_scheduler(scheduler)
-        if checks["weaviate"]["status"] != "down":
-            try:
-                body["knowledge_version"] = await asyncio.wait_for(
-                    asyncio.to_thread(lambda: runtime.store.knowledge_version), timeout_s)
-            except Exception as exc:  # noqa: BLE001 - the store answered ready but not this
-                checks["weaviate"] = {**checks["weaviate"], "status": "down", "error": type(exc).__name__}
+        if version is not None:
+            body["knowledge_version"] = version
     adapter_checks = {a.name: _check_adapter(a) for a in adapters}
     down = sorted([name for name, c in checks.items() if c["status"] == "down"]
                   + [f"adapter:{name}" for name, c in adapter_checks.items() if c["status"] == "down"])
@@ -239,8 +182,6 @@ def port_from(env: Mapping[str, str]) -> int:
     try:
         return int(raw)
     except ValueError:
-        from bot.settings import SettingsError
-
         raise SettingsError(f"KBBOT_PORT must be a port number, got {raw!r}") from None
 
 
@@ -256,14 +197,13 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     port = port_from(env) if port is None else port
     stop = stop or asyncio.Event()
     await runtime.start()
-    refresher = Refresher(runtime.settings, runtime.store, runtime.indexer, redis=runtime.redis)
-    scheduler = RefreshScheduler(refresher) if schedule and runtime.settings.sources else None
-    knowledge = KnowledgeAdmin(refresher, scheduler)
+    knowledge = runtime.knowledge_admin(schedule=schedule)
+    scheduler = knowledge.scheduler
     adapters = build_adapters(runtime, admin=knowledge)
-    for adapter in adapters:
-        instrument(adapter)
+    sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]
     if not adapters:
-        log.warning("no chat platform is configured (set SLACK_BOT_TOKEN or TELEGRAM_BOT_TOKEN); serving /healthz only")
+        log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
+                    "serving /healthz only")
     web_app = build_web_app(adapters, runtime, scheduler)
     admin_site = mount_admin(web_app, runtime, knowledge)
     runner = web.AppRunner(web_app, access_log=None)
@@ -272,8 +212,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else port
+        port = runner.addresses[0][1] if runner.addresses else port
         log.info("kbbot serving on %s:%d (%s)", host, port, ", ".join(a.name for a in adapters) or "no adapters")
         if on_listening is not None:
             on_listening(port)
@@ -300,7 +239,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
                 await adapter.stop(drain_s)
             except Exception:
                 log.exception("stopping %s failed", adapter.name)
-            await close_instrumentation(adapter)
+        for session in sessions:
+            await session.close()
         await runner.cleanup()
         await runtime.close()
 

@@ -1,14 +1,15 @@
 """The Slack adapter: mentions, thread follow-ups and DMs in; streamed, cited answers out.
 
 Events arrive through bolt's ``AsyncApp`` (Events API over HTTP, or Socket Mode) and are acknowledged
-at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for ``Answerer.answer`` with a
+at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for the conversation service
+(``bot/conversation.py``, which owns every flow below: claims, turns, clicks, commands) with a
 ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final message with sources and
 👍/👎, the rate budget) that renders the answer in the thread; the text and blocks are built in
 ``adapters/slack_text.py``. A workspace that refuses streaming is remembered for an hour, so its later
 answers edit directly.
 
 Slack redelivers events it believes were not acknowledged; a claim on the event id (and on the
-message itself) in the shared ``Idempotency`` store makes sure one question gets one answer.
+message itself) makes sure one question gets one answer.
 
 Admins (``slack.admins``) have a slash command: ``/kbbot status`` (knowledge version, sources, last
 and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowledged at once and
@@ -30,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -39,8 +39,6 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.memory_commands import VERBS as PREFERENCE_VERBS
-from adapters.memory_commands import run_command as run_preferences_command
 from adapters.slack_reply import SlackReply, SlackThread, error_code, make_budget, make_client
 from adapters.slack_text import (
     APPROVE_ACTION,
@@ -54,11 +52,13 @@ from adapters.slack_text import (
     review_text,
     reviewed_blocks,
 )
-from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.feedback import Feedback
+from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.platform_settings import SlackSettings
-from bot.state import Idempotency, TaskSet, claim_all, release_all
+from bot.state import TaskSet
 from bot.streaming import RateBudget, split_message
-from bot.types import Answer, Inquiry, Outcome
+from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.slack")
 
@@ -69,6 +69,9 @@ COMMAND_USAGE = ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); 
 NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
              "Please ask whoever runs kbbot to add your user id to `slack.admins`.")
 
+NOT_AVAILABLE = "Knowledge refresh is not available in this kbbot process."
+ADMIN_FAILED = {"status": "Sorry, the status could not be read. The logs have the details.",
+                "refresh": "Sorry, the refresh failed. The logs have the details."}
 NOT_ALLOWED = "Sorry, kbbot does not answer in this workspace."
 
 #: Errors meaning this workspace or token cannot stream at all (remembered, so later answers edit directly).
@@ -84,38 +87,16 @@ def _click_team(body: dict[str, Any]) -> str:
     return str((body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id") or "")
 
 
-@dataclass
-class TurnRecord:
-    """What one handled event produced (for ``on_turn`` observers: tests, metrics)."""
-
-    event_id: str
-    kind: str  # mention | follow_up | dm
-    inquiry: Inquiry
-    answer: Answer | None
-    reply: SlackReply
-
-
-
 class SlackAdapter:
     """Bolt ``AsyncApp`` with kbbot's listeners; ``handle_http`` serves ``/slack/events``."""
 
     name = "slack"
 
-    def __init__(self, answerer: Any, settings: SlackSettings, *, idempotency: Idempotency,
-                 feedback: FeedbackStore | None = None, history: Any = None, client: AsyncWebClient | None = None,
-                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
-                 admin: Any = None, answers: Any = None, preferences: Any = None):
-        self.answerer = answerer
+    def __init__(self, conversations: Conversations, settings: SlackSettings, *, client: AsyncWebClient | None = None,
+                 budget: RateBudget | None = None):
+        self.conversations = conversations
         self.settings = settings
-        self.admin = admin  # bot.scheduler.KnowledgeAdmin: /kbbot status and refresh
-        # bot.cache.AnswerCache (None: approvals are off) and bot.preferences.PreferenceStore
-        self.answers = answers if answers is not None else getattr(answerer, "cache", None)
-        self.preferences = preferences if preferences is not None else getattr(answerer, "preferences", None)
-        self.idempotency = idempotency
-        self.feedback = feedback or MemoryFeedback()
-        self.history = history if history is not None else getattr(answerer, "history", None)
         self.budget = budget or make_budget(settings)
-        self.on_turn = on_turn
         self.client = client or make_client(settings)
         self.app = AsyncApp(
             name="kbbot",
@@ -148,7 +129,7 @@ class SlackAdapter:
 
     async def start(self) -> None:
         if self.settings.socket_mode:
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only (websockets)
 
             self._socket = AsyncSocketModeHandler(self.app, app_token=self.settings.app_token)
             await self._socket.connect_async()
@@ -233,21 +214,7 @@ class SlackAdapter:
                         tenant=_click_team(body),
                         channel=str((body.get("channel") or {}).get("id") or container.get("channel_id") or ""),
                         message_id=str(container.get("message_ts") or ""))
-        try:
-            await self.feedback.record(item)
-        except Exception:
-            log.exception("turn %s: could not store the feedback", turn_id)
-            return
-        log.info("turn %s: feedback %s from %s", turn_id, rating, item.user_id)
-
-    async def _user_language(self, team: str, user: str) -> str:
-        """The language a user chose in their preferences, else English (Slack does not tell)."""
-        if self.preferences is None:
-            return "en"
-        try:
-            return (await self.preferences.load("slack", team, user)).effective().get("language") or "en"
-        except Exception:  # noqa: BLE001 - only the language of a short notice depends on it
-            return "en"
+        await self.conversations.record_feedback(item)
 
     async def _ephemeral(self, client: AsyncWebClient, channel: str, user: str, text: str,
                          thread_ts: str | None) -> None:
@@ -275,42 +242,19 @@ class SlackAdapter:
         channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
         ts = str(container.get("message_ts") or message.get("ts") or "")
         thread_ts = message.get("thread_ts") or container.get("thread_ts")
-        language = await self._user_language(team, user)
-
-        async def tell(key: str) -> None:
-            await self._ephemeral(client, channel, user, review_text(key, language), thread_ts)
-
+        language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
         if not turn_id:
             log.warning("ignoring a review click without a turn id")
             return
-        if not self.settings.is_reviewer(team, user):
-            log.info("refused %s of turn %s by %s: not in slack.reviewers", "approval" if approving else "withdrawal",
-                     turn_id, user)
-            await tell("not_reviewer")
-            return
-        if self.answers is None:
-            await tell("disabled")
+        review = await self.conversations.review(
+            turn_id, approving=approving, reviewer=self.settings.is_reviewer(team, user), user=user,
+            display_name=who.get("name") or who.get("username") or "", tenant=f"slack:{team}")
+        if review.status not in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
+            await self._ephemeral(client, channel, user, review_text(review.status.value, language), thread_ts)
             return
         answer_text = None
-        try:
-            if approving:
-                clicker = body.get("user") or {}
-                approved = await self.answers.approve(turn_id, user, clicker.get("name") or clicker.get("username") or "",
-                                                      tenant=f"slack:{team}")
-                if approved is None:
-                    log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
-                    await tell("expired")
-                    return
-                answer_text = split_message(neutralise(approved.text.strip()), self.settings.max_message_chars)[-1]
-            elif not await self.answers.withdraw(turn_id):
-                log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
-                await tell("nothing_to_withdraw")
-                return
-        except Exception:
-            log.exception("turn %s: the %s failed", turn_id, "approval" if approving else "withdrawal")
-            await tell("failed")
-            return
-        log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
+        if review.answer is not None:
+            answer_text = split_message(neutralise(review.answer.text.strip()), self.settings.max_message_chars)[-1]
         note = review_text("approved" if approving else "withdrawn", language, user=user)
         blocks = reviewed_blocks(list(message.get("blocks") or []), note,
                                  review_block(turn_id, approved=approving, language=language), answer_text)
@@ -337,42 +281,28 @@ class SlackAdapter:
         verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
-            team = str(command.get("team_id") or "")
-            text = await run_preferences_command(self.preferences, "slack", team, user, [verb, *rest.split()],
-                                                 prefix=f"{SLASH_COMMAND} ", turns=getattr(self.answerer, "turns", None))
+            text = await self.conversations.memory_command("slack", str(command.get("team_id") or ""), user,
+                                                           [verb, *rest.split()], prefix=f"{SLASH_COMMAND} ")
             await ack(text=text)
             return
         if verb not in ("status", "refresh"):
             await ack(text=COMMAND_USAGE)
             return
-        if user not in self.settings.admins:
-            log.info("refused /kbbot %s from %s: not in slack.admins", verb, user)
-            await ack(text=NOT_ADMIN)
+
+        async def started(source: str | None) -> None:
+            if verb == "status":
+                await ack()
+            else:
+                await ack(text=f"Refreshing {('`' + source + '`') if source else 'every source'} now; "
+                               "the result follows here.")
+
+        result = await self.conversations.admin_command(verb, rest.strip() or None, user=user,
+                                                        is_admin=user in self.settings.admins, started=started)
+        if result.status in (AdminStatus.NOT_ADMIN, AdminStatus.UNAVAILABLE, AdminStatus.REFUSED):
+            await ack(text={AdminStatus.NOT_ADMIN: NOT_ADMIN, AdminStatus.UNAVAILABLE: NOT_AVAILABLE}.get(
+                result.status, result.text))
             return
-        if self.admin is None:
-            await ack(text="Knowledge refresh is not available in this kbbot process.")
-            return
-        name = rest.strip() or None
-        if verb == "status":
-            await ack()
-            try:
-                text = await self.admin.status_text()
-            except Exception:
-                log.exception("/kbbot status failed")
-                text = "Sorry, the status could not be read. The logs have the details."
-        else:
-            problem = self.admin.check(name)
-            if problem:
-                await ack(text=problem)
-                return
-            await ack(text=f"Refreshing {('`' + name + '`') if name else 'every source'} now; "
-                           "the result follows here.")
-            log.info("/kbbot refresh %s by %s", name or "(all)", user)
-            try:
-                text = await self.admin.refresh_text(name)
-            except Exception:
-                log.exception("/kbbot refresh failed")
-                text = "Sorry, the refresh failed. The logs have the details."
+        text = result.text if result.status is AdminStatus.DONE else ADMIN_FAILED[verb]
         try:
             await respond(text=mrkdwn_escape(text), response_type="ephemeral")
         except Exception:
@@ -399,25 +329,13 @@ class SlackAdapter:
         until = self._threads.get(thread_key)
         if until is not None and until > time.monotonic():
             return True
-        if self.history is None:
-            return False
-        try:
-            return bool(await self.history.load(thread_key))
-        except Exception:
-            log.exception("could not read the history of %s; not treating the message as a follow-up", thread_key)
-            return False
+        return await self.conversations.answered_before(thread_key)
 
     def _remember_thread(self, thread_key: str) -> None:
         now = time.monotonic()
         if len(self._threads) > 10000:
             self._threads = {k: t for k, t in self._threads.items() if t > now}
         self._threads[thread_key] = now + self.settings.thread_memory_s
-
-    async def _claim(self, keys: list[str]) -> list[str] | None:
-        return await claim_all(self.idempotency, keys, self.settings.dedupe_ttl_s)
-
-    async def _release(self, keys: list[str]) -> None:
-        await release_all(self.idempotency, keys)
 
     def _streaming_allowed(self, team: str) -> bool:
         if self.settings.stream_mode != "native":
@@ -441,7 +359,7 @@ class SlackAdapter:
         event_id = str(body.get("event_id") or "")
         keys = [f"slack:event:{event_id}"] if event_id else []
         keys.append(f"slack:message:{team}:{channel}:{event.get('ts')}")
-        claimed = await self._claim(keys)
+        claimed = await self.conversations.claim(keys, self.settings.dedupe_ttl_s)
         if claimed is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return
@@ -451,19 +369,5 @@ class SlackAdapter:
                           spaces=self.settings.spaces_for(channel))
         reply = SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(team),
                            on_stream_refused=lambda code: self._stream_refused(team, code))
-        answer: Answer | None = None
         self._remember_thread(where.key)
-        try:  # the Answerer runs one turn per thread at a time (its thread locks)
-            answer = await self.answerer.answer(inquiry, reply)
-        except Exception:
-            # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
-            log.exception("event %s: the turn crashed", event_id)
-            await reply.fail("Something went wrong while answering. Please try again.")
-        if answer is None or answer.outcome is Outcome.ERROR:
-            await self._release(claimed)  # a redelivery may try again
-        if answer is not None:
-            log.info("event %s %s in %s -> turn %s %s", event_id, kind, where.key, answer.trace.turn_id,
-                     answer.outcome.value)
-        if self.on_turn is not None:
-            self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
-
+        await self.conversations.answer(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind)

@@ -3,13 +3,14 @@
 Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long polling (any webhook is
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
-for ``Answerer.answer`` with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
+for the conversation service (``bot/conversation.py``, which owns every flow: claims, turns, clicks,
+commands) with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
 edits, the final messages with sources and 👍/👎, the rate budget); texts, entities and buttons are
 built in ``adapters/telegram_text.py``. A Bot API server without ``sendMessageDraft`` is remembered
 for an hour, so later answers edit directly.
 
 An update delivered twice (webhook retry, restart during polling) is claimed in the shared
-``Idempotency`` store by bot id and update id, and released when the turn fails.
+``Idempotency`` store by bot id and update id (and released when the turn fails).
 
 Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
 services) and ``/refresh [SOURCE]``; anyone else is politely refused.
@@ -27,11 +28,10 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiogram import Bot, Dispatcher, F, Router
@@ -39,10 +39,9 @@ from aiogram.enums import ChatType, MessageEntityType
 from aiogram.exceptions import TelegramAPIError, TelegramBadRequest
 from aiogram.filters import Command, CommandObject, CommandStart
 from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
+from aiogram.webhook.aiohttp_server import SimpleRequestHandler
 from aiohttp import web
 
-from adapters.memory_commands import VERBS as PREFERENCE_VERBS
-from adapters.memory_commands import run_command as run_preferences_command
 from adapters.telegram_reply import (
     BOT_SEND,
     DEFAULT_BOT_RATE,
@@ -64,11 +63,13 @@ from adapters.telegram_text import (
     text_for,
     user_language,
 )
-from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.feedback import Feedback
+from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.platform_settings import TelegramSettings
-from bot.state import Idempotency, TaskSet, ThreadLocks, claim_all, release_all
+from bot.state import TaskSet
 from bot.streaming import RateBudget, RetryAfter
-from bot.types import Answer, Inquiry, Outcome
+from bot.types import Inquiry
 from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
@@ -79,17 +80,12 @@ TURN_ID = re.compile(r"[0-9a-f]{32}")
 DRAFT_REFUSAL_MEMORY_S = 3600.0
 REFUSAL_MEMORY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
-
-
-@dataclass
-class TurnRecord:
-    """What one handled update produced (for ``on_turn`` observers: tests, metrics)."""
-
-    update_id: int
-    kind: str  # private | group
-    inquiry: Inquiry
-    answer: Answer | None
-    reply: TelegramReply
+#: The words (``text_for`` keys) for what a review click or an admin command came to.
+REVIEW_TEXTS = {ReviewStatus.NOT_REVIEWER: "not_reviewer", ReviewStatus.DISABLED: "approvals_off",
+                ReviewStatus.EXPIRED: "expired", ReviewStatus.NOTHING_TO_WITHDRAW: "nothing_to_withdraw",
+                ReviewStatus.FAILED: "review_failed"}
+ADMIN_TEXTS = {AdminStatus.NOT_ADMIN: "not_admin", AdminStatus.UNAVAILABLE: "no_admin",
+               AdminStatus.FAILED: "admin_failed"}
 
 
 class TelegramAdapter:
@@ -97,27 +93,16 @@ class TelegramAdapter:
 
     name = "telegram"
 
-    def __init__(self, answerer: Any, settings: TelegramSettings, *, idempotency: Idempotency,
-                 feedback: FeedbackStore | None = None, history: Any = None, bot: Bot | None = None,
-                 budget: RateBudget | None = None, on_turn: Callable[[TurnRecord], None] | None = None,
-                 admin: Any = None, answers: Any = None, preferences: Any = None):
-        self.answerer = answerer
+    def __init__(self, conversations: Conversations, settings: TelegramSettings, *, bot: Bot | None = None,
+                 budget: RateBudget | None = None):
+        self.conversations = conversations
         self.settings = settings
-        self.admin = admin  # bot.scheduler.KnowledgeAdmin: /status and /refresh
-        # bot.cache.AnswerCache (None: approvals are off) and bot.preferences.PreferenceStore
-        self.answers = answers if answers is not None else getattr(answerer, "cache", None)
-        self.preferences = preferences if preferences is not None else getattr(answerer, "preferences", None)
-        self.idempotency = idempotency
-        self.feedback = feedback or MemoryFeedback()
-        self.history = history if history is not None else getattr(answerer, "history", None)
         self.budget = budget or RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE)
-        self.on_turn = on_turn
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
         self.dp.include_router(self._router())
         self.username: str | None = None
         self._tasks = TaskSet()
-        self._thread_locks: ThreadLocks = getattr(answerer, "thread_locks", None) or ThreadLocks()
         self._no_drafts_until = 0.0
         self._polling: asyncio.Task[None] | None = None
 
@@ -142,7 +127,6 @@ class TelegramAdapter:
     def mount(self, web_app: web.Application) -> None:
         if not self.settings.webhook_mode:
             return
-        from aiogram.webhook.aiohttp_server import SimpleRequestHandler
 
         SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=self.settings.webhook_secret,
                              handle_in_background=True).register(web_app, path=self.settings.webhook_path)
@@ -168,17 +152,18 @@ class TelegramAdapter:
                     await self.dp.stop_polling()
                 except RuntimeError:  # polling had not started yet
                     self._polling.cancel()
-            try:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):  # best effort
                 await asyncio.wait_for(self._polling, timeout=5)
-            except (asyncio.CancelledError, asyncio.TimeoutError, Exception):  # noqa: BLE001 - best effort
-                pass
             self._polling = None
         await self.drain(timeout_s)
         await self.bot.session.close()
 
     def health(self) -> dict[str, Any]:
-        return {"mode": "webhook" if self.settings.webhook_mode else "polling", "username": self.username,
+        body = {"mode": "webhook" if self.settings.webhook_mode else "polling", "username": self.username,
                 "turns_in_progress": len(self._tasks)}
+        if self._polling is not None and self._polling.done():  # long polling that died stops all updates
+            body.update(status="down", error="polling stopped")
+        return body
 
     async def drain(self, timeout_s: float | None = None) -> None:
         await self._tasks.drain(timeout_s)
@@ -247,7 +232,7 @@ class TelegramAdapter:
                 return None
         keys = [f"telegram:update:{self.bot_id}:{update.update_id}"] if update is not None else []
         keys.append(f"telegram:message:{self.bot_id}:{message.chat.id}:{message.message_id}")
-        claimed = await self._claim(keys)
+        claimed = await self.conversations.claim(keys, s.dedupe_ttl_s)
         if claimed is None:
             log.info("update %s was already handled; not answering twice",
                      update.update_id if update is not None else "?")
@@ -262,19 +247,13 @@ class TelegramAdapter:
         assert user is not None
         log.info("user %s is not in telegram.allowed_users", user.id)
         try:
-            first = await self.idempotency.claim(f"telegram:refused:{self.bot_id}:{user.id}", REFUSAL_MEMORY_S)
+            first = await self.conversations.idempotency.claim(f"telegram:refused:{self.bot_id}:{user.id}", REFUSAL_MEMORY_S)
         except Exception:
             log.exception("the idempotency store failed; not repeating the refusal")
             return
         if first:
             language = user_language(user.language_code, message.text or "")
             await self._say(message, text_for("refused", language))
-
-    async def _claim(self, keys: list[str]) -> list[str] | None:
-        return await claim_all(self.idempotency, keys, self.settings.dedupe_ttl_s)
-
-    async def _release(self, keys: list[str]) -> None:
-        await release_all(self.idempotency, keys)
 
     async def _say(self, message: Message, text: str) -> None:
         where = self._where(message)
@@ -307,13 +286,8 @@ class TelegramAdapter:
         where = self._where(message)
         user = message.from_user
         language = user_language(user.language_code if user else None, self._question(message))
-        try:
-            async with self._thread_locks.hold(where.key):  # not in the middle of a turn of this chat
-                if self.history is not None:
-                    await self.history.clear(where.key)
-        except Exception:
-            log.exception("could not clear the history of %s", where.key)
-            await self._release(claimed)
+        if not await self.conversations.start_afresh(where.key):
+            await self.conversations.release(claimed)
             await self._say(message, text_for("crashed", language))
             return
         await self._say(message, text_for("new", language))
@@ -334,28 +308,16 @@ class TelegramAdapter:
         if user is None:
             return
         language = user_language(user.language_code, "")
-        if str(user.id) not in self.settings.admins:
-            log.info("refused /%s from %s: not in telegram.admins", command.command, user.id)
-            await self._say(message, text_for("not_admin", language))
-            return
-        if self.admin is None:
-            await self._say(message, text_for("no_admin", language))
-            return
-        name = (command.args or "").strip() or None
-        try:
-            if command.command == "status":
-                text = await self.admin.status_text()
-            else:
-                problem = self.admin.check(name)
-                if problem:
-                    await self._say(message, problem)
-                    return
-                await self._say(message, text_for("refreshing", language).format(what=name or "every source"))
-                log.info("/refresh %s by %s", name or "(all)", user.id)
-                text = await self.admin.refresh_text(name)
-        except Exception:
-            log.exception("/%s failed", command.command)
-            text = text_for("admin_failed", language)
+
+        async def started(source: str | None) -> None:
+            if command.command == "refresh":
+                await self._say(message, text_for("refreshing", language).format(what=source or "every source"))
+
+        result = await self.conversations.admin_command(
+            command.command, (command.args or "").strip() or None, user=str(user.id),
+            is_admin=str(user.id) in self.settings.admins, started=started)
+        text = result.text if result.status in (AdminStatus.DONE, AdminStatus.REFUSED) else text_for(
+            ADMIN_TEXTS[result.status], language)
         for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *
             await self._say(message, part)
 
@@ -380,25 +342,13 @@ class TelegramAdapter:
                           thread_key=where.key, user_id=str(where.user_id), text=question,
                           spaces=self.settings.spaces_for(str(where.chat_id)))
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
-        review = self.answers is not None and (
+        review = self.conversations.answers is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         reply = TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
                               on_drafts_unavailable=self._drafts_unavailable, review=review)
-        answer: Answer | None = None
-        try:  # the Answerer runs one turn per thread at a time (its thread locks)
-            answer = await self.answerer.answer(inquiry, reply)
-        except Exception:
-            log.exception("update %s: the turn crashed", event_update.update_id if event_update else "?")
-            await reply.fail(text_for("crashed", language))
-        if answer is None or answer.outcome is Outcome.ERROR:
-            await self._release(claimed)
-        update_id = event_update.update_id if event_update is not None else 0
-        if answer is not None:
-            log.info("update %s in %s -> turn %s %s", update_id, where.key, answer.trace.turn_id,
-                     answer.outcome.value)
-        if self.on_turn is not None:
-            self.on_turn(TurnRecord(update_id=update_id, kind="private" if where.private else "group",
-                                    inquiry=inquiry, answer=answer, reply=reply))
+        await self.conversations.answer(inquiry, reply, claimed=claimed, crashed=text_for("crashed", language),
+                                        event_id=str(event_update.update_id if event_update is not None else 0),
+                                        kind="private" if where.private else "group")
 
     def _drafts_unavailable(self) -> None:
         log.warning("this Bot API server has no sendMessageDraft; editing messages for %.0f min",
@@ -440,14 +390,8 @@ class TelegramAdapter:
         item = Feedback(turn_id=turn_id, rating=rating, user_id=str(query.from_user.id), tenant=str(self.bot_id),
                         channel=str(message.chat.id) if message is not None else "",
                         message_id=str(message.message_id) if message is not None else "", platform="telegram")
-        try:
-            await self.feedback.record(item)
-        except Exception:
-            log.exception("turn %s: could not store the feedback", turn_id)
-            await self._answer_callback(query, text_for("feedback_failed", language))
-            return
-        log.info("turn %s: feedback %s from %s", turn_id, rating, item.user_id)
-        await self._answer_callback(query, text_for("thanks", language))
+        saved = await self.conversations.record_feedback(item)
+        await self._answer_callback(query, text_for("thanks" if saved else "feedback_failed", language))
 
     async def _on_prefs(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/prefs …``, ``/remember on|off``, ``/forget``: the sender's answering preferences."""
@@ -455,9 +399,8 @@ class TelegramAdapter:
         if user is None:
             return
         words = [command.command.lower(), *(command.args or "").split()]
-        text = await run_preferences_command(self.preferences, "telegram", str(self.bot_id), str(user.id), words,
-                                             prefix="/", language=user_language(user.language_code),
-                                             turns=getattr(self.answerer, "turns", None))
+        text = await self.conversations.memory_command("telegram", str(self.bot_id), str(user.id), words,
+                                                       prefix="/", language=user_language(user.language_code))
         await self._say(message, text)
 
     async def _on_review(self, query: CallbackQuery) -> None:
@@ -470,32 +413,15 @@ class TelegramAdapter:
         if not turn_id or not self._click_allowed(query):
             await self._answer_callback(query, None)
             return
-        if not self.settings.is_reviewer(user):
-            log.info("refused %s of turn %s by %s: not in telegram.reviewers",
-                     "approval" if approving else "withdrawal", turn_id, user)
-            await self._answer_callback(query, text_for("not_reviewer", language), alert=True)
+        review = await self.conversations.review(turn_id, approving=approving,
+                                                 reviewer=self.settings.is_reviewer(user), user=user,
+                                                 display_name=query.from_user.full_name,
+                                                 tenant=f"telegram:{self.bot_id}")
+        if review.status in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
+            await self._swap_review_button(query, turn_id, approved=approving, language=language)
+            await self._answer_callback(query, text_for(review.status.value, language))
             return
-        if self.answers is None:
-            await self._answer_callback(query, text_for("approvals_off", language), alert=True)
-            return
-        try:
-            if approving:
-                if await self.answers.approve(turn_id, user, query.from_user.full_name,
-                                              tenant=f"telegram:{self.bot_id}") is None:
-                    log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
-                    await self._answer_callback(query, text_for("expired", language), alert=True)
-                    return
-            elif not await self.answers.withdraw(turn_id):
-                log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
-                await self._answer_callback(query, text_for("nothing_to_withdraw", language), alert=True)
-                return
-        except Exception:
-            log.exception("turn %s: the %s failed", turn_id, "approval" if approving else "withdrawal")
-            await self._answer_callback(query, text_for("review_failed", language), alert=True)
-            return
-        log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
-        await self._swap_review_button(query, turn_id, approved=approving, language=language)
-        await self._answer_callback(query, text_for("approved" if approving else "withdrawn", language))
+        await self._answer_callback(query, text_for(REVIEW_TEXTS[review.status], language), alert=True)
 
     async def _swap_review_button(self, query: CallbackQuery, turn_id: str, *, approved: bool, language: str) -> None:
         message = query.message

@@ -59,8 +59,8 @@ class CorpusSource:
 
 def measure_corpus(dataset: str) -> dict[str, float | int | str]:
     """A full index of a corpus against a refresh of it with nothing changed, same store, same process."""
-    from pipelines.indexing import Indexer, build_indexing_pipeline
     from bot.runtime import Runtime, make_store
+    from pipelines.indexing import Indexer, build_indexing_pipeline
 
     source = CorpusSource(Path(dataset))
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,11 +54,11 @@ from haystack.document_stores.types import DuplicatePolicy
 
 from bot.runtime import Runtime, make_ranker
 from bot.settings import load_settings
+from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
 from pipelines.indexing import build_indexing_pipeline
 from pipelines.query import build_retrieval_pipeline
-from pipelines.analysis import analyze, chunk_search_text
 from pipelines.store import DocRecord, InMemoryKnowledgeStore, chunk_id, open_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,7 +209,13 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
     relevance gate reads) is the exact one, next to a near-vector query's (what it sent before)."""
     from weaviate.classes.query import MetadataQuery
 
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_FUSION, PROBE_ALPHA, QUERY_PROPERTIES, WeaviateHybridRetriever
+    from pipelines.weaviate_store import (
+        _FUSIONS,
+        DEFAULT_FUSION,
+        PROBE_ALPHA,
+        QUERY_PROPERTIES,
+        WeaviateHybridRetriever,
+    )
 
     ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
     collection = store.collection
@@ -256,7 +262,13 @@ def ratios(bare_ms: list[float], ours_ms: list[float], prefix: str = "") -> dict
 def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], rounds: int = 2) -> dict[str, Any]:
     """The same comparison on the async client: ``run_async`` (what the bot's pipeline calls)
     against a bare ``await collection.query.hybrid``."""
-    from pipelines.weaviate_store import _FUSIONS, DEFAULT_FUSION, PROBE_ALPHA, QUERY_PROPERTIES, WeaviateHybridRetriever
+    from pipelines.weaviate_store import (
+        _FUSIONS,
+        DEFAULT_FUSION,
+        PROBE_ALPHA,
+        QUERY_PROPERTIES,
+        WeaviateHybridRetriever,
+    )
 
     async def measure() -> dict[str, Any]:
         collection = await store.async_collection()

@@ -215,18 +215,14 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int)
                 return NaiveSlackReply(client, channel, thread_ts, every)
 
             naive = NaiveAnswerer(answerer, make)
-            runtime.__dict__["answerer"] = naive
-        try:
-            from bot.state import MemoryIdempotency
+        from bot.state import MemoryIdempotency
 
-            async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), stream_interval_s=1.0,
-                                 edit_interval_s=1.2) as slack:
-                events = [slack.mention(f"{QUESTION} (ticket {i})?", channel=f"C{i:04d}", user=f"U{i:04d}")
-                          for i in range(n)]
-                await asyncio.gather(*(slack.send(e, settle=False) for e in events))
-                await slack.adapter.settle(0.2)
-        finally:
-            runtime.__dict__["answerer"] = answerer
+        async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
+                             edit_interval_s=1.2) as slack:
+            events = [slack.mention(f"{QUESTION} (ticket {i})?", channel=f"C{i:04d}", user=f"U{i:04d}")
+                      for i in range(n)]
+            await asyncio.gather(*(slack.send(e, settle=False) for e in events))
+            await slack.adapter.settle(0.2)
         tally = Tally(model_tokens(model))
         for i, event in enumerate(events):
             calls = [c for c in fake.calls if c.ok and c.args.get("channel") == event["channel"] and c.text_sent]
@@ -246,20 +242,21 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
 
     fake = limited_telegram()
     await fake.start()
-    answerer = runtime.answerer
     try:
         async with contextlib.AsyncExitStack() as stack:
+            naive = None
             if strategy == "naive":
                 holder: dict[str, Any] = {}
 
                 def make(inquiry: Any) -> Any:
                     return NaiveTelegramReply(holder["bot"], int(inquiry.channel), every)
 
-                runtime.__dict__["answerer"] = NaiveAnswerer(answerer, make)
+                naive = NaiveAnswerer(runtime.answerer, make)
             from bot.state import MemoryIdempotency
 
             tg = await stack.enter_async_context(telegram_bot(runtime, fake, idempotency=MemoryIdempotency(),
-                                                              stream_mode="edit", edit_interval_s=1.0))
+                                                              answerer=naive, stream_mode="edit",
+                                                              edit_interval_s=1.0))
             if strategy == "naive":
                 holder["bot"] = tg.adapter.bot
             chats = [8000 + i for i in range(n)]
@@ -270,7 +267,6 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
                 await asyncio.sleep(0.2)
             await tg.adapter.settle(0.2)
     finally:
-        runtime.__dict__["answerer"] = answerer
         await fake.stop()
     tally = Tally(model_tokens(model))
     for i, chat in enumerate(chats):

@@ -13,21 +13,21 @@ from typing import Any
 from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
-from bot.capacity import TurnGate
 from bot.cache import AnswerCache, CacheKey, cached_label, tenant_of, wants_fresh
+from bot.capacity import TurnGate
 from bot.history import HistoryStore
-from bot.insights.records import ranked_chunks
 from bot.insights.recorder import TurnRecorder
+from bot.insights.records import ranked_chunks
 from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
 from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
-from bot.types import Answer, Citation, Inquiry, Outcome, Reply, Trace
+from bot.types import Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
 from pipelines.citations import attach_missing_markers, normalize_markers
 from pipelines.components.turn import TurnBudget
-from pipelines.errors import EmptyModelReply, diagnose
+from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.store import space_filter
 from pipelines.text import detect_language, link_host, restrict_links
@@ -37,6 +37,9 @@ from pipelines.tracing import install_stage_timer, record_stages
 log = logging.getLogger("kbbot.answering")
 
 _MARKER = re.compile(r"\[(\d{1,3})\]")
+#: What a user reads (``bot.messages``) when a turn failed because of each kind of dependency.
+FAILURE_MESSAGES = {ErrorKind.MODEL: "model_unavailable", ErrorKind.MODEL_EMPTY: "model_empty",
+                    ErrorKind.STORE: "store_unavailable", ErrorKind.STATE: "state_unavailable"}
 
 
 def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Citation]]:
@@ -174,15 +177,14 @@ class Answerer:
         except LockNotAcquired:  # another replica kept the thread's lock past the wait
             log.warning("turn %s: the thread %s stayed locked elsewhere", trace.turn_id, inquiry.thread_key)
             return await self._refuse(reply, trace, say("busy", language))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("turn %s timed out after %.0f s", trace.turn_id, self.turn_timeout_s)
             return await self._refuse(reply, trace, say("timeout", language, seconds=self.turn_timeout_s))
         except Exception as exc:  # every failure ends with a visible message, never silence
             diagnosis = diagnose(exc)
-            log.error("turn %s failed: %s (%s)", trace.turn_id, diagnosis.kind, diagnosis.reason,
-                      exc_info=diagnosis.kind == "internal")
-            key = {"model": "model_unavailable", "model_empty": "model_empty", "store": "store_unavailable",
-                   "state": "state_unavailable"}.get(diagnosis.kind, "internal")
+            log.error("turn %s failed: %s (%s)", trace.turn_id, diagnosis.kind.value, diagnosis.detail,
+                      exc_info=diagnosis.kind is ErrorKind.INTERNAL)
+            key = FAILURE_MESSAGES.get(diagnosis.kind, "internal")
             return await self._refuse(reply, trace, say(key, language, reason=diagnosis.reason,
                                                         turn_id=trace.turn_id))
 
@@ -299,7 +301,7 @@ class Answerer:
         note = prefs.prompt_note()
         budget = TurnBudget.start(max_model_calls=self.max_model_calls, timeout_s=self.turn_timeout_s,
                                   max_retries=self.max_retries)
-        with record_stages(trace.stages):
+        with record_stages(trace.stages, reply.progress if isinstance(reply, ShowsProgress) else None):
             result = await self._run(question, inquiry, history, budget, on_chunk, note)
         answer = self._outcome(result, question, trace)
         calls = len(budget.calls) + self._answer_calls(result)

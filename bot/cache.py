@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from bot.messages import say
-from bot.types import Answer, Citation, Inquiry
+from bot.types import Answer, Citation, Inquiry, Outcome, Trace
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,6 @@ class ApprovedAnswer:
     approver_name: str = ""
 
     def to_answer(self) -> Answer:
-        from bot.types import Outcome, Trace
-
         return Answer(text=self.text, outcome=Outcome.CACHED, citations=[Citation(**c) for c in self.citations],
                       trace=Trace(), approved_turn_id=self.turn_id,
                       approved_by=self.approver_name or self.approved_by, approved_at=self.approved_at)

@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bot.messages import say
 from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.limits")
@@ -173,8 +174,6 @@ def describe_window(seconds: float, language: str) -> str:
 
 
 def refusal_message(refusal: Refusal, language: str) -> str:
-    from bot.messages import say
-
     return say(f"rate_limited_{refusal.scope}", language, limit=refusal.limit,
                window=describe_window(refusal.window_s, "en"), window_zh=describe_window(refusal.window_s, "zh"),
                seconds=max(1, math.ceil(refusal.retry_after_s)))

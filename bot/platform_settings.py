@@ -10,6 +10,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+
+from bot.errors import SettingsError
 
 STREAM_MODES = ("native", "edit")
 
@@ -21,8 +24,6 @@ class _Checked:
         raise NotImplementedError
 
     def validate(self, *, serving: bool = True) -> None:
-        from bot.settings import SettingsError  # here, not at import: bot.settings imports this module
-
         problems = self.problems(serving=serving)
         if problems:
             raise SettingsError(problems[0])
@@ -205,8 +206,6 @@ class TelegramSettings(_Checked):
 
     @property
     def webhook_path(self) -> str:
-        from urllib.parse import urlsplit
-
         return urlsplit(self.webhook_url or "").path or "/telegram/webhook"
 
     def spaces_for(self, chat_id: str) -> tuple[str, ...]:

@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from pipelines.components.turn import parse_json_object
+
 log = logging.getLogger("kbbot.preferences")
 
 STYLES = ("concise", "detailed")
@@ -120,8 +122,6 @@ def may_state_preferences(message: str) -> bool:
 
 
 def parse_learned(reply: str | None) -> dict[str, Any]:
-    from pipelines.components.turn import parse_json_object
-
     parsed = parse_json_object(reply) or {}
     learned: dict[str, Any] = {}
     if parsed.get("style") in STYLES:

@@ -33,7 +33,7 @@ from redis.exceptions import LockError, RedisError
 
 from bot.history import cap_messages
 from bot.state import RenewingLock
-from pipelines.errors import ServiceUnavailable
+from pipelines.errors import StateUnavailable
 from pipelines.redact import redact_url, scrub
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREFIX = "kbbot:"
 
 
-class RedisUnavailable(ServiceUnavailable):
+class RedisUnavailable(StateUnavailable):
     """Redis could not be reached (or refused us) when connecting."""
+
+    reason = "connection lost"
 
 
 async def connect_redis(

@@ -41,19 +41,27 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
+from bot.health import check_redis, check_store
 from bot.metrics import METRICS
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.confluence import ConfluenceClient, ConfluenceError, ConfluenceSource
 from pipelines.errors import ServiceUnavailable
-from pipelines.indexing import (FolderSource, FormatCounts, Indexer, IndexReport, Progress, RefreshAborted, Source,
-                                discover)
-from pipelines.redact import redact_url, scrub
+from pipelines.indexing import (
+    FolderSource,
+    FormatCounts,
+    Indexer,
+    IndexReport,
+    Progress,
+    RefreshAborted,
+    Source,
+    discover,
+)
 from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
 from pipelines.store import DocRecord, KnowledgeStore
 
@@ -74,11 +82,11 @@ class UnknownSource(KeyError):
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def iso(moment: datetime | None) -> str | None:
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z") if moment else None
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z") if moment else None
 
 
 def parse_iso(text: str | None) -> datetime | None:
@@ -305,7 +313,7 @@ def _cron_after(source: SourceSettings, moment: datetime, zone: Any) -> datetime
 
     trigger = CronTrigger.from_crontab(str(source.cron), timezone=zone)
     fire = trigger.get_next_fire_time(None, moment.astimezone(zone) + timedelta(seconds=1))
-    return fire.astimezone(timezone.utc)
+    return fire.astimezone(UTC)
 
 
 def next_due(source: SourceSettings, last_started: datetime | None, zone: Any, now: datetime | None = None) -> datetime:
@@ -341,52 +349,16 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _without_secrets(text: str | None, settings: Settings) -> str | None:
-    """An error text as the status may show it: the passwords of the service URLs replaced."""
-    for url in (settings.store.weaviate_url, settings.redis_url):
-        if text and url:
-            text = scrub(text, url)
-    return text
-
-
 async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, runs: RunLog | None,
                            redis: Any = None, store_error: str | None = None, redis_error: str | None = None,
                            next_runs: dict[str, datetime | None] | None = None,
                            timeout_s: float = 10.0) -> dict[str, Any]:
     """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "last_run", "next_run"}],
     "services": {"weaviate": {...}, "redis": {...}}}``; a service that is down is reported, not raised."""
-    version: int | None = None
-    records: dict[str, Any] | None = None
-    if store is not None and store_error is None:
-        try:
-            version, records = await asyncio.wait_for(
-                asyncio.to_thread(lambda: (store.knowledge_version, store.records())), timeout_s)
-        except asyncio.TimeoutError:
-            store_error = f"no answer within {timeout_s:g} s"
-        except Exception as exc:  # noqa: BLE001 - reported as the service being down
-            store_error = _reason(exc)
-    store_error = _without_secrets(store_error, settings)
-    if settings.store_kind == "weaviate":
-        weaviate: dict[str, Any] = {"status": "down" if store_error or store is None else "up",
-                                    "url": redact_url(settings.store.weaviate_url or "")}
-        if store_error:
-            weaviate["error"] = store_error
-    else:
-        weaviate = {"status": "off", "detail": "embedded in-memory store (set WEAVIATE_URL)"}
-        if store_error:
-            weaviate = {"status": "down", "detail": "embedded in-memory store", "error": store_error}
-    if settings.redis_url:
-        redis_status: dict[str, Any] = {"url": redact_url(settings.redis_url)}
-        if redis is not None and redis_error is None:
-            try:
-                await asyncio.wait_for(redis.ping(), timeout_s)
-            except Exception as exc:  # noqa: BLE001
-                redis_error = _reason(exc) if not isinstance(exc, asyncio.TimeoutError) else "no answer"
-        redis_status["status"] = "down" if redis_error or redis is None else "up"
-        if redis_error:
-            redis_status["error"] = _without_secrets(redis_error, settings)
-    else:
-        redis_status = {"status": "off", "detail": "state kept in this process and the data dir (set REDIS_URL)"}
+    weaviate, read = await check_store(settings, store, lambda s: (s.knowledge_version, s.records()),
+                                       timeout_s=timeout_s, error=store_error)
+    version, records = read if read is not None else (None, None)
+    redis_status = await check_redis(settings, redis, timeout_s=timeout_s, error=redis_error)
     zone = schedule_zone(settings)
     sources = []
     for src in settings.sources:

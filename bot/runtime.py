@@ -5,27 +5,32 @@ Only this module (and the adapters) read settings; pipeline builders get explici
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from bot.answering import Answerer
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
+from bot.capacity import TurnGate
+from bot.conversation import Conversations, TurnRecord
+from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
-from bot.insights.recorder import RecordingApprovals, TurnRecorder
+from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
+from bot.refresh import Refresher
+from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
-from bot.capacity import TurnGate
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
+from pipelines.components.converter import OcrOptions
 from pipelines.components.embedders import make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.generators import make_generator
-from pipelines.components.converter import OcrOptions
 from pipelines.indexing import Indexer, build_indexing_pipeline
 from pipelines.query import build_query_pipeline
 from pipelines.store import KnowledgeStore, open_store
@@ -75,7 +80,7 @@ def make_generators(settings: Settings, *, temperature: float | None = None,
         return Generators(ExtractiveAnswerer(similarity=similarity), None, settings.prompt.budget_chars,
                           a.turn_timeout_s)
     if kind == "local":
-        from pipelines.local_model import LocalModelServer, default_model_path
+        from pipelines.local_model import LocalModelServer, default_model_path  # generator.kind local only
 
         local = g.local
         path = settings.resolve(g.model_path) if g.model_path else default_model_path()
@@ -113,7 +118,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         if self.settings.generator_kind == "local":
-            from pipelines.local_model import prepare_process
+            from pipelines.local_model import prepare_process  # generator.kind local only
 
             prepare_process()  # before the embedder loads its OpenMP runtime
         self._embedders = self._make_embedders()
@@ -156,7 +161,7 @@ class Runtime:
             return
         h, m = self.settings.history, self.settings.memory
         if self.settings.redis_url:
-            from bot.redis_state import RedisHistory, RedisIdempotency, connect_redis
+            from bot.redis_state import RedisHistory, RedisIdempotency, connect_redis  # only with REDIS_URL
 
             self._redis = await connect_redis(self.settings.redis_url)
             prefix = self.settings.redis_prefix
@@ -178,7 +183,7 @@ class Runtime:
         if not m.approved_answers:
             self._answers = None
         if self._redis is not None:
-            from bot.redis_state import RedisLock
+            from bot.redis_state import RedisLock  # only with REDIS_URL
 
             redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
             self._thread_locks.shared = lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=wait_s,
@@ -186,9 +191,6 @@ class Runtime:
         self._turns = self._turn_recorder()
         if self._turns is not None and self._answers is not None:
             self._answers = RecordingApprovals(self._answers, self._turns)
-        if "answerer" in self.__dict__:  # built before start(): give it the limiter now
-            self.answerer.limiter = self._limiter
-            self.answerer.turns = self._turns
 
     def _turn_recorder(self) -> TurnRecorder | None:
         i = self.settings.insights
@@ -246,6 +248,40 @@ class Runtime:
         if self._preferences is None:
             raise RuntimeError("Runtime.start() has not been awaited")
         return self._preferences
+
+    @property
+    def thread_locks(self) -> ThreadLocks:
+        """One turn per thread at a time (shared across replicas once Redis is connected)."""
+        return self._thread_locks
+
+    @property
+    def feedback(self) -> FeedbackStore:
+        """Feedback next to the other shared state: Redis when connected, else a file in the data
+        directory; kept in the turn records too when they are on."""
+        if self._redis is not None:
+            store: FeedbackStore = RedisFeedback(self._redis, prefix=self.settings.redis_prefix)
+        else:
+            store = JsonlFeedback(self.settings.data_dir / "feedback.jsonl")
+        return RecordingFeedback(store, self._turns) if self._turns is not None else store
+
+    def refresher(self, redis: Any = None) -> Refresher:
+        """A refresher on this runtime's store and indexer; its run log and lock are in ``redis`` (default:
+        the runtime's connection, once started) when Redis is configured."""
+        return Refresher(self.settings, self.store, self.indexer, redis=redis if redis is not None else self._redis)
+
+    def knowledge_admin(self, *, schedule: bool = True) -> KnowledgeAdmin:
+        """What admin commands and the admin page run: status and refreshes, with the refresh scheduler
+        when ``schedule`` and sources are configured (not started: ``serve`` starts it)."""
+        refresher = self.refresher()
+        scheduler = RefreshScheduler(refresher) if schedule and self.settings.sources else None
+        return KnowledgeAdmin(refresher, scheduler)
+
+    def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
+                      on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:
+        """The conversation service every adapter uses, on this started runtime."""
+        return Conversations(self.answerer, self.idempotency, self.history, thread_locks=self._thread_locks,
+                             feedback=feedback if feedback is not None else self.feedback, answers=self._answers,
+                             preferences=self._preferences, turns=self._turns, admin=admin, on_turn=on_turn)
 
     @property
     def idempotency(self) -> Idempotency:

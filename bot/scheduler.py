@@ -22,8 +22,8 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.refresh import (
-    Refresher,
     RefreshBusy,
+    Refresher,
     RunRecord,
     format_status,
     knowledge_status,

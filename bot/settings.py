@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from bot.api_settings import ApiSettings
+from bot.errors import SettingsError as SettingsError
 from bot.insights.settings import InsightsSettings
 from bot.platform_settings import SlackSettings, TelegramSettings
 from pipelines.components.retrievers import check_alpha
@@ -25,9 +27,6 @@ from pipelines.topics import Topics
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("config/kbbot.yaml")
 
-
-class SettingsError(ValueError):
-    """The settings file or an environment variable is invalid; the message says which."""
 
 
 @dataclass
@@ -280,6 +279,7 @@ class Settings:
     slack: SlackSettings = field(default_factory=SlackSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
     insights: InsightsSettings = field(default_factory=InsightsSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
     anthropic_key_set: bool = False
@@ -377,6 +377,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.slack.apply_env(env)  # tokens come from the environment, whatever the file says
     settings.telegram.apply_env(env)
     settings.insights.apply_env(env)
+    settings.api.apply_env(env)
     _validate(settings)
     return settings
 
@@ -431,7 +432,7 @@ def _validate(s: Settings) -> None:
         raise SettingsError("indexing.ocr: enabled must be true or false, dpi between 72 and 600, max_pages >= 1")
     if s.ranker.kind == "rerank_http" and not s.ranker.url:
         raise SettingsError("ranker.kind rerank_http needs ranker.url")
-    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False) + s.insights.problems():
+    for problem in s.slack.problems(serving=False) + s.telegram.problems(serving=False) + s.insights.problems() + s.api.problems():
         raise SettingsError(problem)
     _validate_refresh(s)
 
@@ -521,7 +522,7 @@ def _validate_refresh(s: Settings) -> None:
             raise SettingsError(f"{where} needs exactly one schedule: interval (e.g. 30m, 6h) or cron (e.g. '0 3 * * *')")
         if src.interval:
             try:
-                src.interval_s
+                _ = src.interval_s
             except ValueError as exc:
                 raise SettingsError(f"{where}.interval: {exc}") from None
         if src.cron:

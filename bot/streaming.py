@@ -226,7 +226,7 @@ class StreamWriter:
                 self._next_allowed = max(self._next_allowed, self._clock() + exc.seconds)
                 self._wake.set()
                 continue
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - kept as the final send's error, or intermediates stop
                 self.stats.errors += 1
                 if final:
                     self._error = exc

@@ -6,7 +6,7 @@ import enum
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 class Outcome(str, enum.Enum):
@@ -161,3 +161,11 @@ class Reply(Protocol):
 
     async def fail(self, message: str) -> None:
         """The turn failed; show the user ``message`` (never a stack trace)."""
+
+
+@runtime_checkable
+class ShowsProgress(Protocol):
+    """A ``Reply`` that also shows which stage of the pipeline a turn is in (the HTTP API's events)."""
+
+    def progress(self, stage: str) -> None:
+        """A pipeline stage (component) started; may be called from a worker thread."""

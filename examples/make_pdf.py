@@ -4,7 +4,7 @@ Run from the repository root:  uv run python examples/make_pdf.py
 Uses only fpdf2 core fonts (Helvetica), so all text must be Latin-1.
 """
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fpdf import FPDF
@@ -90,7 +90,7 @@ def build() -> Path:
     pdf.set_title(TITLE)
     pdf.set_author("Hengli Drives")
     # Fixed date so that regenerating the file gives identical output.
-    pdf.set_creation_date(datetime(2024, 6, 1, tzinfo=timezone.utc))
+    pdf.set_creation_date(datetime(2024, 6, 1, tzinfo=UTC))
     pdf.set_auto_page_break(auto=True, margin=18)
     pdf.set_margins(20, 20, 20)
     pdf.add_page()

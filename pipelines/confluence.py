@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import UTC
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -69,7 +69,7 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     except (TypeError, ValueError):
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     now = time.time() if now is None else now
     return max(0.0, moment.timestamp() - now)
 

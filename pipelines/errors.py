@@ -1,24 +1,81 @@
-"""Names the dependency behind an exception, so the chat can say what happened in words."""
+"""kbbot's errors, and which dependency an exception came from, so a user reads what happened in words.
+
+Our own errors form one small hierarchy (``KbbotError``), each of a ``kind``. The exceptions of the
+libraries we call (the model SDKs, httpx, the Weaviate and Redis clients) are filed by their types,
+never by their names. The model SDKs speak HTTP through ``httpx2`` (a stream cut mid-answer raises
+its errors unwrapped), other clients through ``httpx``. A ``Diagnosis`` keeps what the user may read
+(``reason``: "timed out", "HTTP 503") apart from what the log gets (``detail``: the exception itself).
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
+import anthropic
+import httpx
+import httpx2
+import openai
+import redis.exceptions
+import weaviate.exceptions
 from haystack.core.errors import PipelineRuntimeError
 
 
-class ServiceUnavailable(RuntimeError):
+class ErrorKind(str, enum.Enum):
+    MODEL = "model"  # the language model (its API, or the local server) did not answer
+    MODEL_EMPTY = "model_empty"  # it answered nothing
+    STORE = "store"  # the document store (Weaviate)
+    STATE = "state"  # history, locks, idempotency (Redis)
+    INTERNAL = "internal"  # a bug of ours
+
+
+class KbbotError(RuntimeError):
+    """An error of kbbot's own; ``reason`` is short and safe to show a user."""
+
+    kind = ErrorKind.INTERNAL
+    reason = "internal error"
+
+
+class ServiceUnavailable(KbbotError):
     """A store the process needs cannot be reached at start; the message names its URL and the error."""
 
+    reason = "unavailable"
 
-class EmptyModelReply(RuntimeError):
+
+class StoreUnavailable(ServiceUnavailable):
+    kind = ErrorKind.STORE
+
+
+class StateUnavailable(ServiceUnavailable):
+    kind = ErrorKind.STATE
+
+
+class EmptyModelReply(KbbotError):
     """The model finished without any text: an error, never an empty message."""
+
+    kind = ErrorKind.MODEL_EMPTY
+    reason = "empty reply"
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    kind: str  # "model" | "model_empty" | "store" (documents) | "state" (history, locks) | "internal"
-    reason: str
+    kind: ErrorKind
+    reason: str  # for the user: short, no URL, no secret
+    detail: str  # for the log
+
+
+#: Library errors by the dependency they mean, checked in this order.
+_KINDS: tuple[tuple[ErrorKind, tuple[type[BaseException], ...]], ...] = (
+    (ErrorKind.MODEL, (anthropic.APIError, openai.APIError, httpx.TransportError, httpx2.TransportError,
+                       TimeoutError)),
+    (ErrorKind.STORE, (weaviate.exceptions.WeaviateBaseError,)),
+    (ErrorKind.STATE, (redis.exceptions.RedisError,)),
+)
+_TIMEOUTS = (TimeoutError, httpx.TimeoutException, httpx2.TimeoutException, anthropic.APITimeoutError, openai.APITimeoutError,
+             weaviate.exceptions.WeaviateTimeoutError, redis.exceptions.TimeoutError)
+_RATE_LIMITS = (anthropic.RateLimitError, openai.RateLimitError)
+_CONNECTIONS = (ConnectionError, httpx.TransportError, httpx2.TransportError, anthropic.APIConnectionError, openai.APIConnectionError,
+                weaviate.exceptions.WeaviateConnectionError, redis.exceptions.ConnectionError)
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -30,62 +87,27 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _model_errors() -> tuple[type[BaseException], ...]:
-    kinds: list[type[BaseException]] = [TimeoutError]
-    for module, names in (
-        ("anthropic", ("APIError", "APIConnectionError", "APITimeoutError")),
-        ("openai", ("APIError", "APIConnectionError", "APITimeoutError")),
-        ("httpx", ("TransportError",)),
-        ("httpx2", ("TransportError",)),
-    ):
-        try:
-            mod = __import__(module)
-        except ImportError:
-            continue
-        kinds.extend(getattr(mod, n) for n in names if hasattr(mod, n))
-    return tuple(kinds)
-
-
-def _store_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from weaviate.exceptions import WeaviateBaseError
-    except ImportError:
-        return ()
-    return (WeaviateBaseError,)
-
-
-def _state_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from redis.exceptions import RedisError
-    except ImportError:
-        return ()
-    return (RedisError,)
-
-
-def _describe(exc: BaseException) -> str:
+def _reason(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
-    name = type(exc).__name__
-    if status == 429 or "RateLimit" in name:
+    if isinstance(exc, _RATE_LIMITS) or status == 429:
         return "rate limited"
-    if status == 529 or "Overloaded" in name:
+    if isinstance(exc, anthropic.OverloadedError) or status == 529:
         return "overloaded"
-    if isinstance(exc, TimeoutError) or "Timeout" in name:
+    if isinstance(exc, _TIMEOUTS):
         return "timed out"
-    if status:
+    if isinstance(status, int):
         return f"HTTP {status}"
-    if "Connection" in name or "Protocol" in name or "Transport" in name or "Unavailable" in name:
+    if isinstance(exc, _CONNECTIONS):
         return "connection lost"
-    return name
+    return type(exc).__name__
 
 
 def diagnose(exc: BaseException) -> Diagnosis:
     cause = root_cause(exc)
-    if isinstance(cause, EmptyModelReply):
-        return Diagnosis("model_empty", "empty reply")
-    if isinstance(cause, _model_errors()):
-        return Diagnosis("model", _describe(cause))
-    if isinstance(cause, _store_errors()):
-        return Diagnosis("store", _describe(cause))
-    if isinstance(cause, _state_errors()):
-        return Diagnosis("state", _describe(cause))
-    return Diagnosis("internal", type(cause).__name__)
+    detail = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, KbbotError):
+        return Diagnosis(cause.kind, cause.reason, detail)
+    for kind, types in _KINDS:
+        if isinstance(cause, types):
+            return Diagnosis(kind, _reason(cause), detail)
+    return Diagnosis(ErrorKind.INTERNAL, type(cause).__name__, detail)

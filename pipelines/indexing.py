@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,9 +27,9 @@ from haystack.components.preprocessors import DocumentCleaner
 from haystack.dataclasses import ByteStream
 
 from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDocument, OcrOptions
-from pipelines.errors import ServiceUnavailable, root_cause
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
+from pipelines.errors import ServiceUnavailable, root_cause
 from pipelines.store import DEFAULT_SPACE, DocRecord, KnowledgeStore
 
 log = logging.getLogger(__name__)

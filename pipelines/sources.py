@@ -47,9 +47,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import quote, unquote, urldefrag, urljoin, urlsplit
+from urllib.parse import urldefrag, urljoin, urlsplit
 
 import httpx
+from protego import Protego
 
 from pipelines.components.converter import HTML_SUFFIXES, PDF_SUFFIXES, TEXT_SUFFIXES
 from pipelines.indexing import SourceItem, content_hash
@@ -343,7 +344,6 @@ def normalise_url(url: str) -> str:
 ROBOTS_MAX_BYTES = 512_000
 #: The most a robots.txt ``Crawl-delay`` may space our requests to one host (seconds).
 MAX_CRAWL_DELAY_S = 5.0
-_URL_SAFE = "/?&=:;@!$'()*+,~"
 
 
 def product_token(user_agent: str) -> str:
@@ -352,105 +352,31 @@ def product_token(user_agent: str) -> str:
     return words[0].split("/", 1)[0].lower() if words else ""
 
 
-def _canonical(text: str) -> str:
-    """One spelling per path: percent-encoding decoded, then re-encoded the same way for rules and URLs."""
-    return quote(unquote(text), safe=_URL_SAFE)
-
-
-@dataclass(frozen=True)
-class RobotsRule:
-    allow: bool
-    pattern: str  # as written (``*`` any characters, a final ``$`` the end of the path)
-    pieces: tuple[str, ...]  # the canonical text between the ``*``
-    anchored: bool
-
-    @classmethod
-    def of(cls, allow: bool, pattern: str) -> RobotsRule:
-        anchored = pattern.endswith("$")
-        body = pattern[:-1] if anchored else pattern
-        if not body.startswith(("/", "*")):
-            body = "/" + body
-        return cls(allow, pattern, tuple(_canonical(piece) for piece in body.split("*")), anchored)
-
-    @property
-    def length(self) -> int:
-        return len(self.pattern)
-
-    def matches(self, target: str) -> bool:
-        """Whether the rule matches the start of ``target`` (all of it when anchored). Greedy, in
-        linear time: a regular expression of many ``*`` would backtrack without end on a long URL."""
-        first, *rest = self.pieces
-        if not target.startswith(first):
-            return False
-        at = len(first)
-        if not rest:
-            return not self.anchored or at == len(target)
-        *middle, last = rest
-        for piece in middle:
-            found = target.find(piece, at)
-            if found < 0:
-                return False
-            at = found + len(piece)
-        if self.anchored:
-            return target.endswith(last) and len(target) - len(last) >= at
-        return target.find(last, at) >= 0
-
-
 @dataclass
 class RobotsRules:
-    """The rules of a robots.txt that apply to us, and its crawl delay (None when it sets none)."""
+    """The rules of a robots.txt for one product token, and its crawl delay (None when it sets none)."""
 
-    rules: list[RobotsRule] = field(default_factory=list)
-    crawl_delay_s: float | None = None
+    parsed: Protego
+    token: str
+
+    @property
+    def crawl_delay_s(self) -> float | None:
+        delay = self.parsed.crawl_delay(self.token or "*")
+        return float(delay) if delay is not None and math.isfinite(delay) and delay >= 0 else None
 
     def allows(self, url: str) -> bool:
         """RFC 9309 2.2.2: the longest matching rule decides, an allow winning a tie; no match allows."""
-        parts = urlsplit(url)
-        target = _canonical(parts.path or "/") + ("?" + _canonical(parts.query) if parts.query else "")
-        if target == "/robots.txt":
-            return True
-        best: RobotsRule | None = None
-        for rule in self.rules:
-            if rule.matches(target) and (best is None or rule.length > best.length
-                                             or (rule.length == best.length and rule.allow and not best.allow)):
-                best = rule
-        return best is None or best.allow
+        return self.parsed.can_fetch(url, self.token or "*")
 
 
 def parse_robots(text: str, token: str) -> RobotsRules:
     """The rules of ``text`` for the product token ``token``: the groups naming it (merged), else the
-    ``*`` groups, else none. Lenient as RFC 9309 asks: lines it does not understand are skipped.
+    ``*`` groups, else none; lines it does not understand are skipped, as RFC 9309 asks.
 
-    Python's ``urllib.robotparser`` is not used: it knows no ``*`` / ``$`` wildcards and lets the first
-    matching rule win instead of the longest one, so it would fetch pages a site disallows."""
-    groups: list[tuple[list[str], list[RobotsRule], list[float]]] = []
-    reading_agents = False
-    for raw in text.removeprefix("\ufeff").splitlines():
-        key, colon, value = raw.split("#", 1)[0].partition(":")
-        if not colon:
-            continue
-        key, value = key.strip().lower(), value.strip()
-        if key == "user-agent":
-            if not reading_agents:
-                groups.append(([], [], []))
-            groups[-1][0].append(value.split("/", 1)[0].strip().lower())
-            reading_agents = True
-        elif key in ("allow", "disallow", "crawl-delay"):
-            reading_agents = False
-            if not groups:  # a rule before any user-agent line belongs to no group
-                continue
-            if key == "crawl-delay":
-                try:
-                    delay = float(value)
-                except ValueError:
-                    continue
-                if math.isfinite(delay) and delay >= 0:
-                    groups[-1][2].append(delay)
-            elif value:  # an empty "Disallow:" allows everything: no rule
-                groups[-1][1].append(RobotsRule.of(key == "allow", value))
-    mine = [g for g in groups if token and token in g[0]] or [g for g in groups if "*" in g[0]]
-    delays = [d for g in mine for d in g[2]]
-    return RobotsRules([r for g in mine for r in g[1]], max(delays) if delays else None)
+    ``protego`` reads it (wildcards, ``$``, the longest match, ``Crawl-delay``); Python's
+    ``urllib.robotparser`` knows no wildcards and lets the first matching rule win instead of the
+    longest one, so it would fetch pages a site disallows."""
+    return RobotsRules(Protego.parse(text), token)
 
 
 def origin(url: str) -> str:
@@ -543,8 +469,7 @@ class Robots:
             delay = min(rules.crawl_delay_s, self.max_crawl_delay_s)
             if delay < rules.crawl_delay_s:
                 log.info("robots.txt %s asks for a crawl delay of %g s; %g s is used", url, rules.crawl_delay_s, delay)
-        log.info("robots.txt %s read: %d rules for %s, crawl delay %g s", url, len(rules.rules), self.token or "*",
-                 delay)
+        log.info("robots.txt %s read for %s, crawl delay %g s", url, self.token or "*", delay)
         return HostRobots(key, rules, delay_s=delay, last_request=started)
 
 

@@ -9,13 +9,11 @@ sees a mix of two versions of a document, and a revoked document disappears at o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,32 +21,12 @@ from haystack import Document
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 from haystack.document_stores.types import DuplicatePolicy
 
+from pipelines.components.retrievers import InMemoryHybridRetriever
 from pipelines.keyword_index import KeywordIndex
-
-DEFAULT_SPACE = "default"
-
-
-@dataclass
-class DocRecord:
-    """What the store knows of one document's current version."""
-
-    doc_id: str
-    version: int
-    content_hash: str
-    title: str
-    source: str
-    space: str = DEFAULT_SPACE
-    language: str = "en"
-    chunks: int = 0
-    root: str | None = None
-    # Entity–attribute–value facts read from the document's tables (see components/facts.py).
-    facts: list[list[str]] = field(default_factory=list)
-    indexed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
-
-
-def chunk_id(doc_id: str, version: int, position: int) -> str:
-    """Deterministic chunk id, so re-writing a version overwrites instead of duplicating."""
-    return hashlib.sha256(f"{doc_id}\x00{version}\x00{position}".encode()).hexdigest()
+from pipelines.records import DEFAULT_SPACE as DEFAULT_SPACE
+from pipelines.records import DocRecord as DocRecord
+from pipelines.records import chunk_id as chunk_id
+from pipelines.records import prepare_chunks as prepare_chunks
 
 
 def space_filter(spaces: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -88,32 +66,6 @@ class KnowledgeStore(Protocol):
     def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
         """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
-
-
-def prepare_chunks(record: DocRecord, chunks: list[Document]) -> list[Document]:
-    """Stamp chunks with the record's identity and version, and give them deterministic ids."""
-    out = []
-    for position, chunk in enumerate(chunks):
-        meta = {
-            **(chunk.meta or {}),
-            "doc_id": record.doc_id,
-            "version": record.version,
-            "position": position,
-            "title": record.title,
-            "source": record.source,
-            "space": record.space,
-            "content_hash": record.content_hash,
-        }
-        meta.setdefault("language", record.language)
-        out.append(
-            Document(
-                id=chunk_id(record.doc_id, record.version, position),
-                content=chunk.content,
-                meta=meta,
-                embedding=chunk.embedding,
-            )
-        )
-    return out
 
 
 class InMemoryKnowledgeStore:
@@ -170,8 +122,6 @@ class InMemoryKnowledgeStore:
         pass
 
     def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
-        from pipelines.components.retrievers import InMemoryHybridRetriever
-
         return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha)
 
     # --- writing -------------------------------------------------------------------------
@@ -265,7 +215,7 @@ def open_store(kind: str, *, directory: str | os.PathLike[str] | None = None, **
     if kind == "memory":
         return InMemoryKnowledgeStore(directory)
     if kind == "weaviate":
-        from pipelines.weaviate_store import WeaviateKnowledgeStore
+        from pipelines.weaviate_store import WeaviateKnowledgeStore  # here: the Weaviate client is heavy to import
 
         return WeaviateKnowledgeStore(**options)
     raise ValueError(f"unknown store kind {kind!r} (expected memory or weaviate)")

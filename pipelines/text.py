@@ -16,7 +16,8 @@ _CJK_CHAR = re.compile(f"[{_CJK}]")
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 # A sentence ends after 。！？；!? (CJK may be followed directly by text), or after . when
 # whitespace follows (so "1.5" stays whole) and the period does not end "e.g.", "vs." or "No.".
-_SENTENCE_END = re.compile(r"(?<=[。！？；!?])(?![”」』）)])\s*|(?<=[.])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bE\.g\.)(?<!\bvs\.)(?<!\bNo\.)\s+(?=\S)")
+_SENTENCE_END = re.compile(r"(?<=[。！？；!?])(?![”」』）)])\s*"
+                           r"|(?<=[.])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bE\.g\.)(?<!\bvs\.)(?<!\bNo\.)\s+(?=\S)")
 _TERM = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+", re.UNICODE)
 
 LANGUAGE_NAMES = {"zh": "Chinese (简体中文)", "en": "English"}

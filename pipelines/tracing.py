@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from haystack import tracing
 from haystack.tracing import Span, Tracer
 
 _current: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("kbbot_stage_timings", default=None)
+#: Told each component's name as it starts (the HTTP API's progress events); may run in a worker thread.
+_on_stage: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("kbbot_on_stage",
+                                                                                         default=None)
 
 
 class _TimingSpan(Span):
@@ -34,12 +37,15 @@ class StageTimer(Tracer):
     def trace(self, operation_name: str, tags: dict[str, Any] | None = None,
               parent_span: Span | None = None) -> Iterator[Span]:
         span = _TimingSpan()
+        name = (tags or {}).get("haystack.component.name")
+        on_stage = _on_stage.get()
+        if on_stage is not None and operation_name == "haystack.component.run" and name:
+            on_stage(name)
         started = time.perf_counter()
         try:
             yield span
         finally:
             timings = _current.get()
-            name = (tags or {}).get("haystack.component.name")
             if timings is not None and operation_name == "haystack.component.run" and name:
                 timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
 
@@ -59,9 +65,11 @@ def install_stage_timer() -> None:
 
 
 @contextlib.contextmanager
-def record_stages(into: dict[str, float]) -> Iterator[dict[str, float]]:
-    token = _current.set(into)
+def record_stages(into: dict[str, float], on_stage: Callable[[str], None] | None = None
+                  ) -> Iterator[dict[str, float]]:
+    token, observer = _current.set(into), _on_stage.set(on_stage)
     try:
         yield into
     finally:
+        _on_stage.reset(observer)
         _current.reset(token)

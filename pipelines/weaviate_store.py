@@ -99,8 +99,8 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from haystack.utils import Secret
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
-from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
+from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
 from weaviate.classes.config import DataType, Property, Reconfigure, Tokenization
 from weaviate.classes.init import Auth
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
@@ -111,9 +111,9 @@ from weaviate.util import generate_uuid5
 from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk_search_text
 from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.components.retrievers import AUTO_ALPHA, LANGUAGES, MODES, adaptive_alpha, check_alpha, check_choice
-from pipelines.errors import ServiceUnavailable
+from pipelines.errors import ServiceUnavailable, StoreUnavailable
+from pipelines.records import DocRecord, prepare_chunks
 from pipelines.redact import redact_url, scrub
-from pipelines.store import DocRecord, prepare_chunks
 
 log = logging.getLogger("kbbot.weaviate")
 
@@ -188,12 +188,14 @@ class StoreOutdated(ServiceUnavailable):
     half the knowledge base with stale terms. The message says what to run."""
 
 
-class WeaviateUnavailable(ServiceUnavailable, wexc.WeaviateBaseError):
+class WeaviateUnavailable(StoreUnavailable, wexc.WeaviateBaseError):
     """Weaviate could not be reached (or stopped answering); the message names the URL and the cause.
 
-    A ``ServiceUnavailable`` (a RuntimeError: the CLI reports it in one line at start) and a
-    ``WeaviateBaseError`` (``pipelines.errors.diagnose`` files it under the document store in a turn).
+    A ``StoreUnavailable`` (the CLI reports it in one line at start; in a turn the user reads that the
+    knowledge base cannot be reached) and a ``WeaviateBaseError`` (what the client's callers catch).
     """
+
+    reason = "connection lost"
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -511,11 +513,9 @@ class WeaviateKnowledgeStore:
         """Manifests made before facts existed get the property (never-searched JSON text)."""
         if any(p.name == "facts" for p in self._manifest.config.get().properties):
             return
-        try:
+        with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
             self._manifest.config.add_property(Property(name="facts", data_type=DataType.TEXT,
                                                         index_searchable=False, index_filterable=False))
-        except wexc.UnexpectedStatusCodeError:
-            pass  # added concurrently by another process
 
     # --- plumbing -------------------------------------------------------------------------
     @property

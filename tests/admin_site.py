@@ -15,8 +15,9 @@ import aiohttp
 from aiohttp import web
 
 from adapters.insights import mount_admin
-from adapters.server import build_web_app, feedback_store
-from adapters.slack import SlackAdapter, TurnRecord
+from adapters.server import build_web_app
+from adapters.slack import SlackAdapter
+from bot.conversation import TurnRecord
 from bot.platform_settings import SlackSettings
 from bot.refresh import Refresher
 from bot.scheduler import KnowledgeAdmin
@@ -58,8 +59,7 @@ async def admin_site(runtime: Any, fake: FakeSlack) -> AsyncIterator[Site]:
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url,
                              stream_interval_s=0.3, edit_interval_s=0.3)
     turns: list[TurnRecord] = []
-    adapter = SlackAdapter(runtime.answerer, settings, idempotency=runtime.idempotency,
-                           feedback=feedback_store(runtime), history=runtime.history, on_turn=turns.append)
+    adapter = SlackAdapter(runtime.conversations(on_turn=turns.append), settings)
     knowledge = KnowledgeAdmin(Refresher(runtime.settings, runtime.store, runtime.indexer, redis=runtime.redis))
     app = build_web_app([adapter], runtime)
     site = mount_admin(app, runtime, knowledge)

@@ -17,7 +17,7 @@ from bot.refresh import Refresher
 from bot.scheduler import KnowledgeAdmin
 from bot.settings import SourceSettings
 from tests.conftest import make_settings
-from tests.fakes.telegram_server import FakeTelegram, message_update
+from tests.fakes.telegram_server import message_update
 from tests.test_slack import SECRET, TEAM, Slack, fake_slack, slack_app  # noqa: F401 - fixture
 from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
 
@@ -63,8 +63,7 @@ def ack_text(body: str) -> str:
 
 
 async def test_slack_admins_get_status_and_refresh_others_a_polite_refusal(kb_runtime, fake_slack, admin):  # noqa: F811
-    async with slack_app(kb_runtime, fake_slack, admins=[ADMIN]) as slack:
-        slack.adapter.admin = admin
+    async with slack_app(kb_runtime, fake_slack, admin=admin, admins=[ADMIN]) as slack:
         status, body = await slash(slack, "status", "U0ALICE", "refused")
         await slack.adapter.settle()
         assert status == 200 and "for kbbot admins only" in ack_text(body)
@@ -96,8 +95,7 @@ async def test_telegram_admins_get_status_and_refresh_others_a_polite_refusal(kb
         return message_update(text, chat_id=chat_id, entities=[{"type": "bot_command", "offset": 0,
                                                                  "length": len(name)}])
 
-    async with telegram_bot(kb_runtime, fake_tg, admins=[str(TG_ADMIN)]) as tg:
-        tg.adapter.admin = admin
+    async with telegram_bot(kb_runtime, fake_tg, admin=admin, admins=[str(TG_ADMIN)]) as tg:
         await tg.send(command("/refresh", 7001))
         [refusal] = fake_tg.chat(7001)
         assert "for kbbot admins only" in refusal.text

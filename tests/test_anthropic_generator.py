@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from bot.types import Inquiry, Outcome
 from tests.fakes.anthropic_server import Script
 from tests.replies import RecordingReply

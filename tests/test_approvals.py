@@ -24,8 +24,8 @@ from bot.runtime import Runtime, build_runtime
 from bot.settings import Settings
 from bot.types import Outcome
 from tests.conftest import make_settings
-from tests.fakes.slack_server import FakeSlack, Message
-from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update, user
+from tests.fakes.slack_server import Message
+from tests.fakes.telegram_server import callback_update, message_update, user
 from tests.test_slack import TEAM, Slack, fake_slack, slack_app  # noqa: F401 - fixture
 from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
 

@@ -171,15 +171,14 @@ async def test_stream_helper_accumulates_final_message(fake: FakeAnthropic, acli
 async def test_sse_wire_format(fake: FakeAnthropic) -> None:
     """Pin the raw bytes, so the fake stays faithful even where the SDK would be lenient."""
     fake.responder = lambda request: "hi there"
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"{fake.base_url}/v1/messages",
-            headers={"x-api-key": "sk-test", "anthropic-version": "2023-06-01"},
-            json={"model": MODEL, "max_tokens": 10, "messages": USER, "stream": True},
-        ) as response:
-            assert response.status == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            raw = await response.text()
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{fake.base_url}/v1/messages",
+        headers={"x-api-key": "sk-test", "anthropic-version": "2023-06-01"},
+        json={"model": MODEL, "max_tokens": 10, "messages": USER, "stream": True},
+    ) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = await response.text()
 
     frames = [frame for frame in raw.split("\n\n") if frame]
     assert raw.endswith("\n\n")

@@ -16,12 +16,12 @@ import pytest
 from adapters.cli import main
 from adapters.console import console_inquiry
 from adapters.insights import digest_poster
-from adapters.memory_commands import run_command
 from bot.insights.digest import WeeklyDigest
-from bot.insights.records import TurnRecord
 from bot.insights.recorder import TurnRecorder
+from bot.insights.records import TurnRecord
 from bot.insights.report import build_report, embedder_function, format_report
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
+from bot.memory_commands import run_command
 from bot.preferences import MemoryPreferenceStore
 from bot.settings import SettingsError
 from bot.state import MemoryIdempotency
@@ -249,9 +249,8 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
 
     async with FakeSlack() as slack_fake, FakeTelegram() as tg_fake:
         slack = SlackAdapter(None, SlackSettings(bot_token=slack_fake.token, signing_secret="s" * 32,
-                                                 api_url=slack_fake.base_url), idempotency=MemoryIdempotency())
-        telegram = TelegramAdapter(None, TelegramSettings(token=tg_fake.token, api_url=tg_fake.base_url),
-                                   idempotency=MemoryIdempotency())
+                                                 api_url=slack_fake.base_url))
+        telegram = TelegramAdapter(None, TelegramSettings(token=tg_fake.token, api_url=tg_fake.base_url))
         try:
             claims = MemoryIdempotency()
             digest = WeeklyDigest(settings.insights.digest.cron, "UTC", build=build,

@@ -23,6 +23,7 @@ from bot.logs import JsonFormatter, SecretMasker, TextFormatter, make_handler, t
 from bot.metrics import METRICS, Metrics
 from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
+from pipelines.weaviate_store import WeaviateUnavailable
 from tests.conftest import make_settings
 from tests.private_redis import PrivateRedis, private_redis  # noqa: F401 - fixture
 from tests.replies import RecordingReply
@@ -244,16 +245,13 @@ async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer(
     from adapters.slack import SlackAdapter
     from adapters.telegram import TelegramAdapter
     from bot.platform_settings import SlackSettings, TelegramSettings
-    from bot.state import MemoryIdempotency
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
 
     async with FakeSlack() as slack, FakeTelegram() as telegram:
         s_adapter = SlackAdapter(None, SlackSettings(bot_token=slack.token, signing_secret="x" * 32,
-                                                     api_url=slack.base_url),
-                                 idempotency=MemoryIdempotency(), history=object())
-        t_adapter = TelegramAdapter(None, TelegramSettings(token=telegram.token, api_url=telegram.base_url),
-                                    idempotency=MemoryIdempotency(), history=object())
+                                                     api_url=slack.base_url))
+        t_adapter = TelegramAdapter(None, TelegramSettings(token=telegram.token, api_url=telegram.base_url))
         instrument(s_adapter)
         instrument(t_adapter)
         calls = METRICS.value("kbbot_platform_api_calls_total", platform="slack", method="chat.postMessage")
@@ -305,6 +303,19 @@ class _Adapter:
         return {"mode": "test", **({"status": self.status} if self.status else {})}
 
 
+class _Store:
+    """Reads its knowledge version as a Weaviate store does, or fails as one that stopped answering."""
+
+    def __init__(self, version: int | None):
+        self.version = version
+
+    @property
+    def knowledge_version(self) -> int:
+        if self.version is None:
+            raise WeaviateUnavailable("cannot reach Weaviate at http://127.0.0.1:9: connection refused")
+        return self.version
+
+
 class _Scheduler:
     def __init__(self, running: bool):
         self.scheduler = SimpleNamespace(running=running)
@@ -321,7 +332,7 @@ async def test_healthz_checks_redis_weaviate_scheduler_and_adapters(tmp_path: Pa
 
     settings = make_settings(tmp_path, REDIS_URL=private_redis.url, WEAVIATE_URL=os.environ["WEAVIATE_URL"])
     client = await connect_redis(private_redis.url)
-    runtime = SimpleNamespace(settings=settings, redis=client, store=SimpleNamespace(knowledge_version=7))
+    runtime = SimpleNamespace(settings=settings, redis=client, store=_Store(7))
     try:
         status, body = await health_report([_Adapter()], runtime, _Scheduler(True))
         assert status == 200, body
@@ -331,7 +342,7 @@ async def test_healthz_checks_redis_weaviate_scheduler_and_adapters(tmp_path: Pa
         assert body["adapters"]["fake"]["status"] == "up"
 
         private_redis.stop()
-        settings.store.weaviate_url = "http://127.0.0.1:9"  # nothing listens there
+        runtime.store = _Store(None)  # Weaviate stopped answering
         status, body = await health_report([_Adapter("down")], runtime, _Scheduler(False), timeout_s=1)
         assert status == 503
         assert body["down"] == ["adapter:fake", "redis", "scheduler", "weaviate"]

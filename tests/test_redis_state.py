@@ -374,7 +374,7 @@ class PrivateRedis:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *options: str) -> None:
-        log = open(self.directory / "redis.log", "ab")
+        log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - the server writes it while it runs
         self.process = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
              "--daemonize", "no", "--dir", str(self.directory), *options],

@@ -44,7 +44,7 @@ def test_our_product_token_comes_from_the_user_agent():
 
 def test_the_group_naming_us_wins_over_star_and_groups_naming_us_are_merged():
     text = ("User-agent: *\nDisallow: /\n\n"
-            "User-agent: KBBOT/2.0\nUser-agent: otherbot\nDisallow: /private\n\n"
+            "User-agent: KBBOT\nUser-agent: otherbot\nDisallow: /private\n\n"
             "User-agent: kbbot\nDisallow: /drafts/\n")
     assert allowed(text, "/manual.html", "/private/a.html", "/drafts/x") == [True, False, False]
     assert allowed(text, "/manual.html", token="somebody") == [False]
@@ -69,8 +69,9 @@ def test_the_longest_match_decides_an_allow_wins_a_tie_and_wildcards_work():
 def test_percent_encoding_comments_bom_empty_rules_and_junk_are_handled_leniently():
     text = ("\ufeff# our robots\nDisallow: /before-any-group\nUser-agent: * # everyone\nDisallow: /caf%C3%A9\n"
             "Disallow:\nthis line means nothing\nSitemap: https://example.com/sitemap.xml\nDisallow: /x%2Fy\n")
-    assert allowed(text, "/café/menu", "/caf%c3%a9", "/before-any-group", "/x/y", "/fine") == [
-        False, False, True, False, True]
+    # RFC 9309 2.2.2: an encoded reserved character (%2F) is not the character itself.
+    assert allowed(text, "/café/menu", "/caf%c3%a9", "/before-any-group", "/x%2Fy", "/x/y", "/fine") == [
+        False, False, True, False, True, True]
     assert allowed("User-agent: *\nDisallow: /\n", "/robots.txt") == [True]
 
 

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
@@ -189,18 +189,18 @@ def test_due_and_next_run_follow_the_last_run_whoever_made_it():
     zone = "UTC"
     hourly = SourceSettings(name="a", path="/x", interval="1h")
     nightly = SourceSettings(name="b", path="/x", cron="0 3 * * *")
-    from datetime import datetime, timezone
+    from datetime import datetime
     from zoneinfo import ZoneInfo
 
     utc = ZoneInfo(zone)
-    now = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
     assert is_due(hourly, None, utc, now) and next_due(hourly, None, utc, now) == now
     assert not is_due(hourly, now - timedelta(minutes=30), utc, now)
     assert is_due(hourly, now - timedelta(minutes=60), utc, now)
     assert next_due(hourly, now - timedelta(minutes=30), utc, now) == now + timedelta(minutes=30)
-    assert next_due(nightly, now, utc, now) == datetime(2026, 5, 2, 3, 0, tzinfo=timezone.utc)
-    assert not is_due(nightly, datetime(2026, 5, 1, 3, 0, 5, tzinfo=timezone.utc), utc, now)
-    assert is_due(nightly, datetime(2026, 4, 30, 3, 0, 5, tzinfo=timezone.utc), utc, now)
+    assert next_due(nightly, now, utc, now) == datetime(2026, 5, 2, 3, 0, tzinfo=UTC)
+    assert not is_due(nightly, datetime(2026, 5, 1, 3, 0, 5, tzinfo=UTC), utc, now)
+    assert is_due(nightly, datetime(2026, 4, 30, 3, 0, 5, tzinfo=UTC), utc, now)
 
 
 async def test_a_run_that_loses_its_lock_stops_before_its_next_document(replicas: list[Stack], tmp_path: Path,

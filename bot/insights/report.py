@@ -8,16 +8,17 @@ the other language) land together; each group shows its most central question.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 
 from bot.insights.records import GAP_OUTCOMES, TurnRecord
-from bot.refresh import iso, next_due, parse_iso
+from bot.refresh import FileRunLog, RedisRunLog, iso, knowledge_status, next_due, parse_iso, schedule_zone
 from bot.settings import Settings
 
 Embed = Callable[[list[str]], Sequence[Sequence[float]]]
@@ -82,7 +83,7 @@ def source_health(settings: Settings, status: dict[str, Any], zone: Any,
                   now: datetime | None = None) -> list[dict[str, Any]]:
     """Each configured source with ``health``: ok, failing (its last run failed, or documents did),
     stale (a scheduled run is overdue) or never_run."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     schedules = {s.name: s for s in settings.sources}
     out = []
     for src in status.get("sources", []):
@@ -105,7 +106,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _day(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
 
 
 def build_report(records: list[TurnRecord], *, since: float, until: float, embed: Embed | None = None,
@@ -120,7 +121,7 @@ def build_report(records: list[TurnRecord], *, since: float, until: float, embed
     ups, downs = sum(r.ups for r in records), sum(r.downs for r in records)
     latencies = [r.first_text_ms for r in records if r.first_text_ms is not None and r.outcome != "error"]
     days: dict[str, Counter[str]] = {}
-    day = datetime.fromtimestamp(since, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = datetime.fromtimestamp(since, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     while day.timestamp() < until:
         days[day.strftime("%Y-%m-%d")] = Counter()
         day += timedelta(days=1)
@@ -132,8 +133,8 @@ def build_report(records: list[TurnRecord], *, since: float, until: float, embed
                                                   threshold)] if embed is not None else []
     disliked = sorted((r for r in records if r.downs), key=lambda r: (-r.downs, -r.at))
     return {
-        "since": iso(datetime.fromtimestamp(since, timezone.utc)),
-        "until": iso(datetime.fromtimestamp(until, timezone.utc)),
+        "since": iso(datetime.fromtimestamp(since, UTC)),
+        "until": iso(datetime.fromtimestamp(until, UTC)),
         "turns": len(records),
         "by_outcome": dict(by_outcome),
         "by_platform": {p: dict(c) for p, c in sorted(by_platform.items())},
@@ -160,7 +161,7 @@ def _ms(value: float | None) -> str:
 
 
 def _when(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -207,10 +208,6 @@ async def report_of(runtime: Any, *, since: float, until: float, status: dict[st
                     top: int | None = None) -> dict[str, Any]:
     """The report on a started runtime's turn records; ``status`` is ``knowledge_status`` (read
     here when not given)."""
-    import asyncio
-
-    from bot.refresh import FileRunLog, RedisRunLog, knowledge_status, schedule_zone
-
     if runtime.turns is None:
         raise ValueError("turn records are off (insights.enabled: false)")
     settings = runtime.settings

@@ -1,9 +1,9 @@
 """Fills the prompt's context within a character budget, in priority order.
 
 Retrieved chunks come first (best first, never cut mid-chunk: a chunk that does not fit is
-left out whole; chunks of one document become one source, so a document has one ``[n]``), then thread history (newest turns first, shown in chronological order), then
-structured facts. An empty block says so in words, so the model never mistakes a missing
-block for a formatting accident.
+left out whole; chunks of one document become one source, so a document has one ``[n]``), then
+thread history (newest turns first, shown in chronological order), then structured facts. An empty
+block says so in words, so the model never mistakes a missing block for a formatting accident.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from typing import Any
 
 from haystack import Document, component
 
-from pipelines.components.gate import best_similarity
 from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object, parse_numbers
 from pipelines.text import detect_language, identifiers, neutralize_tags
 
@@ -28,6 +27,12 @@ def _names_a_code_in(query: str, documents: list[Document]) -> bool:
     codes = [c.lower() for c in identifiers(query)]
     return bool(codes) and any(c in (d.content or "").lower() for d in documents for c in codes)
 
+
+
+def best_similarity(documents: list[Document]) -> float | None:
+    """The best dense similarity (cosine to the question) among ``documents``, if any was scored."""
+    scores = [d.score for d in documents if d.score is not None]
+    return max(scores) if scores else None
 
 @component
 class RelevanceGrader:

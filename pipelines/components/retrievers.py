@@ -16,13 +16,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component
 from haystack.components.joiners import DocumentJoiner
 from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
 
-from pipelines.store import KnowledgeStore
+if TYPE_CHECKING:  # the stores build these retrievers: importing them at run time would be a cycle
+    from pipelines.store import KnowledgeStore
 
 LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")

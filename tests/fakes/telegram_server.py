@@ -215,7 +215,7 @@ class FakeTelegram(LocalServer):
             self._new_update.clear()
             try:
                 await asyncio.wait_for(self._new_update.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return []
 
     def _check_text(self, method: str, args: JSON) -> tuple[str, list[JSON]]:

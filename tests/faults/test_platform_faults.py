@@ -4,10 +4,8 @@ Telegram servers. Each turn ends with the final text or a clear message, and the
 
 from __future__ import annotations
 
-import pytest
-
-from bot.types import Outcome
 from adapters.server import instrument
+from bot.types import Outcome
 from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import _ApiError, message_update
 from tests.test_slack import fake_slack, slack_app  # noqa: F401 - fixture

@@ -159,7 +159,7 @@ async def test_sitemap_fan_out_is_bounded_in_requests():
     async with Site() as site:
         children = [site.url(f"/s{i}.xml") for i in range(110)]
         site.set("/index.xml", index(*children), content_type="application/xml")
-        for i, child in enumerate(children):
+        for i in range(len(children)):
             site.set(f"/s{i}.xml", urlset(site.url(f"/p{i}.html")), content_type="application/xml")
         source, _ = await asyncio.to_thread(scan, [site.url("/index.xml")], allow_hosts=["127.0.0.1"],
                                             max_urls=1, max_sitemaps=100)

@@ -1,0 +1,218 @@
+"""The conversation service: every flow a chat platform offers, written once for all of them.
+
+An adapter translates its platform's events into calls here and renders what comes back; it holds
+no flow of its own. ``Conversations`` owns:
+
+- a turn: the dedupe claim (``claim``), then ``answer``: the Answerer (rate limits, capacity, the
+  thread's lock, the pipeline, history), a friendly message when the turn crashes, the claim
+  released when the turn failed (so a redelivery may try again), the log line and ``on_turn``;
+- feedback clicks (👍 / 👎) and review clicks (approve / withdraw an answer, reviewers only);
+- admin commands (status, refresh a source) and memory commands (prefs, remember, forget, and
+  starting a thread afresh).
+
+Results are typed (``ReviewStatus``, ``AdminStatus``): the words a user sees are the adapter's,
+in its platform's format and the user's language.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.answering import Answerer
+from bot.cache import AnswerCache
+from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.history import HistoryStore
+from bot.insights.recorder import TurnRecorder
+from bot.memory_commands import run_command
+from bot.preferences import PreferenceStore
+from bot.scheduler import KnowledgeAdmin
+from bot.state import Idempotency, ThreadLocks, claim_all, release_all
+from bot.types import Answer, Inquiry, Outcome, Reply
+
+log = logging.getLogger("kbbot.conversation")
+
+CRASHED = "Something went wrong while answering. Please try again."
+
+
+@dataclass
+class TurnRecord:
+    """What one handled event produced (for ``on_turn`` observers: tests, metrics)."""
+
+    event_id: str  # the platform's id of the event: Slack event id, Telegram update id, HTTP request id
+    kind: str  # mention | follow_up | dm (Slack), private | group (Telegram), ask | chat (HTTP)
+    inquiry: Inquiry
+    answer: Answer | None
+    reply: Reply
+
+
+class ReviewStatus(str, enum.Enum):
+    APPROVED = "approved"
+    WITHDRAWN = "withdrawn"
+    NOT_REVIEWER = "not_reviewer"
+    DISABLED = "disabled"  # approved answers are off (memory.approved_answers)
+    EXPIRED = "expired"  # the turn was never offered, or its offer expired
+    NOTHING_TO_WITHDRAW = "nothing_to_withdraw"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Review:
+    status: ReviewStatus
+    #: The approved answer (``APPROVED`` only).
+    answer: Answer | None = None
+
+
+class AdminStatus(str, enum.Enum):
+    DONE = "done"  # ``text`` is the status or the refresh's result
+    FAILED = "failed"
+    NOT_ADMIN = "not_admin"
+    UNAVAILABLE = "unavailable"  # this process has no knowledge admin
+    REFUSED = "refused"  # ``text`` says why (an unknown source, no sources)
+
+
+@dataclass(frozen=True)
+class AdminResult:
+    status: AdminStatus
+    text: str = ""
+
+
+@dataclass
+class Conversations:
+    """One service for every platform; built by the composition root (``Runtime.conversations``)."""
+
+    answerer: Answerer
+    idempotency: Idempotency
+    history: HistoryStore
+    thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
+    feedback: FeedbackStore = field(default_factory=MemoryFeedback)
+    answers: AnswerCache | None = None  # None: approvals are off
+    preferences: PreferenceStore | None = None
+    turns: TurnRecorder | None = None
+    admin: KnowledgeAdmin | None = None
+    on_turn: Callable[[TurnRecord], None] | None = None
+
+    # --- a turn -------------------------------------------------------------------------------------
+    async def claim(self, keys: list[str], ttl_s: float) -> list[str] | None:
+        """Claims an event's keys; None when it was already handled (a redelivery)."""
+        return await claim_all(self.idempotency, keys, ttl_s)
+
+    async def release(self, keys: list[str]) -> None:
+        await release_all(self.idempotency, keys)
+
+    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: list[str], event_id: str, kind: str,
+                     crashed: str = CRASHED) -> Answer | None:
+        """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks."""
+        answer: Answer | None = None
+        try:  # the Answerer runs one turn per thread at a time (its thread locks)
+            answer = await self.answerer.answer(inquiry, reply)
+        except Exception:
+            # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
+            log.exception("%s %s: the turn crashed", inquiry.platform, event_id)
+            await reply.fail(crashed)
+        if answer is None or answer.outcome is Outcome.ERROR:
+            await self.release(claimed)  # a redelivery may try again
+        if answer is not None:
+            log.info("%s %s %s in %s -> turn %s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
+                     answer.trace.turn_id, answer.outcome.value)
+        if self.on_turn is not None:
+            self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
+        return answer
+
+    async def answered_before(self, thread_key: str) -> bool:
+        """Whether the thread has history (a follow-up there is meant for kbbot)."""
+        try:
+            return bool(await self.history.load(thread_key))
+        except Exception:
+            log.exception("could not read the history of %s; not treating the message as a follow-up", thread_key)
+            return False
+
+    async def start_afresh(self, thread_key: str) -> bool:
+        """Forgets the thread's history (not in the middle of one of its turns); False when that failed."""
+        try:
+            async with self.thread_locks.hold(thread_key):
+                await self.history.clear(thread_key)
+        except Exception:
+            log.exception("could not clear the history of %s", thread_key)
+            return False
+        return True
+
+    # --- clicks -------------------------------------------------------------------------------------
+    async def record_feedback(self, item: Feedback) -> bool:
+        try:
+            await self.feedback.record(item)
+        except Exception:
+            log.exception("turn %s: could not store the feedback", item.turn_id)
+            return False
+        log.info("turn %s: feedback %s from %s", item.turn_id, item.rating, item.user_id)
+        return True
+
+    async def review(self, turn_id: str, *, approving: bool, reviewer: bool, user: str, display_name: str,
+                     tenant: str) -> Review:
+        """Approve (or withdraw the approval of) the answer of ``turn_id``; ``reviewer`` is whether the
+        platform's settings name ``user`` a reviewer."""
+        what = "approval" if approving else "withdrawal"
+        if not reviewer:
+            log.info("refused %s of turn %s by %s: not a reviewer", what, turn_id, user)
+            return Review(ReviewStatus.NOT_REVIEWER)
+        if self.answers is None:
+            return Review(ReviewStatus.DISABLED)
+        approved: Answer | None = None
+        try:
+            if approving:
+                approved = await self.answers.approve(turn_id, user, display_name, tenant=tenant)
+                if approved is None:
+                    log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
+                    return Review(ReviewStatus.EXPIRED)
+            elif not await self.answers.withdraw(turn_id):
+                log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
+                return Review(ReviewStatus.NOTHING_TO_WITHDRAW)
+        except Exception:
+            log.exception("turn %s: the %s failed", turn_id, what)
+            return Review(ReviewStatus.FAILED)
+        log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
+        return Review(ReviewStatus.APPROVED, approved) if approving else Review(ReviewStatus.WITHDRAWN)
+
+    # --- commands -----------------------------------------------------------------------------------
+    async def admin_command(self, verb: str, source: str | None, *, user: str, is_admin: bool,
+                            started: Callable[[str | None], Awaitable[Any]]) -> AdminResult:
+        """``status`` or ``refresh [source]``; ``started(source)`` is awaited once the command is
+        accepted and before its work runs (a refresh takes a while: the adapter says so first)."""
+        if not is_admin:
+            log.info("refused %s from %s: not an admin", verb, user)
+            return AdminResult(AdminStatus.NOT_ADMIN)
+        if self.admin is None:
+            return AdminResult(AdminStatus.UNAVAILABLE)
+        if verb == "refresh":
+            problem = self.admin.check(source)
+            if problem:
+                return AdminResult(AdminStatus.REFUSED, problem)
+        await started(source)
+        try:
+            if verb == "status":
+                text = await self.admin.status_text()
+            else:
+                log.info("refresh %s by %s", source or "(all)", user)
+                text = await self.admin.refresh_text(source)
+        except Exception:
+            log.exception("the %s command failed", verb)
+            return AdminResult(AdminStatus.FAILED)
+        return AdminResult(AdminStatus.DONE, text)
+
+    async def memory_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
+                             language: str = "en") -> str:
+        """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words."""
+        return await run_command(self.preferences, platform, tenant, user, words, prefix=prefix, language=language,
+                                 turns=self.turns)
+
+    async def user_language(self, platform: str, tenant: str, user: str) -> str | None:
+        """The language a user chose in their preferences, if any."""
+        if self.preferences is None:
+            return None
+        try:
+            return (await self.preferences.load(platform, tenant, user)).effective().get("language") or None
+        except Exception:  # noqa: BLE001 - only the language of a short notice depends on it
+            return None

@@ -1,0 +1,120 @@
+"""The project's modules import one another without a cycle, and the layers point one way:
+``adapters`` -> ``bot`` -> ``pipelines``.
+
+Every import counts, those inside functions too (a cycle hidden in a function is still a cycle);
+only imports under ``if TYPE_CHECKING:`` are left out, since they never run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("adapters", "bot", "pipelines")
+LAYER = {"adapters": 2, "bot": 1, "pipelines": 0}
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _runs(node: ast.AST) -> bool:
+    """False for ``if TYPE_CHECKING:`` blocks."""
+    test = node.test if isinstance(node, ast.If) else None
+    return not (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+
+
+def imported_names(tree: ast.AST) -> list[str]:
+    names: list[str] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        if isinstance(node, ast.If) and not _runs(node):
+            pending.extend(node.orelse)
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+
+    def module_of(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        found = {module_of(imported) for imported in imported_names(ast.parse(path.read_text(encoding="utf-8")))}
+        graph[name] = {m for m in found if m is not None and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    graph = import_graph()
+    assert len(graph) > 50 and "bot.conversation" in graph["adapters.slack"]
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_type_checking_imports_do_not_count():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bot.x\nelse:\n"
+                     "    import bot.y\ndef f():\n    import bot.z\n")
+    assert sorted(imported_names(tree)) == ["bot.y", "bot.z", "typing.TYPE_CHECKING"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_layers_import_only_downwards(package):
+    upward = sorted(f"{name} -> {other}" for name, deps in import_graph().items() if name.split(".")[0] == package
+                    for other in deps if LAYER[other.split(".")[0]] > LAYER[package])
+    assert upward == []
