@@ -109,8 +109,8 @@ from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
 from weaviate.util import generate_uuid5
 
 from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk_search_text
-from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.components.retrievers import AUTO_ALPHA, LANGUAGES, MODES, adaptive_alpha, check_alpha, check_choice
+from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.errors import ServiceUnavailable, StoreUnavailable
 from pipelines.records import DocRecord, prepare_chunks
 from pipelines.redact import redact_url, scrub

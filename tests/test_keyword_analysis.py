@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from haystack import Document
 
 from pipelines.analysis import analyze, chunk_search_text, search_text, unigrams
-import pytest
-
 from pipelines.components.retrievers import adaptive_alpha, check_alpha, fuse, relative_score_fusion
 from pipelines.evaluation import EvalQuery, miss_cause
 from pipelines.store import DocRecord, InMemoryKnowledgeStore
