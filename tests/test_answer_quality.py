@@ -209,6 +209,8 @@ async def test_a_chinese_question_over_english_sources_is_answered_in_chinese(cl
     assert "Chinese" in request.system.split("Answer in the language")[1][:120]
     assert "24 months" in request.last_user_text  # the source went in as written
     assert "Question: 标准保修期是多久？" in request.last_user_text
+    # The language asked for again last, where a small model reads it after an English source.
+    assert request.last_user_text.rstrip().endswith("(Answer in Chinese (简体中文), citing the sources' numbers.)")
     assert answer.text.startswith("标准保修期")
 
 
