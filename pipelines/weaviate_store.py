@@ -817,74 +817,70 @@ def _merge_dense(per_language: list[list[Document]]) -> list[Document]:
     return merged
 
 
-# How Weaviate (1.35, relative-score fusion) explains the vector side of a hybrid result: the
-# "original score" there is the cosine similarity, 1 - the cosine distance a near-vector query returns.
-_EXPLAINED_VECTOR = re.compile(r"\(Result Set vector[^)]*\) Document ([0-9a-fA-F-]{36}): original score ([-+0-9.eE]+)")
-
-
-# Both sides of a relative-score hybrid result as Weaviate explains them; a side's "normalized
-# score" is its score min-max scaled over that side's results, times the side's weight.
-_EXPLAINED_SIDE = re.compile(r"\(Result Set (keyword|vector)[^)]*\) Document ([0-9a-fA-F-]{36}): original score "
-                             r"[-+0-9.eE]+, normalized score: ([-+0-9.eE]+)")
+# How Weaviate (1.35, relative-score fusion) explains a hybrid result, one part per side it was
+# found by: the "original score" is the BM25 score or the cosine similarity (1 - the distance a
+# near-vector query returns); the "normalized score" is that score min-max scaled over the side's
+# results, times the side's weight (alpha for the vector side).
+_EXPLAINED = re.compile(r"\(Result Set (keyword|vector)[^)]*\) Document ([0-9a-fA-F-]{36}): original score "
+                        r"([-+0-9.eE]+), normalized score: ([-+0-9.eE]+)")
 # alpha "auto": the hybrid query goes out with equal weights and its results are re-weighed per
 # question from their explanations (one round trip, as with a fixed alpha).
 PROBE_ALPHA = 0.5
 
 
-def explained_sides(obj: Any) -> dict[str, float] | None:
-    """A hybrid result's scaled keyword and vector scores (0..1, before weighting), read from its
-    score explanation (a side it was not found by is absent); None when nothing is explained."""
-    found = {side: float(value) for side, uuid, value in _EXPLAINED_SIDE.findall(
-        getattr(obj.metadata, "explain_score", None) or "") if uuid.lower() == str(obj.uuid).lower()}
-    if not found:
-        return None
-    weights = {"keyword": 1.0 - PROBE_ALPHA, "vector": PROBE_ALPHA}
-    return {side: value / weights[side] for side, value in found.items()}
+def explained_scores(obj: Any) -> dict[str, tuple[float, float]]:
+    """A hybrid result's explanation: side ("keyword", "vector") -> (original score, normalized
+    score), for the sides that found it; empty when the explanation is missing or has another form."""
+    uuid = str(obj.uuid).lower()
+    return {side: (float(original), float(normalized)) for side, found, original, normalized
+            in _EXPLAINED.findall(getattr(obj.metadata, "explain_score", None) or "") if found.lower() == uuid}
+
+
+def _fused(sides: dict[str, tuple[float, float]], alpha: float) -> float:
+    """A result's score fused again with ``alpha``, from the scaled scores its explanation gives
+    for a query sent with ``PROBE_ALPHA``."""
+    vector = sides["vector"][1] / PROBE_ALPHA if "vector" in sides else 0.0
+    keyword = sides["keyword"][1] / (1.0 - PROBE_ALPHA) if "keyword" in sides else 0.0
+    return alpha * vector + (1.0 - alpha) * keyword
 
 
 def reweighed(objects: list[Any], dense: list[Document]) -> list[Document] | None:
     """The results of a hybrid query sent with ``PROBE_ALPHA``, fused again with this question's
-    ``adaptive_alpha`` (from the raw cosines of ``dense``), best first; None when a result does not
+    ``adaptive_alpha`` of ``dense``'s raw cosines, best first; None when one of them does not
     explain its scores."""
+    explained = [explained_scores(obj) for obj in objects]
+    if not all(explained):
+        return None
     alpha = adaptive_alpha(d.score or 0.0 for d in dense)
-    fused: list[tuple[float, Any]] = []
-    for obj in objects:
-        sides = explained_sides(obj)
-        if sides is None:
-            return None
-        fused.append((alpha * sides.get("vector", 0.0) + (1.0 - alpha) * sides.get("keyword", 0.0), obj))
-    fused.sort(key=lambda pair: -pair[0])
-    return [to_document(obj, score=score) for score, obj in fused]
+    documents = [to_document(obj, score=_fused(sides, alpha)) for obj, sides in zip(objects, explained)]
+    return sorted(documents, key=lambda d: -(d.score or 0.0))
 
 
-def explained_similarity(obj: Any) -> float | None:
-    """The cosine between a hybrid result and the query vector, read from the result's score
-    explanation; None when the object was not among the vector side's results (or the
-    explanation has another form)."""
-    match = _EXPLAINED_VECTOR.search(getattr(obj.metadata, "explain_score", None) or "")
-    if match is None or match.group(1).lower() != str(obj.uuid).lower():
+def _hybrid_with_dense(objects: list[Any], reweigh: bool = False) -> tuple[list[Document], list[Document]] | None:
+    """The hybrid results (re-weighed for this question when ``reweigh``, as ``reweighed`` does)
+    and, from their explanations, the dense candidates (cosine as ``score`` and
+    ``meta.similarity``, best first); None when no result explains its vector side. Each
+    explanation is read once and each result made a Document once."""
+    explained = [explained_scores(obj) for obj in objects]
+    if objects and not any("vector" in sides for sides in explained):
         return None
-    try:
-        return float(match.group(2))
-    except ValueError:
-        return None
-
-
-def _hybrid_with_dense(objects: list[Any]) -> tuple[list[Document], list[Document]] | None:
-    """The hybrid results and, from their explanations, the dense candidates (cosine as ``score``
-    and ``meta.similarity``, best first); None when no result explains its vector side."""
+    scores = [obj.metadata.score for obj in objects]
+    reweigh = reweigh and all(explained)
+    if reweigh:
+        alpha = adaptive_alpha(sides["vector"][0] for sides in explained if "vector" in sides)
+        scores = [_fused(sides, alpha) for sides in explained]
     documents: list[Document] = []
     dense: list[Document] = []
-    for obj in objects:
-        doc = to_document(obj, score=obj.metadata.score)
+    for obj, sides, score in zip(objects, explained, scores):
+        doc = to_document(obj, score=score)
         documents.append(doc)
-        similarity = explained_similarity(obj)
-        if similarity is not None:  # built directly: dataclasses.replace took twice as long
+        if "vector" in sides:  # built directly: dataclasses.replace took twice as long
+            similarity = sides["vector"][0]
             dense.append(Document(id=doc.id, content=doc.content, meta={**doc.meta, "similarity": similarity},
                                   score=similarity, embedding=doc.embedding))
-    if objects and not dense:
-        return None
     dense.sort(key=lambda d: -(d.score or 0.0))
+    if reweigh:
+        documents.sort(key=lambda d: -(d.score or 0.0))
     return documents, dense
 
 
@@ -970,9 +966,9 @@ class WeaviateHybridRetriever:
     def _from_explanations(self, keyword: list[Any] | None, k: int) -> dict[str, Any] | None:
         """The results of an explained hybrid query, the dense candidates read from its explanations;
         None (after a warning, once) when they explain no vector score: then near-vector queries follow."""
-        found = _hybrid_with_dense(keyword or [])
+        found = _hybrid_with_dense(keyword or [], reweigh=self.auto)
         if found is not None:
-            return {"documents": self._documents(keyword or [], found[1], found[0])[:k], "dense_documents": found[1]}
+            return {"documents": found[0][:k], "dense_documents": found[1]}
         self._unexplained("sending near-vector queries for the similarities instead (one more round trip per query)")
         return None
 
@@ -981,14 +977,14 @@ class WeaviateHybridRetriever:
             self._warned = True
             log.warning("Weaviate hybrid results do not explain their scores; %s", instead)
 
-    def _documents(self, keyword: list[Any], dense: list[Document], as_sent: list[Document] | None = None) -> list[Document]:
+    def _documents(self, keyword: list[Any], dense: list[Document]) -> list[Document]:
         """The keyword/hybrid results in final order: as Weaviate fused them, or re-weighed for this
         question when ``alpha`` is "auto" (as sent, after a warning, when they explain no scores)."""
         if self.auto and keyword:
             if (documents := reweighed(keyword, dense)) is not None:
                 return documents
             self._unexplained(f"alpha auto keeps the equal weights ({PROBE_ALPHA}) it was sent with")
-        return as_sent if as_sent is not None else [to_document(o, score=o.metadata.score) for o in keyword]
+        return [to_document(o, score=o.metadata.score) for o in keyword]
 
     def _finish(self, keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
         dense = _merge_dense([_dense(objs) for objs in per_language])
