@@ -91,6 +91,21 @@ def test_an_english_question_is_answered_from_the_relevant_chinese_page(similari
     assert "[2]" in text and "风扇" in text  # the fan check of the overheating page
 
 
+def test_the_other_languages_page_counts_even_ranked_below_the_first_four(similarity):
+    # As in the sample KB: four English documents first, the Chinese overheating guide fifth (the
+    # ranker's slot for the other language).
+    english = [Document(content=f"Maintenance Schedule > Item {i}\nCheck the drive display for warnings, item {i}.",
+                        meta={"doc_id": f"m{i}", "title": "Maintenance Schedule", "language": "en"}) for i in range(3)]
+    faq = Document(content=FAQ.content, meta={**FAQ.meta, "language": "en"})
+    overheating = Document(content=OVERHEATING.content, meta={**OVERHEATING.meta, "language": "zh"})
+    text = compose("My motor is overheating, what should I check?", [*english, faq, overheating], similarity)
+    assert "[5]" in text and "风扇" in text
+    # A fifth source in a language already among the first four stays out, as before.
+    fifth = Document(content="Overheating > Checks\nMy motor is overheating: check the fan.", meta={"language": "en"})
+    assert 5 not in [n for n, _ in select_sentences("My motor is overheating, what should I check?",
+                                                     [*english, faq, fifth], similarity=similarity)]
+
+
 def test_sentences_are_chosen_by_meaning_not_only_shared_words(similarity):
     sources = [Document(content="The warranty covers 24 months from delivery. The motor is painted blue.",
                         meta={"doc_id": "w", "title": "Warranty"}),

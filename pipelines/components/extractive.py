@@ -115,16 +115,33 @@ def _by_meaning(question: str, candidates: list[Candidate], similarity: Similari
     return scored
 
 
+def _considered(sources: list[Document], max_sources: int) -> list[tuple[int, Document]]:
+    """(source number, source) of the first ``max_sources`` sources, plus the best-ranked source of
+    each language they lack: the ranker gives the other language's best chunk a slot of its own
+    at the end of the ranking (``components/ranker.py``), and an English question whose answer is
+    on a Chinese page (the sample KB's overheating guide, ranked fifth) needs it considered;
+    ``_by_meaning`` then weighs it against the rest."""
+    considered = list(enumerate(sources[:max_sources], start=1))
+    languages = {doc.meta.get("language") for _, doc in considered}
+    for number, doc in enumerate(sources[max_sources:], start=max_sources + 1):
+        language = doc.meta.get("language")
+        if language and language not in languages:
+            considered.append((number, doc))
+            languages.add(language)
+    return considered
+
+
 def select_sentences(question: str, sources: list[Document], max_sentences: int = 4, max_sources: int = 4,
                      similarity: Similarity | None = None) -> list[tuple[int, str]]:
     """(source number, sentence) pairs, in source order: with ``similarity`` (the embedder) the
     sentences closest in meaning (``_by_meaning``); without it, those sharing the most weighted
     terms with the question, earlier sources first (retrieval judged them more relevant)."""
-    per_source = [answer_sentences(doc) for doc in sources[:max_sources]]
+    considered = _considered(sources, max_sources)
+    per_source = [answer_sentences(doc) for _, doc in considered]
     lexical = _lexical(question, per_source)
     candidates: list[Candidate] = [
-        (number, order, sentence, lexical[number - 1][order])
-        for number, sentences in enumerate(per_source, start=1) for order, sentence in enumerate(sentences)]
+        (number, order, sentence, lexical[i][order])
+        for i, (number, _) in enumerate(considered) for order, sentence in enumerate(per_source[i])]
     if not candidates:
         return []
     if similarity is not None:
