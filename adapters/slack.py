@@ -56,7 +56,7 @@ from adapters.slack_text import (
 )
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.platform_settings import SlackSettings
-from bot.state import Idempotency, TaskSet, claim_all, release_all
+from bot.state import HeldClaims, Idempotency, TaskSet, hold_claims
 from bot.streaming import RateBudget, split_message
 from bot.types import Answer, Inquiry, Outcome
 
@@ -413,11 +413,9 @@ class SlackAdapter:
             self._threads = {k: t for k, t in self._threads.items() if t > now}
         self._threads[thread_key] = now + self.settings.thread_memory_s
 
-    async def _claim(self, keys: list[str]) -> list[str] | None:
-        return await claim_all(self.idempotency, keys, self.settings.dedupe_ttl_s)
-
-    async def _release(self, keys: list[str]) -> None:
-        await release_all(self.idempotency, keys)
+    async def _claim(self, keys: list[str]) -> HeldClaims | None:
+        return await hold_claims(self.idempotency, keys, ttl_s=self.settings.dedupe_ttl_s,
+                                 lease_s=self.settings.claim_lease_s)
 
     def _streaming_allowed(self, team: str) -> bool:
         if self.settings.stream_mode != "native":
@@ -459,8 +457,8 @@ class SlackAdapter:
             # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
             log.exception("event %s: the turn crashed", event_id)
             await reply.fail("Something went wrong while answering. Please try again.")
-        if answer is None or answer.outcome is Outcome.ERROR:
-            await self._release(claimed)  # a redelivery may try again
+        # Kept after an answer; released after a failure, so a redelivery may try again.
+        await claimed.finish(answered=answer is not None and answer.outcome is not Outcome.ERROR)
         if answer is not None:
             log.info("event %s %s in %s -> turn %s %s", event_id, kind, where.key, answer.trace.turn_id,
                      answer.outcome.value)
