@@ -6,6 +6,10 @@
 #   scripts/services.sh stop     stop both, remove their temporary data dirs
 #   scripts/services.sh status   show whether each service answers
 #   scripts/services.sh env      print the env lines (add --export for `export X=..`)
+#   scripts/services.sh cluster start|kill N|stop|status|env
+#                                three Weaviate nodes on loopback (replication tests)
+#   scripts/services.sh redis-ha start|kill primary|stop|status|env
+#                                Redis primary + replica + three Sentinels (failover tests)
 #
 #   eval "$(scripts/services.sh env --export)"      # or: set -a; . <state>/services.env
 #
@@ -17,6 +21,10 @@
 #   KBBOT_WEAVIATE_START_TIMEOUT (120 seconds)
 #   KBBOT_WEAVIATE_DATA_DIR (a fresh temp dir, removed on stop; a dir given here is kept)
 #   REDIS_URL / WEAVIATE_URL (+ WEAVIATE_GRPC_PORT): use an existing service, start nothing.
+#   Cluster: KBBOT_CLUSTER_WEAVIATE_PORT (8093), _GRPC_PORT (50064), _GOSSIP_PORT (7962), _RAFT_PORT
+#   (8316): node N uses +N-1 (HTTP, gRPC) and +2(N-1) (gossip/data, Raft/RPC pairs).
+#   Redis HA: KBBOT_HA_REDIS_PORT (6393: primary; +1 replica; +2..+4 Sentinels), KBBOT_HA_REDIS_MASTER
+#   (kbbot), KBBOT_HA_DOWN_AFTER_MS (1000), KBBOT_HA_FAILOVER_TIMEOUT_MS (10000).
 #   Any other Weaviate setting in the environment is passed through when the
 #   server is (re)started, e.g. ENABLE_TOKENIZER_GSE_CH=true for the Chinese
 #   'gse_ch' tokenizer ('gse' uses gse's Japanese dictionary; +~3 s startup).
@@ -813,7 +821,7 @@ cmd_status() {
 }
 
 usage() {
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 main() {
