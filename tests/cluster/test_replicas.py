@@ -8,14 +8,8 @@ per turn across the three.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,11 +17,21 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from redis.asyncio import Redis
-from slack_sdk.signature import SignatureVerifier
 
-from tests.conftest import EXAMPLES, REPO
+from tests.cluster.replicas import (
+    answers_in,
+    deliver,
+    event_body,
+    refresh_once,
+    refresh_runs,
+    running,
+    serve_env,
+    wait_for,
+    wait_healthy,
+    write_config,
+)
+from tests.conftest import EXAMPLES
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, default_reply
@@ -36,105 +40,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900),
               pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
                                  reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")]
 
-SECRET = "s" * 32
-TEAM, BOT = "T0KBBOT", "UKBBOT"
 REPLICAS = 3
 LEASE_S = 4  # slack.claim_lease_s here; Slack's own retries come 1 and 5 minutes after a missed ack
 LOCK_TTL_S = 30  # the thread lock's TTL (bot/runtime.py), renewed while its holder lives
 REFRESH_EVERY_S = 20
 KB_FILES = ("faq.md", "maintenance-schedule.md", "fault-codes.md")
 SLOW = "What torque do the terminal screws need?"
-_ts = itertools.count(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_config(folder: Path, kb: Path, collection: str, prefix: str) -> Path:
-    """The repository's settings, with this test's collection, Redis prefix, source and Slack lease."""
-    shutil.copytree(REPO / "config", folder)
-    path = folder / "kbbot.yaml"
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    raw["store"]["collection"] = collection
-    raw["redis_prefix"] = prefix
-    raw["sources"] = [{"name": "kb", "path": str(kb), "interval": f"{REFRESH_EVERY_S}s"}]
-    raw["slack"].update(claim_lease_s=LEASE_S, stream_interval_s=0.2, edit_interval_s=0.2)
-    path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
-    return path
-
-
-class Replica:
-    def __init__(self, n: int, env: dict[str, str], log: Path):
-        self.n = n
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self._out = log.open("w")
-        self.process = subprocess.Popen([sys.executable, "-m", "adapters.cli", "serve"], cwd=REPO,
-                                        env={**env, "KBBOT_PORT": str(self.port)}, stdout=self._out,
-                                        stderr=subprocess.STDOUT)
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._out.close()
-
-
-def event_body(text: str, channel: str, event_id: str) -> str:
-    ts = f"{1_900_000_000 + next(_ts)}.000100"
-    event = {"type": "app_mention", "user": "U0ALICE", "text": f"<@{BOT}> {text}", "ts": ts, "channel": channel,
-             "team": TEAM, "event_ts": ts}
-    return json.dumps({"token": "legacy", "team_id": TEAM, "api_app_id": "AKBBOT", "type": "event_callback",
-                       "event_id": event_id, "event_time": int(time.time()),
-                       "authorizations": [{"team_id": TEAM, "user_id": BOT, "is_bot": True}], "event": event})
-
-
-async def deliver(session: aiohttp.ClientSession, replica: Replica, body: str, retry: int = 0) -> float:
-    """Posts a signed event as Slack does; returns the seconds until the replica acknowledged it."""
-    ts = str(int(time.time()))
-    headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts,
-               "X-Slack-Signature": SignatureVerifier(SECRET).generate_signature(timestamp=ts, body=body)}
-    if retry:
-        headers.update({"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"})
-    started = time.monotonic()
-    async with session.post(f"{replica.url}/slack/events", data=body.encode(), headers=headers) as response:
-        assert response.status == 200, await response.text()
-    return time.monotonic() - started
-
-
-def answers_in(slack: FakeSlack, body: str) -> list[Any]:
-    event = json.loads(body)["event"]
-    return [m for m in slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
-
-
-async def wait_for(condition, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout_s, f"{what} did not happen within {timeout_s} s"
-        await asyncio.sleep(0.2)
-    return time.monotonic() - started
 
 
 async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tmp_path: Path):
@@ -143,7 +54,8 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
     for name in KB_FILES:
         (kb / name).write_bytes((EXAMPLES / name).read_bytes())
     prefix = f"kbbot:replicas:{uuid.uuid4().hex[:8]}:"
-    config = write_config(tmp_path / "config", kb, f"Replicas_{uuid.uuid4().hex[:8]}", prefix)
+    config = write_config(tmp_path / "config", kb, f"Replicas_{uuid.uuid4().hex[:8]}", prefix, lease_s=LEASE_S,
+                          refresh_every_s=REFRESH_EVERY_S)
     slow_answers: list[float] = []
 
     def answer(body: dict[str, Any]) -> Script | str:
@@ -157,36 +69,11 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
     async with FakeAnthropic() as claude, FakeSlack(token="xoxb-replicas") as slack, \
             aiohttp.ClientSession() as session:
         claude.responder = router
-        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
-               "HAYSTACK_TELEMETRY_ENABLED": "False", "KBBOT_CONFIG": str(config), "KBBOT_LOG_FORMAT": "json",
-               "REDIS_URL": os.environ["REDIS_URL"], "WEAVIATE_URL": os.environ["WEAVIATE_URL"],
-               "WEAVIATE_GRPC_PORT": os.environ.get("WEAVIATE_GRPC_PORT", "50051"),
-               "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": claude.base_url,
-               "SLACK_BOT_TOKEN": slack.token, "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.base_url}
-        # Indexed once before the replicas start, as `kbbot refresh` run by an operator would.
-        refresh = await asyncio.create_subprocess_exec(sys.executable, "-m", "adapters.cli", "refresh", "kb", cwd=REPO,
-                                                       env={**env, "KBBOT_DATA_DIR": str(tmp_path / "admin")},
-                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        output, _ = await refresh.communicate()
-        assert refresh.returncode == 0, output.decode()[-2000:]
-
-        replicas = [Replica(n, {**env, "KBBOT_DATA_DIR": str(tmp_path / f"replica{n}")}, tmp_path / f"replica{n}.log")
-                    for n in range(REPLICAS)]
-        redis = Redis.from_url(os.environ["REDIS_URL"])
+        env = serve_env(tmp_path, config=config, slack=slack, model_url=claude.base_url)
+        await refresh_once(env, tmp_path / "admin")
         started = time.monotonic()
-        try:
-            async def healthy(replica: Replica) -> bool:
-                try:
-                    async with session.get(f"{replica.url}/healthz") as response:
-                        return response.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            while not all([await healthy(r) for r in replicas]):
-                for r in replicas:
-                    assert r.process.poll() is None, r.log.read_text()[-3000:]
-                assert time.monotonic() - started < 240, "the replicas did not become healthy"
-                await asyncio.sleep(1)
+        async with Redis.from_url(os.environ["REDIS_URL"]) as redis, running(REPLICAS, env, tmp_path) as replicas:
+            await wait_healthy(session, replicas)
 
             # 1. Every event delivered twice, to two replicas (Slack's retry after a lost ack).
             questions = ["How often should the bearings be greased?", "What does fault code E07 mean?",
@@ -203,7 +90,6 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
 
             # 2. A replica killed mid-turn: its claim and thread lock outlive it only by their leases.
             slow = event_body(SLOW, "C0KILL", "EvKill0001")
-            event = json.loads(slow)["event"]
             await deliver(session, replicas[0], slow)
             await wait_for(lambda: bool(slow_answers), 120, "the slow turn reaching the model")
             replicas[0].kill()
@@ -224,13 +110,8 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
             # 3. The scheduled refresh: once per turn across the replicas, however many there are.
             await wait_for(lambda: time.monotonic() - started > 2.5 * REFRESH_EVERY_S, 3 * REFRESH_EVERY_S,
                            "two refresh turns")
-        finally:
-            for r in replicas:
-                r.stop()
-            await redis.aclose()
 
-    runs = sorted((line["ts"], r.n) for r in replicas for line in r.lines()
-                  if str(line.get("message", "")).startswith("refresh source=kb trigger=schedule status="))
+    runs = refresh_runs(replicas)
     assert len(runs) >= 2, runs
     moments = [time.mktime(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) for ts, _ in runs]
     gaps = [b - a for a, b in zip(moments, moments[1:])]
