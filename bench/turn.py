@@ -19,11 +19,11 @@ import argparse
 import asyncio
 import cProfile
 import io
-import pstats
-import sys
 import multiprocessing
 import os
+import pstats
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path

@@ -99,11 +99,10 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from haystack.utils import Secret
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
-from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
-from weaviate.classes.config import DataType, Property, Reconfigure, Tokenization
+from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
+from weaviate.classes.config import ConsistencyLevel, DataType, Property, Reconfigure, Tokenization
 from weaviate.classes.init import Auth
-from weaviate.classes.config import ConsistencyLevel
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
 from weaviate.config import AdditionalConfig, GrpcConfig, Timeout

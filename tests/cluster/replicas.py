@@ -65,10 +65,8 @@ class Replica:
         out = []
         for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("{"):
-                try:
+                with contextlib.suppress(ValueError):
                     out.append(json.loads(line))
-                except ValueError:
-                    pass
         return out
 
     def restart(self) -> None:
@@ -103,9 +101,9 @@ class Replica:
         self._out.close()
 
 
-def event_body(text: str, channel: str, event_id: str) -> str:
+def event_body(text: str, channel: str, event_id: str, user: str = "U0ALICE") -> str:
     ts = f"{1_900_000_000 + next(_ts)}.000100"
-    event = {"type": "app_mention", "user": "U0ALICE", "text": f"<@{BOT}> {text}", "ts": ts, "channel": channel,
+    event = {"type": "app_mention", "user": user, "text": f"<@{BOT}> {text}", "ts": ts, "channel": channel,
              "team": TEAM, "event_ts": ts}
     return json.dumps({"token": "legacy", "team_id": TEAM, "api_app_id": "AKBBOT", "type": "event_callback",
                        "event_id": event_id, "event_time": int(time.time()),
@@ -166,7 +164,7 @@ async def healthy(session: aiohttp.ClientSession, replica: Replica) -> bool:
     try:
         async with session.get(f"{replica.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as response:
             return response.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return False
 
 
