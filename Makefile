@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
 SERVICES := scripts/services.sh
 
-.PHONY: demo demo-local test test-local install install-local lint services services-stop browser bench eval eval-answers clean
+.PHONY: demo demo-local test test-local test-cluster install install-local lint services services-stop browser bench eval eval-answers clean
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
@@ -33,6 +33,11 @@ test: install lint services browser
 	@bash scripts/test_fonts.sh
 	@set -a; source <($(SERVICES) env); set +a; KBBOT_CHROMIUM="$$(bash scripts/browser.sh)" \
 		$(UV) run pytest -q $(PYTEST_ARGS)
+
+# Clusters and failover (marked `cluster`, not part of `make test`): a three-node Weaviate, Redis
+# with a replica and three Sentinels, several `kbbot serve` replicas; each test kills one of them.
+test-cluster: install services
+	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q -m cluster $(or $(PYTEST_ARGS),tests/cluster)
 
 browser:
 	@bash scripts/browser.sh >/dev/null

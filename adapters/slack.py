@@ -359,7 +359,7 @@ class SlackAdapter:
         event_id = str(body.get("event_id") or "")
         keys = [f"slack:event:{event_id}"] if event_id else []
         keys.append(f"slack:message:{team}:{channel}:{event.get('ts')}")
-        claimed = await self.conversations.claim(keys, self.settings.dedupe_ttl_s)
+        claimed = await self.conversations.claim(keys, self.settings.dedupe_ttl_s, lease_s=self.settings.claim_lease_s)
         if claimed is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return

@@ -1,6 +1,6 @@
 """CPU time per turn outside the model and the stores, and resident memory at 1 and 100 open threads.
 
-    uv run python -m bench.turn [--turns 60] [--threads 100] [--json]
+    uv run python -m bench.turn [--turns 60] [--threads 100] [--json] [--profile N]
 
 Turns run through ``Answerer.answer`` on the indexed sample knowledge base (in-memory store) with
 Claude's wire format served by the fake Anthropic server *in another process*, so the model's side
@@ -9,15 +9,21 @@ turn; "outside the stores" subtracts the stages that are the store and the local
 (``embed``, ``search``, ``retrieve``: CPU-bound in-memory work, counted at their wall time, so the
 figure is if anything an under-estimate of kbbot's own cost). RSS is read from ``/proc/self/status``
 after one thread and after ``--threads`` threads with one turn each (their history kept).
+``--profile N`` runs the measured turns under cProfile (process CPU time, the event loop's thread)
+and prints the N functions with the most CPU of their own and the N with the most cumulative CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import multiprocessing
 import os
+import pstats
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,7 +64,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def run(turns: int, threads: int) -> dict[str, object]:
+async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
     from bot.runtime import build_runtime
     from bot.settings import load_settings
     from bot.types import Inquiry
@@ -85,6 +91,9 @@ async def run(turns: int, threads: int) -> dict[str, object]:
         for q in questions:  # warm-up: models loaded, connections open
             await answerer.answer(Inquiry("bench", "t", "c", "bench:warm", "u", q), RecordingReply())
         cpu_total, cpu_outside, wall = [], [], []
+        profiler = cProfile.Profile(time.process_time) if profile else None
+        if profiler is not None:
+            profiler.enable()
         for i in range(turns):
             inquiry = Inquiry("bench", "t", "c", f"bench:cpu:{i}", "u", questions[i % len(questions)])
             c0, w0 = time.process_time(), time.perf_counter()
@@ -94,6 +103,9 @@ async def run(turns: int, threads: int) -> dict[str, object]:
             stores = sum(answer.trace.stages.get(s, 0.0) for s in STORE_STAGES) / 1000
             cpu_total.append(cpu * 1000)
             cpu_outside.append(max(0.0, cpu - stores) * 1000)
+        if profiler is not None:
+            profiler.disable()
+            print_profile(profiler, profile, turns)
         rss_one = rss_mb()
         for i in range(1, threads):
             inquiry = Inquiry("bench", "t", f"c{i}", f"bench:thread:{i}", f"u{i}", questions[i % len(questions)])
@@ -115,13 +127,21 @@ async def run(turns: int, threads: int) -> dict[str, object]:
     }
 
 
+def print_profile(profiler: cProfile.Profile, top: int, turns: int) -> None:
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(top)
+        print(f"--- cProfile by {key} over {turns} turns (process CPU seconds) ---\n{out.getvalue()}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = parser.parse_args()
-    result = asyncio.run(run(args.turns, args.threads))
+    result = asyncio.run(run(args.turns, args.threads, args.profile))
     emit(result, args.json)
 
 

@@ -30,7 +30,7 @@ from bot.insights.recorder import TurnRecorder
 from bot.memory_commands import run_command
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import Idempotency, ThreadLocks, claim_all, release_all
+from bot.state import HeldClaims, Idempotency, ThreadLocks, claim_all, hold_claims, release_all
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -96,8 +96,12 @@ class Conversations:
     on_turn: Callable[[TurnRecord], None] | None = None
 
     # --- a turn -------------------------------------------------------------------------------------
-    async def claim(self, keys: list[str], ttl_s: float) -> list[str] | None:
-        """Claims an event's keys; None when it was already handled (a redelivery)."""
+    async def claim(self, keys: list[str], ttl_s: float, *, lease_s: float | None = None) -> list[str] | None:
+        """Claims an event's keys; None when it was already handled (a redelivery). With ``lease_s``
+        they are held on a lease renewed while the turn runs (``HeldClaims``): a replica that dies
+        mid-turn frees the event ``lease_s`` later for a redelivery to another."""
+        if lease_s is not None:
+            return await hold_claims(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
         return await claim_all(self.idempotency, keys, ttl_s)
 
     async def release(self, keys: list[str]) -> None:
@@ -113,7 +117,10 @@ class Conversations:
             # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
             log.exception("%s %s: the turn crashed", inquiry.platform, event_id)
             await reply.fail(crashed)
-        if answer is None or answer.outcome is Outcome.ERROR:
+        answered = answer is not None and answer.outcome is not Outcome.ERROR
+        if isinstance(claimed, HeldClaims):  # kept for the dedupe TTL after an answer, else released
+            await claimed.finish(answered=answered)
+        elif not answered:
             await self.release(claimed)  # a redelivery may try again
         if answer is not None:
             log.info("%s %s %s in %s -> turn %s %s", inquiry.platform, event_id, kind, inquiry.thread_key,

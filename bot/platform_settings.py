@@ -70,6 +70,9 @@ class SlackSettings(_Checked):
     status: str = "Searching the knowledge base…"
     #: How long a delivered event id is remembered (Slack retries within minutes).
     dedupe_ttl_s: float = 3600
+    #: While its turn runs, an event's claim lasts this long and is renewed: a replica that dies
+    #: mid-turn frees the event for Slack's next retry (1 and 5 minutes after a missed ack).
+    claim_lease_s: float = 30
     #: How long this process remembers a thread it answered in (follow-ups; history is the lasting record).
     thread_memory_s: float = 86400
     #: Retries of a 429 inside the Slack client (AsyncRateLimitErrorRetryHandler) before our writer waits.
@@ -135,6 +138,8 @@ class SlackSettings(_Checked):
                                          "edit_interval_s": self.edit_interval_s})
         if self.buffer_size < 1:
             found.append("slack.buffer_size must be at least 1")
+        if not 0 < self.claim_lease_s <= self.dedupe_ttl_s:
+            found.append("slack.claim_lease_s must be positive and at most slack.dedupe_ttl_s")
         found += _space_problems("slack", self.default_spaces, self.channel_spaces, "channel_spaces")
         for method, per_minute in self.rate_limits.items():
             if not isinstance(per_minute, (int, float)) or per_minute <= 0:

@@ -17,17 +17,27 @@ key                                type    contents and lifetime
 The client comes from ``connect_redis``: bounded socket timeouts (a dead server is an error,
 not a hang) and a bounded retry with backoff, after which the ``redis.exceptions`` error
 propagates; the pool reconnects by itself once the server is back.
+
+Behind Sentinels (``redis+sentinel://host:port,host:port/master_name[/db]``) the client asks the
+Sentinels for the primary before each new connection, and its retries outlast a failover. The
+writes a user relies on (a turn's history, an event's dedupe claim) are then acknowledged by
+``replica_acks`` replicas with ``WAIT`` before the turn goes on: Sentinel promotes the replica that
+has the most of the primary's stream, so a write a replica acknowledged survives the primary's
+loss. Without a replica in reach ``WAIT`` gives up after ``REPLICA_ACK_TIMEOUT_MS`` and the write
+stands on the primary alone (logged): kbbot keeps answering rather than stop with its replica.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import unquote, urlsplit
 
 from haystack.dataclasses import ChatMessage
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock as _RedisPyLock
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import LockError, RedisError
 
@@ -39,12 +49,74 @@ from pipelines.redact import redact_url, scrub
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "kbbot:"
+SENTINEL_SCHEME = "redis+sentinel"
+#: How long a write waits for its replica acknowledgements (WAIT) before it stands on the primary alone.
+REPLICA_ACK_TIMEOUT_MS = 200
+#: Retries of a command behind Sentinels: with jittered backoff capped at 1 s, about ten seconds,
+#: which covers a failover with ``down-after-milliseconds`` of a few seconds.
+SENTINEL_RETRIES = 12
 
 
 class RedisUnavailable(StateUnavailable):
     """Redis could not be reached (or refused us) when connecting."""
 
     reason = "connection lost"
+
+
+def sentinel_url(sentinels: str, master_name: str) -> str:
+    """``REDIS_SENTINELS`` (``host:port,host:port``) and ``REDIS_MASTER_NAME`` as one URL."""
+    hosts = [h.strip() for h in sentinels.split(",") if h.strip()]
+    if not hosts or not master_name.strip():
+        raise ValueError("REDIS_SENTINELS needs host:port entries and REDIS_MASTER_NAME a name")
+    for host in hosts:
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"REDIS_SENTINELS entries are host:port, got {host!r}")
+    return f"{SENTINEL_SCHEME}://{','.join(hosts)}/{master_name.strip()}"
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, object]]:
+    """(Sentinel addresses, master name, options: db, username, password) of a ``redis+sentinel://`` URL."""
+    parts = urlsplit(url)
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    addresses = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"Sentinel addresses are host:port, got {host!r}")
+        addresses.append((name.strip("[]"), int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("the path of a redis+sentinel:// URL is /master_name or /master_name/db")
+    options: dict[str, object] = {"db": int(path[1]) if len(path) == 2 else 0}
+    if credentials:
+        user, _, password = credentials.partition(":")
+        options.update(username=unquote(user) or None, password=unquote(password) or None)
+    return addresses, path[0], options
+
+
+async def replicated(conn: Redis, replicas: int, what: str) -> None:
+    """Waits until ``replicas`` replicas hold every write made so far on ``conn`` (one connection:
+    WAIT counts that connection's writes), at most ``REPLICA_ACK_TIMEOUT_MS``."""
+    if replicas <= 0:
+        return
+    acked = await conn.wait(replicas, REPLICA_ACK_TIMEOUT_MS)
+    if acked < replicas:
+        logger.warning("%s is on the Redis primary but acknowledged by %d of %d replicas within %d ms; "
+                       "a failover now could lose it", what, acked, replicas, REPLICA_ACK_TIMEOUT_MS)
+
+
+def _client(url: str, *, socket_timeout: float, connect_timeout: float, retries: int, health_check_interval: int,
+            **options: object) -> Redis:
+    if urlsplit(url).scheme != SENTINEL_SCHEME:
+        return Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                              retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries),
+                              health_check_interval=health_check_interval, **options)
+    addresses, master, auth = parse_sentinel_url(url)
+    sentinels = Sentinel(addresses, socket_timeout=connect_timeout, socket_connect_timeout=connect_timeout)
+    return sentinels.master_for(master, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                                retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), max(retries, SENTINEL_RETRIES)),
+                                health_check_interval=health_check_interval, **auth, **options)
 
 
 async def connect_redis(
@@ -61,18 +133,13 @@ async def connect_redis(
     Each command is retried ``retries`` times on connection errors and timeouts (with jittered
     backoff, reconnecting in between), then the error is raised: an outage costs a turn at most
     a few seconds, and the first command after the server returns reconnects. Idle pooled
-    connections are checked with a PING after ``health_check_interval`` seconds.
+    connections are checked with a PING after ``health_check_interval`` seconds. A
+    ``redis+sentinel://`` URL is retried at least ``SENTINEL_RETRIES`` times, through a failover.
     """
     shown = redact_url(url)
     try:
-        client = Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries),
-            health_check_interval=health_check_interval,
-            **options,
-        )
+        client = _client(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries,
+                         health_check_interval=health_check_interval, **options)
     except ValueError as error:
         raise RedisUnavailable(f"cannot reach Redis at {shown}: invalid URL: {scrub(str(error), url)}") from None
     try:
@@ -82,6 +149,13 @@ async def connect_redis(
         reason = scrub(str(error) or type(error).__name__, url)
         raise RedisUnavailable(f"cannot reach Redis at {shown}: {reason}") from None
     return client
+
+
+_APPEND = """
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 3))
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+"""
 
 
 class RedisHistory:
@@ -100,8 +174,10 @@ class RedisHistory:
         max_chars: int = 20000,
         ttl_days: float = 30,
         max_items: int | None = None,
+        replica_acks: int = 0,
     ):
         self.client = client
+        self.replica_acks = replica_acks
         self.prefix = prefix
         self.max_turns = max_turns
         self.max_chars = max_chars
@@ -129,13 +205,12 @@ class RedisHistory:
         key = self.key(thread_key)
         payloads = [json.dumps(m.to_dict(), ensure_ascii=False) for m in messages]
         keep = max(self.max_items, len(payloads))
-        # MULTI/EXEC: the turn lands whole and contiguous, or not at all. (If the reply to EXEC
-        # is lost after the server applied it, the client's retry can write the turn twice.)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, *payloads)
-            pipe.ltrim(key, -keep, -1)
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+        # One script: the turn lands whole and contiguous, or not at all. (If its reply is lost
+        # after the server ran it, the client's retry can write the turn twice.) One connection:
+        # WAIT counts the writes of the connection it is sent on.
+        async with self.client.client() as conn:
+            await conn.eval(_APPEND, 1, key, keep, self.ttl_s, *payloads)
+            await replicated(conn, self.replica_acks, f"the history of {thread_key!r}")
 
     async def clear(self, thread_key: str) -> None:
         await self.client.delete(self.key(thread_key))
@@ -147,19 +222,29 @@ class RedisHistory:
 class RedisIdempotency:
     """``Idempotency`` with ``SET key 1 NX PX ttl``: exactly one claim wins across replicas."""
 
-    def __init__(self, client: Redis, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, client: Redis, prefix: str = DEFAULT_PREFIX, *, replica_acks: int = 0):
         self.client = client
         self.prefix = prefix
+        self.replica_acks = replica_acks
 
     def key(self, key: str) -> str:
         return f"{self.prefix}dedupe:{key}"
 
     async def claim(self, key: str, ttl_s: float) -> bool:
         ttl_ms = max(1, int(ttl_s * 1000))
-        return bool(await self.client.set(self.key(key), 1, nx=True, px=ttl_ms))
+        if not self.replica_acks:
+            return bool(await self.client.set(self.key(key), 1, nx=True, px=ttl_ms))
+        async with self.client.client() as conn:  # WAIT counts the writes of its own connection
+            claimed = bool(await conn.set(self.key(key), 1, nx=True, px=ttl_ms))
+            if claimed:
+                await replicated(conn, self.replica_acks, f"the claim on {key!r}")
+            return claimed
 
     async def release(self, key: str) -> None:
         await self.client.delete(self.key(key))
+
+    async def extend(self, key: str, ttl_s: float) -> bool:
+        return bool(await self.client.pexpire(self.key(key), max(1, int(ttl_s * 1000))))
 
 
 class RedisLock(RenewingLock):

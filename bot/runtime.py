@@ -43,7 +43,9 @@ def make_store(settings: Settings, *, directory_name: str = "store", collection:
     if settings.store_kind == "weaviate":
         return open_store("weaviate", url=settings.store.weaviate_url,
                           collection=collection or settings.store.collection, allow_outdated=allow_outdated,
-                          api_key=settings.store.weaviate_api_key)
+                          api_key=settings.store.weaviate_api_key,
+                          replication_factor=settings.weaviate.replication_factor,
+                          consistency=settings.weaviate.consistency)
     return open_store("memory", directory=settings.data_dir / directory_name)
 
 
@@ -166,8 +168,9 @@ class Runtime:
             self._redis = await connect_redis(self.settings.redis_url)
             prefix = self.settings.redis_prefix
             self._history = RedisHistory(self._redis, prefix=prefix, max_turns=h.max_turns,
-                                         max_chars=h.max_chars, ttl_days=h.ttl_days)
-            self._idempotency = RedisIdempotency(self._redis, prefix)
+                                         max_chars=h.max_chars, ttl_days=h.ttl_days,
+                                         replica_acks=self.settings.redis_replica_acks)
+            self._idempotency = RedisIdempotency(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
             self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
                                              knowledge_version=self._knowledge_version)
             self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)

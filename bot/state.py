@@ -3,7 +3,9 @@
 Two interfaces, two implementations each:
 
 - ``Idempotency``: ``claim(key, ttl_s)`` is true for exactly one caller per key until the
-  claim expires or is released; ``release(key)`` lets a failed turn's redelivery be answered.
+  claim expires or is released; ``release(key)`` lets a failed turn's redelivery be answered;
+  ``extend(key, ttl_s)`` moves a held claim's expiry (``HeldClaims``: a short lease while the turn
+  runs, so a replica that dies mid-turn frees its event for a redelivery within the lease).
 - ``Lock``: a named lock with a TTL that is renewed in the background while held (every
   ``ttl_s / 3``), so a long job keeps it and a crashed holder loses it within ``ttl_s``.
   Ownership is a random token: only the holder renews or releases.
@@ -41,6 +43,9 @@ class Idempotency(Protocol):
 
     async def release(self, key: str) -> None:
         """Forget a claim so the same key can be claimed again (e.g. after a failed turn)."""
+
+    async def extend(self, key: str, ttl_s: float) -> bool:
+        """Make a held claim expire ``ttl_s`` seconds from now; False if it had expired."""
 
 
 @runtime_checkable
@@ -205,6 +210,14 @@ class MemoryIdempotency:
         with self._mutex:
             self._expires.pop(key, None)
 
+    async def extend(self, key: str, ttl_s: float) -> bool:
+        now = self._clock()
+        with self._mutex:
+            if self._expires.get(key, now) <= now:
+                return False
+            self._expires[key] = now + ttl_s
+            return True
+
 
 class MemoryLockTable:
     """The locks of one process: name -> (owner token, expiry)."""
@@ -328,6 +341,54 @@ async def claim_all(idempotency: Idempotency, keys: list[str], ttl_s: float) -> 
     except Exception:
         logger.exception("the idempotency store failed; answering without dedupe")
     return claimed
+
+
+class HeldClaims(list[str]):
+    """The keys claimed for one event while its turn runs (``hold_claims``).
+
+    They are held for ``lease_s`` and renewed every ``lease_s / 3``: a process that dies mid-turn
+    stops renewing, and its event can be claimed (and answered) on a redelivery ``lease_s`` later.
+    ``finish`` keeps them for the dedupe ``ttl_s`` after an answer, or releases them after a failure.
+    """
+
+    def __init__(self, idempotency: Idempotency, keys: list[str], *, ttl_s: float, lease_s: float):
+        super().__init__(keys)
+        self.idempotency = idempotency
+        self.ttl_s = ttl_s
+        self.lease_s = lease_s
+        self._renewal = asyncio.create_task(self._renew(), name="renew claims") if keys else None
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                for key in self:
+                    await self.idempotency.extend(key, self.lease_s)
+            except Exception:  # the next round tries again; the lease covers two misses
+                logger.exception("could not renew the claims %s", list(self))
+
+    async def finish(self, answered: bool) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
+        if not answered:
+            await release_all(self.idempotency, list(self))
+            return
+        try:
+            for key in self:
+                await self.idempotency.extend(key, self.ttl_s)
+        except Exception:
+            logger.exception("could not keep the claims %s; a redelivery after %.0f s could be answered again",
+                             list(self), self.lease_s)
+
+
+async def hold_claims(idempotency: Idempotency, keys: list[str], *, ttl_s: float,
+                      lease_s: float) -> HeldClaims | None:
+    """``claim_all`` for a turn: the keys held for ``lease_s`` and renewed until ``finish``."""
+    claimed = await claim_all(idempotency, keys, lease_s)
+    return None if claimed is None else HeldClaims(idempotency, claimed, ttl_s=ttl_s, lease_s=lease_s)
 
 
 async def release_all(idempotency: Idempotency, keys: list[str]) -> None:

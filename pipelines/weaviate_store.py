@@ -101,7 +101,7 @@ from haystack.utils import Secret
 from haystack_integrations.document_stores.weaviate import WeaviateDocumentStore
 from haystack_integrations.document_stores.weaviate._filters import convert_filters, validate_filters
 from haystack_integrations.document_stores.weaviate.auth import AuthApiKey
-from weaviate.classes.config import DataType, Property, Reconfigure, Tokenization
+from weaviate.classes.config import ConsistencyLevel, DataType, Property, Reconfigure, Tokenization
 from weaviate.classes.init import Auth
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery
 from weaviate.collections.classes.data import DataObject
@@ -202,7 +202,31 @@ class WeaviateUnavailable(StoreUnavailable, wexc.WeaviateBaseError):
         self.message = message
 
 
-def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATION) -> dict[str, Any]:
+def replication_settings(factor: int) -> dict[str, Any]:
+    """The ``replicationConfig`` of a class: ``factor`` copies of every object. Asynchronous
+    replication repairs a node that was down in the background (otherwise only the objects read
+    again get repaired); a deletion made while a copy was away wins over the copy's older object
+    (time-based resolution), so a revoked document's chunks do not come back with that node."""
+    if factor < 1:
+        raise ValueError(f"a replication factor is at least 1, got {factor}")
+    if factor == 1:
+        return {}
+    return {"replicationConfig": {"factor": factor, "asyncEnabled": True,
+                                  "deletionStrategy": "TimeBasedResolution"}}
+
+
+def consistency_level(name: str | None) -> ConsistencyLevel | None:
+    """``one``, ``quorum`` or ``all`` as the client's ConsistencyLevel (None: Weaviate's default, quorum)."""
+    if name is None:
+        return None
+    try:
+        return ConsistencyLevel(name.upper())
+    except ValueError:
+        raise ValueError(f"unknown consistency level {name!r} (expected one, quorum or all)") from None
+
+
+def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATION,
+                              replication_factor: int = 1) -> dict[str, Any]:
     """The chunk collection as a REST class definition (``collection_settings`` of WeaviateDocumentStore)."""
     properties: list[dict[str, Any]] = [
         {"name": "_original_id", "dataType": ["text"], "tokenization": "field", "indexSearchable": False},
@@ -230,6 +254,7 @@ def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATIO
         "invertedIndexConfig": {"indexNullState": True, "bm25": {"k1": BM25_K1, "b": BM25_B},
                                 "stopwords": {"preset": "none"}},
         "properties": properties,
+        **replication_settings(replication_factor),
     }
 
 
@@ -247,7 +272,7 @@ def _load_facts(raw: Any) -> list[list[str]]:
     return [list(map(str, f)) for f in facts if isinstance(f, list) and len(f) == 3]
 
 
-def manifest_collection_settings(name: str) -> dict[str, Any]:
+def manifest_collection_settings(name: str, replication_factor: int = 1) -> dict[str, Any]:
     """The manifest collection: one object per document plus the meta object; no vectors."""
     keyword = {"dataType": ["text"], "tokenization": "field", "indexSearchable": False}
     return {
@@ -263,6 +288,7 @@ def manifest_collection_settings(name: str) -> dict[str, Any]:
             {"name": "revoked", "dataType": ["boolean"]},
             FACTS_PROPERTY,
         ],
+        **replication_settings(replication_factor),
     }
 
 
@@ -313,6 +339,10 @@ def to_document(obj: Any, score: float | None = None) -> Document:
                     score=score, embedding=vector or None)
 
 
+def with_consistency(collection: Any, level: ConsistencyLevel | None) -> Any:
+    return collection.with_consistency_level(level) if level is not None else collection
+
+
 class ChunkDocumentStore(WeaviateDocumentStore):
     """weaviate-haystack's document store, writing with one gRPC batch call per ``WRITE_BATCH`` documents.
 
@@ -322,6 +352,18 @@ class ChunkDocumentStore(WeaviateDocumentStore):
     """
 
     WRITE_BATCH = 500
+
+    def __init__(self, *args: Any, consistency: ConsistencyLevel | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.consistency = consistency
+
+    @property
+    def collection(self) -> Any:
+        """The chunk collection, read and written at the configured consistency level."""
+        if self._collection is None:
+            collection = self.client.collections.get(self._collection_settings["class"])
+            self._collection = with_consistency(collection, self.consistency)
+        return self._collection
 
     def _data_objects(self, documents: list[Document]) -> list[DataObject]:
         objects = []
@@ -362,6 +404,8 @@ class WeaviateKnowledgeStore:
     :param settle_s: pause between writing a new version and switching to it (``DEFAULT_SETTLE_S``).
     :param timeout_s: the client's query timeout (insert: at least 60 s).
     :param allow_outdated: open a collection indexed with another keyword analysis (to reindex it).
+    :param replication_factor: copies of each object over a cluster, when the collections are created.
+    :param consistency: ``one``, ``quorum`` or ``all`` replicas per read and write (None: Weaviate's default).
     :raises WeaviateUnavailable: when the server cannot be reached.
     :raises StoreOutdated: when the chunks were indexed with another keyword analysis.
     """
@@ -369,7 +413,8 @@ class WeaviateKnowledgeStore:
     def __init__(self, url: str, collection: str = "KbChunk", grpc_port: int | None = None, *,
                  tokenization: str = DEFAULT_TOKENIZATION, fusion: str = DEFAULT_FUSION,
                  alpha: float | str = DEFAULT_ALPHA, settle_s: float = DEFAULT_SETTLE_S, timeout_s: float = 30.0,
-                 allow_outdated: bool = False, api_key: str | None = None):
+                 allow_outdated: bool = False, api_key: str | None = None, replication_factor: int = 1,
+                 consistency: str | None = None):
         if not url or urlparse(url).scheme not in ("http", "https"):
             raise ValueError(f"Weaviate URL must start with http:// or https://, got {redact_url(url or '')!r}")
         if fusion not in _FUSIONS:
@@ -383,6 +428,8 @@ class WeaviateKnowledgeStore:
         self.alpha = alpha
         self.tokenization = tokenization
         self.settle_s = settle_s
+        self.replication_factor = replication_factor
+        self.consistency = consistency_level(consistency)
         name = collection_name(collection)
         self.collection_name = name
         self.manifest_name = f"{name}Manifest"
@@ -390,10 +437,11 @@ class WeaviateKnowledgeStore:
                                         grpc_config=GrpcConfig(channel_options=_GRPC_CHANNEL_OPTIONS))
         self.document_store = ChunkDocumentStore(
             url=self.url,
-            collection_settings=chunk_collection_settings(name, tokenization),
+            collection_settings=chunk_collection_settings(name, tokenization, replication_factor),
             grpc_port=self.grpc_port,
             additional_config=self._config,
             auth_client_secret=AuthApiKey(Secret.from_token(api_key)) if api_key else None,
+            consistency=self.consistency,
         )
         self._write_lock = threading.RLock()  # one writer at a time in this process; readers never wait
         self._refresh_lock = threading.Lock()  # one manifest refresh at a time; the others reuse it
@@ -421,11 +469,12 @@ class WeaviateKnowledgeStore:
             client = self.document_store.client
             if not client.collections.exists(self.manifest_name):
                 try:
-                    client.collections.create_from_dict(manifest_collection_settings(self.manifest_name))
+                    client.collections.create_from_dict(manifest_collection_settings(self.manifest_name,
+                                                                                     self.replication_factor))
                 except wexc.UnexpectedStatusCodeError:
                     if not client.collections.exists(self.manifest_name):  # else: another process made it
                         raise
-            self._manifest = client.collections.get(self.manifest_name)
+            self._manifest = with_consistency(client.collections.get(self.manifest_name), self.consistency)
             self._ensure_facts_property()
             if self._manifest.query.fetch_object_by_id(self._meta_uuid) is None:
                 try:
@@ -549,7 +598,8 @@ class WeaviateKnowledgeStore:
             self.document_store.close()  # the next .client / .collection opens a new connection
             with self._guard():
                 self._collection = self.document_store.collection
-                self._manifest = self.document_store.client.collections.get(self.manifest_name)
+                self._manifest = with_consistency(self.document_store.client.collections.get(self.manifest_name),
+                                                  self.consistency)
             self._stale_sync = False
 
     @property
@@ -585,7 +635,7 @@ class WeaviateKnowledgeStore:
                 additional_config=self._config, auth_client_secret=self._auth,
             )
             await client.connect()
-        self._async = (loop, client, client.collections.get(self.collection_name))
+        self._async = (loop, client, with_consistency(client.collections.get(self.collection_name), self.consistency))
         return self._async[2]
 
     def close(self) -> None:

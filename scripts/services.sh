@@ -6,6 +6,10 @@
 #   scripts/services.sh stop     stop both, remove their temporary data dirs
 #   scripts/services.sh status   show whether each service answers
 #   scripts/services.sh env      print the env lines (add --export for `export X=..`)
+#   scripts/services.sh cluster start|kill N|stop|status|env
+#                                three Weaviate nodes on loopback (replication tests)
+#   scripts/services.sh redis-ha start|kill primary|stop|status|env
+#                                Redis primary + replica + three Sentinels (failover tests)
 #
 #   eval "$(scripts/services.sh env --export)"      # or: set -a; . <state>/services.env
 #
@@ -17,6 +21,10 @@
 #   KBBOT_WEAVIATE_START_TIMEOUT (120 seconds)
 #   KBBOT_WEAVIATE_DATA_DIR (a fresh temp dir, removed on stop; a dir given here is kept)
 #   REDIS_URL / WEAVIATE_URL (+ WEAVIATE_GRPC_PORT): use an existing service, start nothing.
+#   Cluster: KBBOT_CLUSTER_WEAVIATE_PORT (8093), _GRPC_PORT (50064), _GOSSIP_PORT (7962), _RAFT_PORT
+#   (8316): node N uses +N-1 (HTTP, gRPC) and +2(N-1) (gossip/data, Raft/RPC pairs).
+#   Redis HA: KBBOT_HA_REDIS_PORT (6393: primary; +1 replica; +2..+4 Sentinels), KBBOT_HA_REDIS_MASTER
+#   (kbbot), KBBOT_HA_DOWN_AFTER_MS (1000), KBBOT_HA_FAILOVER_TIMEOUT_MS (10000).
 #   Any other Weaviate setting in the environment is passed through when the
 #   server is (re)started, e.g. ENABLE_TOKENIZER_GSE_CH=true for the Chinese
 #   'gse_ch' tokenizer ('gse' uses gse's Japanese dictionary; +~3 s startup).
@@ -190,28 +198,29 @@ wait_with_dots() { # cmd...
 
 # ---------------------------------------------------------------- redis
 
-ensure_redis_installed() {
-    command -v redis-server >/dev/null 2>&1 && return 0
-    log "redis-server not found; installing it with apt-get (needs root) ..."
-    ((EUID == 0)) || die "redis-server is missing and we are not root; install it: apt-get install redis-server"
-    command -v apt-get >/dev/null 2>&1 || die "redis-server is missing and apt-get is unavailable; install Redis manually"
-    # Don't let the package's init script start a system-wide Redis on 6379.
+ensure_redis_installed() { # [command package]
+    local cmd=${1:-redis-server} pkg=${2:-redis-server}
+    command -v "$cmd" >/dev/null 2>&1 && return 0
+    log "$cmd not found; installing $pkg with apt-get (needs root) ..."
+    ((EUID == 0)) || die "$cmd is missing and we are not root; install it: apt-get install $pkg"
+    command -v apt-get >/dev/null 2>&1 || die "$cmd is missing and apt-get is unavailable; install $pkg manually"
+    # Don't let the package's init script start a system-wide Redis on 6379 (or a Sentinel on 26379).
     local added_policy=0
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && added_policy=1
     fi
-    local rc=0 apt_log="$STATE_DIR/apt-redis.log"
+    local rc=0 apt_log="$STATE_DIR/apt-$pkg.log"
     mkdir -p "$STATE_DIR"
     {
         DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$pkg"
     } >"$apt_log" 2>&1 </dev/null 8>&- || rc=$?
     ((added_policy)) && rm -f /usr/sbin/policy-rc.d
     if ((rc != 0)); then
         tail_log "$apt_log" 30
-        die "apt-get install redis-server failed (exit $rc); log: $apt_log"
+        die "apt-get install $pkg failed (exit $rc); log: $apt_log"
     fi
-    command -v redis-server >/dev/null 2>&1 || die "redis-server still not on PATH after installing"
+    command -v "$cmd" >/dev/null 2>&1 || die "$cmd still not on PATH after installing $pkg"
 }
 
 start_redis() {
@@ -396,28 +405,65 @@ cleanup_weaviate_files() {
     rm -f -- "$WV_DIRFILE" "$WV_PIDFILE"
 }
 
-wait_weaviate_ready() { # pid
-    local pid=$1 deadline=$((SECONDS + WV_START_TIMEOUT))
-    until weaviate_ready "$LOCAL_WEAVIATE_URL"; do
+wait_weaviate_ready() { # pid [url grpc_port log]
+    local pid=$1 url=${2:-$LOCAL_WEAVIATE_URL} grpc=${3:-$WV_GRPC_PORT} log=${4:-$WV_LOG}
+    local deadline=$((SECONDS + WV_START_TIMEOUT))
+    until weaviate_ready "$url"; do
         if ! pid_alive "$pid"; then
-            tail_log "$WV_LOG" 60
-            die "weaviate-server (pid $pid) exited during startup; log: $WV_LOG"
+            tail_log "$log" 60
+            die "weaviate-server (pid $pid) exited during startup; log: $log"
         fi
         if ((SECONDS >= deadline)); then
-            tail_log "$WV_LOG" 60
-            die "weaviate not ready at $LOCAL_WEAVIATE_URL/v1/.well-known/ready after ${WV_START_TIMEOUT}s (pid $pid still running; '$0 stop' to kill it)"
+            tail_log "$log" 60
+            die "weaviate not ready at $url/v1/.well-known/ready after ${WV_START_TIMEOUT}s (pid $pid still running; '$0 stop' to kill it)"
         fi
         sleep 0.5
     done
     # weaviate-client v4 talks gRPC: make sure that port is up too.
     deadline=$((SECONDS + 30))
-    until port_open 127.0.0.1 "$WV_GRPC_PORT"; do
+    until port_open 127.0.0.1 "$grpc"; do
         if ((SECONDS >= deadline)) || ! pid_alive "$pid"; then
-            tail_log "$WV_LOG" 60
-            die "weaviate is ready over HTTP but gRPC port $WV_GRPC_PORT is not accepting connections"
+            tail_log "$log" 60
+            die "weaviate is ready over HTTP but gRPC port $grpc is not accepting connections"
         fi
         sleep 0.5
     done
+}
+
+# Runs one weaviate-server in the foreground (callers put it in the background). Gossip and data
+# ports are adjacent, as are Raft and internal RPC: with CLUSTER_IN_LOCALHOST=true Weaviate derives
+# a peer's data and RPC ports as its gossip and Raft ports + 1.
+spawn_weaviate() { # bin data log hostname http grpc gossip raft raft_join bootstrap_expect cluster_join
+    local bin=$1 data=$2 log=$3 host=$4 http=$5 grpc=$6 gossip=$7 raft=$8 raft_join=$9 expect=${10} join=${11}
+    cd "$GSE_ROOT" # gse resolves its dictionaries relative to the cwd, see ensure_gse_dicts
+    # USE_BLOCKMAX_WAND=false: 1.35.2's BlockMax WAND drops unflushed objects from BM25 results
+    # for up to a minute after a write (weaviate/weaviate#11780); fresh chunks must be findable.
+    export AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="${AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED:-true}" \
+        PERSISTENCE_DATA_PATH="$data" \
+        DEFAULT_VECTORIZER_MODULE=none \
+        ENABLE_MODULES="" \
+        ENABLE_TOKENIZER_GSE=true \
+        CLUSTER_HOSTNAME="$host" \
+        CLUSTER_IN_LOCALHOST=true \
+        CLUSTER_BIND_ADDR=127.0.0.1 \
+        CLUSTER_GOSSIP_BIND_PORT="$gossip" \
+        CLUSTER_DATA_BIND_PORT="$((gossip + 1))" \
+        RAFT_PORT="$raft" \
+        RAFT_INTERNAL_RPC_PORT="$((raft + 1))" \
+        RAFT_JOIN="$raft_join" \
+        RAFT_BOOTSTRAP_EXPECT="$expect" \
+        RAFT_TIMEOUTS_MULTIPLIER=1 \
+        GRPC_PORT="$grpc" \
+        QUERY_DEFAULTS_LIMIT=25 \
+        DISABLE_TELEMETRY=true \
+        GO_PROFILING_DISABLE=true \
+        PROMETHEUS_MONITORING_ENABLED=false \
+        USE_BLOCKMAX_WAND="${USE_BLOCKMAX_WAND:-false}" \
+        LOG_LEVEL=warning
+    unset CLUSTER_ADVERTISE_ADDR CLUSTER_ADVERTISE_PORT
+    if [[ -n $join ]]; then export CLUSTER_JOIN="$join"; else unset CLUSTER_JOIN; fi
+    exec 8>&- 9>&- # don't let the server inherit our lock fds
+    exec setsid "$bin" --host 127.0.0.1 --port "$http" --scheme http </dev/null >>"$log" 2>&1
 }
 
 start_weaviate() {
@@ -461,36 +507,8 @@ start_weaviate() {
     printf '%s\n' "$data" >"$WV_DIRFILE"
     : >"$WV_LOG"
     log "weaviate: starting $bin on $LOCAL_WEAVIATE_URL (grpc $WV_GRPC_PORT, data $data, log $WV_LOG)"
-    (
-        cd "$GSE_ROOT" # gse resolves its dictionaries relative to the cwd, see ensure_gse_dicts
-        # USE_BLOCKMAX_WAND=false: 1.35.2's BlockMax WAND drops unflushed objects from BM25 results
-        # for up to a minute after a write (weaviate/weaviate#11780); fresh chunks must be findable.
-        export AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="${AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED:-true}" \
-            PERSISTENCE_DATA_PATH="$data" \
-            DEFAULT_VECTORIZER_MODULE=none \
-            ENABLE_MODULES="" \
-            ENABLE_TOKENIZER_GSE=true \
-            CLUSTER_HOSTNAME=node1 \
-            CLUSTER_IN_LOCALHOST=true \
-            CLUSTER_BIND_ADDR=127.0.0.1 \
-            CLUSTER_GOSSIP_BIND_PORT="$WV_GOSSIP_PORT" \
-            CLUSTER_DATA_BIND_PORT="$WV_DATA_PORT" \
-            RAFT_PORT="$WV_RAFT_PORT" \
-            RAFT_INTERNAL_RPC_PORT="$WV_RAFT_RPC_PORT" \
-            RAFT_JOIN="node1:$WV_RAFT_PORT" \
-            RAFT_BOOTSTRAP_EXPECT=1 \
-            RAFT_TIMEOUTS_MULTIPLIER=1 \
-            GRPC_PORT="$WV_GRPC_PORT" \
-            QUERY_DEFAULTS_LIMIT=25 \
-            DISABLE_TELEMETRY=true \
-            GO_PROFILING_DISABLE=true \
-            PROMETHEUS_MONITORING_ENABLED=false \
-            USE_BLOCKMAX_WAND="${USE_BLOCKMAX_WAND:-false}" \
-            LOG_LEVEL=warning
-        unset CLUSTER_JOIN CLUSTER_ADVERTISE_ADDR CLUSTER_ADVERTISE_PORT
-        exec 8>&- 9>&- # don't let the server inherit our lock fds
-        exec setsid "$bin" --host 127.0.0.1 --port "$WV_PORT" --scheme http </dev/null >>"$WV_LOG" 2>&1
-    ) &
+    spawn_weaviate "$bin" "$data" "$WV_LOG" node1 "$WV_PORT" "$WV_GRPC_PORT" "$WV_GOSSIP_PORT" "$WV_RAFT_PORT" \
+        "node1:$WV_RAFT_PORT" 1 "" &
     pid=$!
     printf '%s\n' "$pid" >"$WV_PIDFILE"
     wait_weaviate_ready "$pid"
@@ -523,6 +541,242 @@ stop_weaviate() {
         log "weaviate: not running (no live pid in $WV_PIDFILE)"
     fi
     cleanup_weaviate_files
+}
+
+# ---------------------------------------------------------------- weaviate cluster
+# Three nodes on loopback for the replication tests (`cluster start|stop|kill N|status|env`).
+# Node N (1-3) listens on <base>+N-1 for HTTP and gRPC, and on <base>+2(N-1) (and +1) for gossip/data
+# and Raft/RPC. Data lives under $STATE_DIR/cluster/nodeN until `cluster stop`, so a killed node
+# started again rejoins with what it had and catches up.
+CL_NODES=3
+CL_HTTP_PORT="${KBBOT_CLUSTER_WEAVIATE_PORT:-8093}"
+CL_GRPC_PORT="${KBBOT_CLUSTER_WEAVIATE_GRPC_PORT:-50064}"
+CL_GOSSIP_PORT="${KBBOT_CLUSTER_WEAVIATE_GOSSIP_PORT:-7962}"
+CL_RAFT_PORT="${KBBOT_CLUSTER_WEAVIATE_RAFT_PORT:-8316}"
+CL_DIR="$STATE_DIR/cluster"
+
+cl_http() { printf '%s' "$((CL_HTTP_PORT + $1 - 1))"; }
+cl_grpc() { printf '%s' "$((CL_GRPC_PORT + $1 - 1))"; }
+cl_gossip() { printf '%s' "$((CL_GOSSIP_PORT + 2 * ($1 - 1)))"; }
+cl_raft() { printf '%s' "$((CL_RAFT_PORT + 2 * ($1 - 1)))"; }
+cl_url() { printf 'http://127.0.0.1:%s' "$(cl_http "$1")"; }
+
+cl_raft_join() {
+    local n out=""
+    for ((n = 1; n <= CL_NODES; n++)); do out+="${out:+,}node$n:$(cl_raft "$n")"; done
+    printf '%s' "$out"
+}
+
+cluster_node_check() { # n
+    [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 1 && $1 <= CL_NODES)) || die "no cluster node '$1' (expected 1 to $CL_NODES)"
+}
+
+cluster_start() {
+    mkdir -p "$CL_DIR"
+    local bin n pid started=() ports p
+    bin=$(weaviate_binary)
+    ensure_gse_dicts "$bin"
+    mkdir -p "$GSE_ROOT"
+    for ((n = 1; n <= CL_NODES; n++)); do
+        pid=$(read_pid "$CL_DIR/node$n.pid")
+        pid_is "$pid" weaviate-server && continue
+        ports=("$(cl_http "$n")" "$(cl_grpc "$n")" "$(cl_gossip "$n")" "$(($(cl_gossip "$n") + 1))" "$(cl_raft "$n")" "$(($(cl_raft "$n") + 1))")
+        for p in "${ports[@]}"; do
+            port_open 127.0.0.1 "$p" && die "cluster node$n: port $p is already in use; set KBBOT_CLUSTER_WEAVIATE_*_PORT"
+        done
+        mkdir -p "$CL_DIR/node$n/data"
+        log "cluster: starting node$n on $(cl_url "$n") (grpc $(cl_grpc "$n"), gossip $(cl_gossip "$n"), raft $(cl_raft "$n"))"
+        # A node joins the gossip ring through the members already up (a failed join is fatal to
+        # Weaviate, so only live ones); the first node of a new cluster joins nobody.
+        local join="" m
+        for ((m = 1; m <= CL_NODES; m++)); do
+            ((m != n)) && port_open 127.0.0.1 "$(cl_gossip "$m")" && join+="${join:+,}127.0.0.1:$(cl_gossip "$m")"
+        done
+        spawn_weaviate "$bin" "$CL_DIR/node$n/data" "$CL_DIR/node$n.log" "node$n" "$(cl_http "$n")" "$(cl_grpc "$n")" \
+            "$(cl_gossip "$n")" "$(cl_raft "$n")" "$(cl_raft_join)" "$CL_NODES" "$join" &
+        pid=$!
+        printf '%s\n' "$pid" >"$CL_DIR/node$n.pid"
+        started+=("$n")
+        # The next node joins through this one: wait for its gossip port (after the gse dictionaries).
+        local deadline=$((SECONDS + WV_START_TIMEOUT))
+        until port_open 127.0.0.1 "$(cl_gossip "$n")"; do
+            pid_alive "$pid" || { tail_log "$CL_DIR/node$n.log" 40; die "cluster: node$n exited during startup"; }
+            ((SECONDS < deadline)) || die "cluster: node$n opened no gossip port within ${WV_START_TIMEOUT}s"
+            sleep 0.5
+        done
+    done
+    for n in "${started[@]}"; do
+        wait_weaviate_ready "$(read_pid "$CL_DIR/node$n.pid")" "$(cl_url "$n")" "$(cl_grpc "$n")" "$CL_DIR/node$n.log"
+        log "cluster: node$n ready (pid $(read_pid "$CL_DIR/node$n.pid"))"
+    done
+    cluster_env
+}
+
+cluster_kill() { # n: SIGKILL, data kept (a crash, not a shutdown)
+    cluster_node_check "$1"
+    local pid
+    pid=$(read_pid "$CL_DIR/node$1.pid")
+    if pid_is "$pid" weaviate-server; then
+        log "cluster: killing node$1 (pid $pid)"
+        kill -KILL "$pid" 2>/dev/null || true
+        local i
+        for ((i = 0; i < 50; i++)); do pid_alive "$pid" || break; sleep 0.1; done
+    else
+        log "cluster: node$1 is not running"
+    fi
+    rm -f -- "$CL_DIR/node$1.pid"
+}
+
+cluster_stop() {
+    local n pid
+    for ((n = 1; n <= CL_NODES; n++)); do
+        pid=$(read_pid "$CL_DIR/node$n.pid")
+        if pid_is "$pid" weaviate-server; then
+            log "cluster: stopping node$n (pid $pid)"
+            stop_pid "$pid" 30
+        fi
+    done
+    rm -rf -- "$CL_DIR"
+}
+
+cluster_status() {
+    local n rc=0
+    for ((n = 1; n <= CL_NODES; n++)); do
+        if weaviate_ready "$(cl_url "$n")"; then log "cluster node$n: UP   $(cl_url "$n")"; else log "cluster node$n: DOWN $(cl_url "$n")"; rc=1; fi
+    done
+    return "$rc"
+}
+
+cluster_env() {
+    printf 'WEAVIATE_URL=%s\nWEAVIATE_GRPC_PORT=%s\n' "$(cl_url 1)" "$(cl_grpc 1)"
+}
+
+cmd_cluster() {
+    case "${1:-}" in
+        start) lock_state; cluster_start ;;
+        stop) lock_state; cluster_stop ;;
+        kill) cluster_kill "${2:-}" ;;
+        status) cluster_status ;;
+        env) cluster_env ;;
+        *) die "usage: $0 cluster start|stop|kill N|status|env" ;;
+    esac
+}
+
+# ---------------------------------------------------------------- redis with sentinels
+# A primary, one replica and three Sentinels (`redis-ha start|stop|kill primary|status|env`) on
+# <base> (the first primary), <base>+1 (its replica) and <base>+2..4 (Sentinels), for the failover
+# tests. After a failover the roles swap; `redis-ha kill primary` asks the Sentinels which one it is.
+HA_PORT="${KBBOT_HA_REDIS_PORT:-6393}"
+HA_MASTER="${KBBOT_HA_REDIS_MASTER:-kbbot}"
+HA_DIR="$STATE_DIR/redis-ha"
+# How long a silent primary counts as down, and the failover's own bound (milliseconds).
+HA_DOWN_AFTER_MS="${KBBOT_HA_DOWN_AFTER_MS:-1000}"
+HA_FAILOVER_TIMEOUT_MS="${KBBOT_HA_FAILOVER_TIMEOUT_MS:-10000}"
+
+ha_redis_up() { # name port [replicaof-port]
+    local name=$1 port=$2 dir="$HA_DIR/$1"
+    mkdir -p "$dir"
+    pid_is "$(read_pid "$dir/pid")" redis-server && return 0
+    local args=(--bind 127.0.0.1 --port "$port" --protected-mode yes --daemonize yes --pidfile "$dir/pid"
+        --logfile "$dir/log" --dir "$dir" --save '' --appendonly yes --appendfsync everysec
+        --repl-diskless-sync yes --repl-diskless-sync-delay 0)
+    [[ -n ${3:-} ]] && args+=(--replicaof 127.0.0.1 "$3")
+    redis-server "${args[@]}" >&2 8>&- 9>&- || { tail_log "$dir/log"; die "redis-ha: $name failed to start"; }
+    local i
+    for ((i = 0; i < 100; i++)); do redis_ping "redis://127.0.0.1:$port/0" && return 0; sleep 0.1; done
+    tail_log "$dir/log"; die "redis-ha: $name did not answer PING on $port"
+}
+
+ha_sentinel_up() { # i
+    local i=$1 port=$((HA_PORT + 1 + $1)) dir="$HA_DIR/sentinel$1"
+    mkdir -p "$dir"
+    pid_is "$(read_pid "$dir/pid")" redis && return 0
+    if [[ ! -f $dir/sentinel.conf ]]; then # Sentinel rewrites its own file: written once
+        cat >"$dir/sentinel.conf" <<CONF
+bind 127.0.0.1
+port $port
+daemonize yes
+pidfile $dir/pid
+logfile $dir/log
+dir $dir
+sentinel monitor $HA_MASTER 127.0.0.1 $HA_PORT 2
+sentinel down-after-milliseconds $HA_MASTER $HA_DOWN_AFTER_MS
+sentinel failover-timeout $HA_MASTER $HA_FAILOVER_TIMEOUT_MS
+sentinel parallel-syncs $HA_MASTER 1
+CONF
+    fi
+    redis-sentinel "$dir/sentinel.conf" >&2 8>&- 9>&- || { tail_log "$dir/log"; die "redis-ha: sentinel$i failed to start"; }
+    local j
+    for ((j = 0; j < 100; j++)); do redis_ping "redis://127.0.0.1:$port/0" && return 0; sleep 0.1; done
+    tail_log "$dir/log"; die "redis-ha: sentinel$i did not answer PING on $port"
+}
+
+ha_primary_port() { # what the Sentinels say now
+    local i out
+    for ((i = 1; i <= 3; i++)); do
+        out=$(timeout 3 redis-cli -p "$((HA_PORT + 1 + i))" sentinel get-master-addr-by-name "$HA_MASTER" 2>/dev/null | sed -n 2p) || true
+        [[ -n $out ]] && { printf '%s' "$out"; return 0; }
+    done
+    return 1
+}
+
+ha_start() {
+    ensure_redis_installed
+    ensure_redis_installed redis-sentinel redis-sentinel
+    mkdir -p "$HA_DIR"
+    local primary_port=$HA_PORT
+    # Started again after a failover: the current primary is whatever the Sentinels elected.
+    [[ -f $HA_DIR/sentinel1/sentinel.conf ]] && primary_port=$(ha_primary_port || echo "$HA_PORT")
+    if ((primary_port == HA_PORT)); then
+        ha_redis_up node1 "$HA_PORT"
+        ha_redis_up node2 "$((HA_PORT + 1))" "$HA_PORT"
+    else
+        ha_redis_up node2 "$((HA_PORT + 1))"
+        ha_redis_up node1 "$HA_PORT" "$primary_port"
+    fi
+    local i
+    for ((i = 1; i <= 3; i++)); do ha_sentinel_up "$i"; done
+    log "redis-ha: primary 127.0.0.1:$primary_port, sentinels on $((HA_PORT + 2))-$((HA_PORT + 4)), master name $HA_MASTER"
+    ha_env
+}
+
+ha_kill_primary() {
+    local port name pid
+    port=$(ha_primary_port) || die "redis-ha: no Sentinel answers"
+    name=node1; ((port == HA_PORT + 1)) && name=node2
+    pid=$(read_pid "$HA_DIR/$name/pid")
+    pid_is "$pid" redis-server || die "redis-ha: the primary ($name on $port) is not running"
+    log "redis-ha: killing the primary $name (pid $pid, port $port)"
+    kill -KILL "$pid"
+    local i
+    for ((i = 0; i < 50; i++)); do pid_alive "$pid" || break; sleep 0.1; done
+    rm -f -- "$HA_DIR/$name/pid"
+    printf '%s\n' "$port"
+}
+
+ha_stop() {
+    local d pid
+    for d in "$HA_DIR"/sentinel1 "$HA_DIR"/sentinel2 "$HA_DIR"/sentinel3 "$HA_DIR"/node1 "$HA_DIR"/node2; do
+        pid=$(read_pid "$d/pid")
+        pid_is "$pid" redis && stop_pid "$pid" 10
+    done
+    rm -rf -- "$HA_DIR"
+}
+
+ha_env() {
+    printf 'REDIS_SENTINELS=127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\nREDIS_MASTER_NAME=%s\n' \
+        "$((HA_PORT + 2))" "$((HA_PORT + 3))" "$((HA_PORT + 4))" "$HA_MASTER"
+}
+
+cmd_redis_ha() {
+    case "${1:-}" in
+        start) lock_state; ha_start ;;
+        stop) lock_state; ha_stop ;;
+        kill) [[ ${2:-} == primary ]] || die "usage: $0 redis-ha kill primary"; ha_kill_primary ;;
+        status) ha_primary_port >&2 && echo >&2 ;;
+        env) ha_env ;;
+        *) die "usage: $0 redis-ha start|stop|kill primary|status|env" ;;
+    esac
 }
 
 # ---------------------------------------------------------------- commands
@@ -567,7 +821,7 @@ cmd_status() {
 }
 
 usage() {
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 main() {
@@ -577,6 +831,8 @@ main() {
         restart) cmd_stop; cmd_start ;;
         status) cmd_status ;;
         env) print_env "${2:-}" ;;
+        cluster) shift; cmd_cluster "$@" ;;
+        redis-ha) shift; cmd_redis_ha "$@" ;;
         -h | --help | help) usage ;;
         *) usage; exit 2 ;;
     esac

@@ -1,0 +1,238 @@
+"""A load run across replicas: conversations through the fake Slack (with rate tiers) answered by
+several ``kbbot serve`` processes on one Redis and one Weaviate, with and without faults.
+
+    uv run python -m bench.load [--replicas 3] [--conversations 60] [--duration 60] [--turns 2] [--json]
+
+Needs ``REDIS_URL`` and ``WEAVIATE_URL`` (``make bench`` starts both). Conversation ``c`` starts at
+``c * duration / conversations`` in one of ``--channels`` channels; each of its ``--turns`` mentions
+(the first opens a thread, the others follow in it) goes to a random replica, and the next is asked
+once the answer is complete (or after ``--answer-timeout``). A delivery that is refused or not
+acknowledged within 3 s is delivered again to another replica after ``--retry-s`` (Slack's 1 and 5
+minute retries, shortened), at most three times, as Slack does. The fake model streams a 600-character
+answer at 60 tokens/s after 0.3 s.
+
+The fault run kills replica 0 (SIGKILL) at 40 % of the duration and starts it again at 60 %, and has
+the model answer every 15th answer request with a 429 (Retry-After 1 s). The fake Slack enforces the
+tiers bench.streaming uses, per workspace: chat.update 50/min, chat.startStream 50/min,
+chat.appendStream 100/min, chat.stopStream 20/min; chat.postMessage 5 per 5 s per channel.
+
+Reported per run: questions asked, answered once (delivered), never answered (lost), answered more
+than once (duplicated), first text and final text (ms from the mention's delivery, p50/p95), 429s
+the fake Slack and the fake model sent, the turns' outcomes as the replicas logged them, and each
+replica's peak RSS (a restarted replica's is its new process's). A mention a replica had
+acknowledged when it was killed is not redelivered by Slack: such a question is lost, and counted so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import itertools
+import json
+import os
+import random
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pipelines  # noqa: F401  (telemetry off)
+from bench.report import table
+
+KB_FILES = ("faq.md", "fault-codes.md", "maintenance-schedule.md", "motor-does-not-start.txt")
+QUESTIONS = ["How often should the bearings be greased?", "What does fault code E07 mean?",
+             "How long is the standard warranty?", "The motor does not start, what should I check?",
+             "What should I inspect every month?", "Is the warranty longer for a service contract?"]
+ANSWER = ("Grease the bearings every 2,000 operating hours with the lithium grease named in the manual, "
+          "and check the temperature at the bearing housing after greasing. ") * 4
+SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 20}
+
+
+@dataclass
+class Turn:
+    conversation: int
+    channel: str
+    thread_ts: str | None
+    asked_at: float = 0.0
+    first_text_s: float | None = None
+    final_s: float | None = None
+
+
+@dataclass
+class Run:
+    name: str
+    turns: list[Turn] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry_s: float) -> bool:
+    """Delivers an event to a random live replica, retrying up to three times elsewhere as Slack does."""
+    from tests.cluster.replicas import deliver
+
+    for attempt in range(4):
+        live = [r for r in replicas if r.process.poll() is None] or replicas
+        try:
+            if await deliver(session, random.choice(live), body, retry=attempt) < 3:
+                return True
+        except Exception:  # noqa: BLE001 - refused, reset or timed out: Slack retries
+            pass
+        await asyncio.sleep(retry_s)
+    return False
+
+
+async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, session: Any, replicas: list[Any],
+                       start: float) -> None:
+    from tests.cluster.replicas import answers_in, event_body
+
+    await asyncio.sleep(max(0.0, start + c * args.duration / args.conversations - time.monotonic()))
+    channel = f"C0LOAD{c % args.channels:02d}"
+    root: dict[str, Any] | None = None
+    for k in range(args.turns):
+        body = json.loads(event_body(QUESTIONS[(c + k) % len(QUESTIONS)], channel, f"EvLoad{c:04d}{k:02d}",
+                                     user=f"U0LOAD{c:04d}"))  # one asker per conversation: under the per-user limit
+        if root is not None:
+            body["event"]["thread_ts"] = root["ts"]
+        root = root or body["event"]
+        raw = json.dumps(body)
+        turn = Turn(c, channel, root["ts"], asked_at=time.monotonic())
+        run.turns.append(turn)
+        thread_body = json.dumps({"event": root})
+        before = {m.ts for m in answers_in(slack, thread_body)}
+        if not await deliver_like_slack(session, replicas, raw, args.retry_s):
+            continue
+        deadline = turn.asked_at + args.answer_timeout
+        while time.monotonic() < deadline:
+            thread = slack.thread(channel, root["ts"])
+            fresh = [m for m in thread if m.ts not in before]
+            if fresh and turn.first_text_s is None and fresh[0].changes:
+                turn.first_text_s = fresh[0].changes[0][1] - turn.asked_at
+            done = [m for m in fresh if not m.streaming and m.body.strip()]
+            if done:
+                turn.final_s = done[0].changes[-1][1] - turn.asked_at if done[0].changes else None
+                break
+            await asyncio.sleep(0.1)
+
+
+async def inject_faults(run: Run, args: argparse.Namespace, session: Any, replicas: list[Any], start: float) -> None:
+    from tests.cluster.replicas import wait_healthy
+
+    await asyncio.sleep(max(0.0, start + 0.4 * args.duration - time.monotonic()))
+    replicas[0].kill()
+    run.faults.append(f"replica 0 killed at {time.monotonic() - start:.0f} s")
+    await asyncio.sleep(max(0.0, start + 0.6 * args.duration - time.monotonic()))
+    replicas[0].restart()
+    began = time.monotonic()
+    await wait_healthy(session, [replicas[0]])
+    run.faults.append(f"replica 0 started again at {began - start:.0f} s, healthy {time.monotonic() - began:.0f} s later")
+
+
+async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import aiohttp
+
+    from tests.cluster.replicas import answers_in, refresh_once, running, serve_env, wait_healthy, write_config
+    from tests.fakes.anthropic_server import FakeAnthropic, Script
+    from tests.fakes.slack_server import FakeSlack
+    from tests.model_router import ModelRouter
+
+    kb = tmp / "kb"
+    if not kb.exists():
+        kb.mkdir()
+        examples = Path(__file__).resolve().parent.parent / "examples" / "kb"
+        for f in KB_FILES:
+            (kb / f).write_bytes((examples / f).read_bytes())
+    folder = tmp / name
+    config = write_config(folder / "config", kb, f"Load_{uuid.uuid4().hex[:8]}", f"kbbot:load:{uuid.uuid4().hex[:8]}:",
+                          lease_s=args.lease_s, refresh_every_s=600)
+    answers = itertools.count(1)
+    model_429s = 0
+
+    def answer(body: dict[str, Any]) -> Script:
+        nonlocal model_429s
+        if faults and next(answers) % 15 == 0:
+            model_429s += 1
+            return Script(status=429, retry_after=1)
+        return Script(ANSWER, tokens_per_second=60, first_token_delay=0.3)
+
+    router = ModelRouter()
+    router.responders["answer"] = answer
+    run = Run(name)
+    async with FakeAnthropic() as claude, FakeSlack(token="xoxb-load") as slack, aiohttp.ClientSession() as session:
+        claude.responder = router
+        for method, per_minute in SLACK_TIERS.items():
+            slack.limit(method, calls=per_minute, per_s=60)
+        slack.limit("chat.postMessage", calls=5, per_s=5, per="channel")
+        env = serve_env(folder, config=config, slack=slack, model_url=claude.base_url)
+        await refresh_once(env, folder / "admin")
+        async with running(args.replicas, env, folder) as replicas:
+            await wait_healthy(session, replicas)
+            start = time.monotonic()
+            work = [conversation(c, run, args, slack, session, replicas, start) for c in range(args.conversations)]
+            if faults:
+                work.append(inject_faults(run, args, session, replicas, start))
+            await asyncio.gather(*work)
+            await asyncio.sleep(3)  # late duplicates show up here
+            rss = [r.rss_mb() for r in replicas]
+            counts = {}
+            for turn in run.turns:
+                key = (turn.channel, turn.thread_ts)
+                if key not in counts:
+                    counts[key] = len(answers_in(slack, json.dumps({"event": {"channel": turn.channel,
+                                                                              "ts": turn.thread_ts}})))
+            slack_429s = sum(1 for call in slack.calls if call.status == 429)
+            outcomes = collections.Counter(
+                line["message"].rsplit(" ", 1)[1] for r in replicas for line in r.lines()
+                if " -> turn " in str(line.get("message")))
+    asked = len(run.turns)
+    threads = {(t.channel, t.thread_ts): sum(1 for u in run.turns if (u.channel, u.thread_ts) == (t.channel, t.thread_ts))
+               for t in run.turns}
+    answered = sum(min(counts[k], n) for k, n in threads.items())
+    duplicated = sum(max(0, counts[k] - n) for k, n in threads.items())
+    first = [t.first_text_s * 1000 for t in run.turns if t.first_text_s is not None]
+    final = [t.final_s * 1000 for t in run.turns if t.final_s is not None]
+    return {"run": name, "replicas": args.replicas, "asked": asked, "delivered": answered, "lost": asked - answered,
+            "duplicated": duplicated, "first_text_p50_ms": pct(first, 0.5), "first_text_p95_ms": pct(first, 0.95),
+            "final_p50_ms": pct(final, 0.5), "final_p95_ms": pct(final, 0.95), "slack_429s": slack_429s,
+            "model_429s": model_429s, "outcomes": " ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
+            "rss_mb": "/".join(f"{r:.0f}" if r else "–" for r in rss),
+            "faults": "; ".join(run.faults) or "none"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=60)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds over which conversations start")
+    parser.add_argument("--turns", type=int, default=2, help="questions per conversation")
+    parser.add_argument("--channels", type=int, default=10)
+    parser.add_argument("--retry-s", type=float, default=2.0, help="Slack's redelivery delay (1 min in Slack)")
+    parser.add_argument("--lease-s", type=float, default=4.0, help="slack.claim_lease_s of the replicas")
+    parser.add_argument("--answer-timeout", type=float, default=90.0)
+    parser.add_argument("--runs", nargs="+", default=["steady", "faults"], choices=["steady", "faults"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")):
+        raise SystemExit("bench.load needs REDIS_URL and WEAVIATE_URL (make bench starts them)")
+    random.seed(19)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kbbot-load-") as tmp:
+        for name in args.runs:
+            rows.append(asyncio.run(one_run(name, name == "faults", args, Path(tmp))))
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Three ``kbbot serve`` processes on one Redis and one Weaviate, answering the fake Slack
+(``make test-cluster``): one answer per question when Slack redelivers an event to another
+replica; a replica killed mid-turn leaves its claim and thread lock behind only for their bounded
+lease, after which Slack's redelivery is answered by another; the scheduled refresh runs once
+per turn across the three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from redis.asyncio import Redis
+
+from tests.cluster.replicas import (
+    answers_in,
+    deliver,
+    event_body,
+    refresh_once,
+    refresh_runs,
+    running,
+    serve_env,
+    wait_for,
+    wait_healthy,
+    write_config,
+)
+from tests.conftest import EXAMPLES
+from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.slack_server import FakeSlack
+from tests.model_router import ModelRouter, default_reply
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900),
+              pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
+                                 reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")]
+
+REPLICAS = 3
+LEASE_S = 4  # slack.claim_lease_s here; Slack's own retries come 1 and 5 minutes after a missed ack
+LOCK_TTL_S = 30  # the thread lock's TTL (bot/runtime.py), renewed while its holder lives
+REFRESH_EVERY_S = 20
+KB_FILES = ("faq.md", "maintenance-schedule.md", "fault-codes.md")
+SLOW = "What torque do the terminal screws need?"
+
+
+async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tmp_path: Path):
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    for name in KB_FILES:
+        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    prefix = f"kbbot:replicas:{uuid.uuid4().hex[:8]}:"
+    config = write_config(tmp_path / "config", kb, f"Replicas_{uuid.uuid4().hex[:8]}", prefix, lease_s=LEASE_S,
+                          refresh_every_s=REFRESH_EVERY_S)
+    slow_answers: list[float] = []
+
+    def answer(body: dict[str, Any]) -> Script | str:
+        if "terminal screws" in json.dumps(body.get("messages")) and not slow_answers:
+            slow_answers.append(time.monotonic())  # the first replica's answer: it dies waiting for it
+            return Script("Tighten them to the value in the manual.", first_token_delay=60)
+        return default_reply("answer", body)
+
+    router = ModelRouter()
+    router.responders["answer"] = answer
+    async with FakeAnthropic() as claude, FakeSlack(token="xoxb-replicas") as slack, \
+            aiohttp.ClientSession() as session:
+        claude.responder = router
+        env = serve_env(tmp_path, config=config, slack=slack, model_url=claude.base_url)
+        await refresh_once(env, tmp_path / "admin")
+        started = time.monotonic()
+        async with Redis.from_url(os.environ["REDIS_URL"]) as redis, running(REPLICAS, env, tmp_path) as replicas:
+            await wait_healthy(session, replicas)
+
+            # 1. Every event delivered twice, to two replicas (Slack's retry after a lost ack).
+            questions = ["How often should the bearings be greased?", "What does fault code E07 mean?",
+                         "How long is the standard warranty?"] * 2
+            bodies = [event_body(q, f"C0REP{i}", f"EvRep{i:04d}") for i, q in enumerate(questions)]
+            acks = []
+            for i, body in enumerate(bodies):
+                acks.append(await deliver(session, replicas[i % REPLICAS], body))
+                acks.append(await deliver(session, replicas[(i + 1) % REPLICAS], body, retry=1))
+            assert max(acks) < 3, acks  # Slack retries what is not acknowledged within 3 s
+            await wait_for(lambda: all(answers_in(slack, b) for b in bodies), 180, "an answer to every question")
+            await asyncio.sleep(2)  # time for a duplicate to show up, were there one
+            assert [len(answers_in(slack, b)) for b in bodies] == [1] * len(bodies)
+
+            # 2. A replica killed mid-turn: its claim and thread lock outlive it only by their leases.
+            slow = event_body(SLOW, "C0KILL", "EvKill0001")
+            await deliver(session, replicas[0], slow)
+            await wait_for(lambda: bool(slow_answers), 120, "the slow turn reaching the model")
+            replicas[0].kill()
+            killed_at = time.monotonic()
+            assert await deliver(session, replicas[1], slow, retry=1) < 3
+            await asyncio.sleep(1)
+            assert not answers_in(slack, slow), "the claim of the dead replica's turn still held the event"
+            claims = [k async for k in redis.scan_iter(f"{prefix}dedupe:slack:event:EvKill0001")]
+            assert claims and 0 < await redis.pttl(claims[0]) <= LEASE_S * 1000
+            await wait_for(lambda: time.monotonic() - killed_at > LEASE_S + 0.5, LEASE_S + 5, "the lease")
+            assert not await redis.exists(*claims)
+            assert await deliver(session, replicas[2], slow, retry=2) < 3  # Slack's next retry
+            took = await wait_for(lambda: answers_in(slack, slow), LOCK_TTL_S + 20, "the redelivered answer")
+            print(f"answered by another replica {time.monotonic() - killed_at:.1f} s after the kill "
+                  f"({took:.1f} s after the redelivery: the dead holder's thread lock expiring)")
+            assert len(answers_in(slack, slow)) == 1
+
+            # 3. The scheduled refresh: once per turn across the replicas, however many there are.
+            await wait_for(lambda: time.monotonic() - started > 2.5 * REFRESH_EVERY_S, 3 * REFRESH_EVERY_S,
+                           "two refresh turns")
+
+    runs = refresh_runs(replicas)
+    assert len(runs) >= 2, runs
+    moments = [time.mktime(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) for ts, _ in runs]
+    gaps = [b - a for a, b in zip(moments, moments[1:])]
+    assert all(gap >= REFRESH_EVERY_S - 2 for gap in gaps), runs  # never two runs for one turn
+    print(f"scheduled refreshes: {len(runs)} runs by replicas {[n for _, n in runs]}, {gaps} s apart")

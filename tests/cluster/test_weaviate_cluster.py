@@ -1,0 +1,159 @@
+"""A three-node Weaviate cluster: one node killed while turns and a refresh run (``make test-cluster``).
+
+The collections are created with replication factor 3 and read and written at quorum, so with one
+node of three gone every read and write still has two copies to agree on; the node that comes back
+is repaired by asynchronous replication until it holds what the others hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import weaviate
+from weaviate.classes.config import ConsistencyLevel
+from weaviate.classes.query import Filter
+from weaviate.connect.base import ConnectionParams
+
+from bot.runtime import build_runtime
+from bot.types import Inquiry, Outcome
+from tests.cluster.services import env_lines, services
+from tests.conftest import EXAMPLES, make_settings
+from tests.replies import RecordingReply
+
+# Turns here embed on a shared CPU while three servers run: minutes, not the default five.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+KB_FILES = ("faq.md", "fault-codes.md", "maintenance-schedule.md", "motor-does-not-start.txt")
+
+QUESTIONS = [
+    "How long is the standard warranty?",
+    "What does fault code E07 mean?",
+    "How often should the bearings be greased?",
+    "What is the rated power of the HL-M200?",
+    "The motor does not start, what should I check?",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    env = env_lines(services("cluster", "start"))
+    try:
+        yield env
+    finally:
+        services("cluster", "stop")
+
+
+def node_url(url: str, node: int) -> str:
+    """Node N's URL: the cluster's HTTP ports follow node1's (scripts/services.sh)."""
+    base = int(url.rsplit(":", 1)[1])
+    return f"{url.rsplit(':', 1)[0]}:{base + node - 1}"
+
+
+def stored_ids(url: str, grpc_port: int, collection: str, level: ConsistencyLevel = ConsistencyLevel.QUORUM,
+               ) -> set[str]:
+    """The ids of every object of ``collection``, read through the node at ``url``."""
+    client = weaviate.WeaviateClient(connection_params=ConnectionParams.from_url(url, grpc_port))
+    client.connect()
+    try:
+        objects = client.collections.get(collection).with_consistency_level(level)
+        return {str(o.uuid) for o in objects.iterator(return_properties=[])}
+    finally:
+        client.close()
+
+
+def chunks_of(store, doc_id: str, version: int) -> int:
+    where = Filter.by_property("doc_id").equal(doc_id) & Filter.by_property("version").equal(version)
+    return len(store.collection.query.fetch_objects(filters=where, limit=1000, return_properties=[]).objects)
+
+
+async def test_a_node_killed_during_turns_and_a_refresh_loses_nothing_and_catches_up(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    url = cluster["WEAVIATE_URL"]
+    monkeypatch.setenv("WEAVIATE_GRPC_PORT", cluster["WEAVIATE_GRPC_PORT"])
+    settings = make_settings(tmp_path / "data", WEAVIATE_URL=url, WEAVIATE_REPLICATION_FACTOR="3",
+                             WEAVIATE_CONSISTENCY="quorum")
+    settings.store.collection = f"Cluster_{uuid.uuid4().hex[:8]}"
+    runtime = build_runtime(settings)
+    store = runtime.store
+    config = store.collection.config.get()
+    assert config.replication_config.factor == 3 and config.replication_config.async_enabled
+
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    for name in KB_FILES:
+        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    assert not runtime.indexer.index([kb]).failed
+    await runtime.start()
+
+    # The refresh that runs while the node is down: one document changed, one added, one removed.
+    (kb / "faq.md").write_text((kb / "faq.md").read_text(encoding="utf-8") + "\n\nQ: Is there a hotline?\n"
+                               "A: The service hotline answers around the clock.\n", encoding="utf-8")
+    (kb / "spare-parts.md").write_text("# Spare parts\nSpare fan kits for the HL-M200 are part SP-200-F.\n",
+                                       encoding="utf-8")
+    (kb / "motor-does-not-start.txt").unlink()
+
+    answers: list[tuple[Outcome, RecordingReply]] = []
+    first_turn_done = asyncio.Event()
+
+    async def ask(i: int) -> None:
+        reply = RecordingReply()
+        question = QUESTIONS[i % len(QUESTIONS)]
+        answer = await runtime.answerer.answer(Inquiry("test", "t", "c", f"test:cluster:{i}", f"u{i}", question),
+                                               reply)
+        answers.append((answer.outcome, reply))
+        first_turn_done.set()
+
+    async def turns() -> None:
+        for batch in range(3):
+            await asyncio.gather(*(ask(batch * 3 + k) for k in range(3)))
+
+    async def fault_and_refresh() -> object:
+        await first_turn_done.wait()
+        await asyncio.to_thread(services, "cluster", "kill", "3")
+        return await asyncio.to_thread(runtime.indexer.index, [kb])
+
+    try:
+        _, report = await asyncio.gather(turns(), fault_and_refresh())
+        assert not report.failed, report.failed
+        assert report.added and report.changed and report.removed
+
+        assert len(answers) == 9
+        failed = [(o, r.failure) for o, r in answers if o is Outcome.ERROR or r.failure]
+        assert failed == [], failed
+        assert all(r.final is not None for _, r in answers)
+
+        # No document lost: every current record has exactly its chunks, and nothing else is stored.
+        records = store.records()
+        assert "spare-parts.md" in " ".join(r.source for r in records.values())
+        assert not any(r.source.endswith("motor-does-not-start.txt") for r in records.values())
+        for record in records.values():
+            assert chunks_of(store, record.doc_id, record.version) == record.chunks, record.source
+        assert store.count_chunks() == sum(r.chunks for r in records.values())
+        expected = {name: stored_ids(url, int(cluster["WEAVIATE_GRPC_PORT"]), name)
+                    for name in (store.collection_name, store.manifest_name)}
+        assert len(expected[store.collection_name]) == store.count_chunks()
+
+        # The node comes back with its old data and is repaired until it holds the same objects.
+        started = time.monotonic()
+        await asyncio.to_thread(services, "cluster", "start")
+        node3 = node_url(url, 3), int(cluster["WEAVIATE_GRPC_PORT"]) + 2
+        while time.monotonic() - started < 240:
+            if all(stored_ids(*node3, name, ConsistencyLevel.ONE) == ids for name, ids in expected.items()):
+                break
+            await asyncio.sleep(3)
+        print(f"node3 caught up within {time.monotonic() - started:.1f} s of being started again")
+        reply = RecordingReply()
+        answer = await runtime.answerer.answer(
+            Inquiry("test", "t", "c", "test:cluster:after", "u", "Which part number is the spare fan kit?"), reply)
+        assert answer.outcome is Outcome.ANSWERED and "SP-200-F" in answer.text
+
+        # Proof that node3 holds it all itself: the other two gone, it answers reads at ONE alone.
+        for node in ("1", "2"):
+            await asyncio.to_thread(services, "cluster", "kill", node)
+        for name, ids in expected.items():
+            assert stored_ids(*node3, name, ConsistencyLevel.ONE) == ids, name
+    finally:
+        await runtime.close()
