@@ -1,7 +1,10 @@
 """``[n]`` citation markers as kbbot shows them, from what models actually write.
 
 Small models write ``【1】``, ``[1,2]``, ``［1］`` or put ``[1] [2][3]`` on a line of its own after
-the text; all of it becomes the one form ``[1][2]``, on the line it supports.
+the text; all of it becomes the one form ``[1][2]``, on the line it supports. They also imitate
+the prompt's ``<source id="1">`` tags (the 1.5B local model wrote ``<sources id="1">`` after each
+paragraph of a Chinese answer) and, at temperature 0, fall into a loop that repeats one paragraph
+until ``max_tokens``: a tag becomes its marker, and a paragraph said again is said once.
 """
 
 from __future__ import annotations
@@ -13,11 +16,33 @@ from pipelines.text import split_sentences, terms
 MARKER = re.compile(r"\[(\d{1,3})\]")
 _VARIANT = re.compile(r"[\[【［]\s*(\d{1,3}(?:\s*[,，、;；]\s*\d{1,3})*)\s*[\]】］]")
 _ONLY_MARKERS = re.compile(r"(?:\s*\[\d{1,3}\])+\s*")
+_SOURCE_TAG = re.compile(r"</?sources?\b[^<>]*>")
+_TAG_ID = re.compile(r"""\bid\s*=\s*["']?(\d{1,3})""")
+
+
+def _tag_marker(match: re.Match[str]) -> str:
+    number = _TAG_ID.search(match.group(0))
+    return f"[{number.group(1)}]" if number and not match.group(0).startswith("</") else ""
+
+
+def _unrepeated(text: str) -> str:
+    """Each paragraph once: a paragraph (blank-line separated) equal to an earlier one is dropped."""
+    seen: set[str] = set()
+    kept: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        key = " ".join(paragraph.split())
+        if key and key in seen:
+            continue
+        seen.add(key)
+        kept.append(paragraph)
+    return "\n\n".join(kept)
 
 
 def normalize_markers(text: str) -> str:
-    """``[n]`` markers only, each list split (``[1,2]`` -> ``[1][2]``), and a line holding nothing
-    but markers joined to the text line above it (the sentences it cites)."""
+    """``[n]`` markers only, each list split (``[1,2]`` -> ``[1][2]``), a copied ``<source id="n">``
+    tag as ``[n]``, a repeated paragraph once, and a line holding nothing but markers joined to the
+    text line above it (the sentences it cites)."""
+    text = _unrepeated(_SOURCE_TAG.sub(_tag_marker, text))
     text = _VARIANT.sub(lambda m: "".join(f"[{n}]" for n in re.findall(r"\d+", m.group(1))), text)
     out: list[str] = []
     for line in text.split("\n"):

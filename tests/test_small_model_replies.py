@@ -50,6 +50,21 @@ def test_markers_become_one_form_on_the_line_they_support():
     assert [c.index for c in citations] == [1, 2, 3, 4] and "【" not in cleaned
 
 
+def test_copied_source_tags_and_a_repetition_loop_are_cleaned():
+    # "电机过热怎么办？" from the 1.5B model on the sample KB (make demo-local, this stop): the
+    # prompt's tags copied after each paragraph, then one paragraph again and again to max_tokens.
+    loop = "如果电机过热，应立即查找原因，根据上述步骤进行处理。如果无法确定原因，应立即联系服务团队。<sources id=\"1\">"
+    raw = ("电机过热怎么办？<sources id=\"1\">\n\n1. 机壳表面温度超过 90 °C 即判定为过热。\n2. 轴承温度超过 95 °C 也属于异常。"
+           "\n\n" + "\n\n".join([loop] * 4) + "\n\n如果电机过热")
+    text = normalize_markers(raw)
+    assert "<source" not in text and text.count("应立即联系服务团队") == 1
+    assert "应立即联系服务团队。[1]" in text and text.endswith("如果电机过热")
+    assert normalize_markers('See <source id="2" title="Fault codes">the table</source>.') == "See [2]the table."
+    sources = [Document(content="机壳表面温度超过 90 °C 即判定为过热", meta={"doc_id": "d1"})]
+    cleaned, citations = resolve_citations(raw, sources)
+    assert [c.index for c in citations] == [1] and "<sources" not in cleaned
+
+
 def _dense(score: float) -> list[Document]:
     return [Document(content="d", score=score, meta={"doc_id": "d1"})]
 
