@@ -280,7 +280,8 @@ async def test_a_15000_character_answer_arrives_complete_in_several_messages(cla
     model, runtime = claude
     paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
                  "seals must be inspected at the same time [1]. ")
-    text = "\n\n".join(paragraph * 3 for _ in range(40))[:15000].rstrip() + " [2]"
+    # Numbered: a paragraph said again verbatim is kept once (a small model's loop; see citations).
+    text = "\n\n".join(f"({i}) " + paragraph * 3 for i in range(40))[:15000].rstrip() + " [2]"
     assert len(text) >= 14900
     model.responder = lambda req: Script(text, tokens_per_second=None)
     async with slack_app(runtime, fake_slack) as slack:

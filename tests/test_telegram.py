@@ -191,7 +191,8 @@ async def test_a_9000_character_answer_arrives_whole_split_at_paragraphs(claude,
     model, runtime = claude
     paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
                  "seals must be inspected at the same time [1]. ") * 3
-    text = "\n\n".join(paragraph.strip() for _ in range(30))[:9000].rstrip() + " [2]"
+    # Numbered: a paragraph said again verbatim is kept once (a small model's loop; see citations).
+    text = "\n\n".join(f"({i}) " + paragraph.strip() for i in range(30))[:9000].rstrip() + " [2]"
     assert len(text) >= 8900
     model.responder = lambda req: Script(text, tokens_per_second=None)
     async with telegram_bot(runtime, fake_tg) as tg:
