@@ -26,16 +26,18 @@ def _tag_marker(match: re.Match[str]) -> str:
 
 
 def _unrepeated(text: str) -> str:
-    """Each paragraph once: a paragraph (blank-line separated) equal to an earlier one is dropped."""
+    """Each paragraph once: a paragraph (blank-line separated) equal to an earlier one is dropped;
+    a text with no repeat is returned as written (its blank lines untouched)."""
     seen: set[str] = set()
     kept: list[str] = []
-    for paragraph in re.split(r"\n\s*\n", text):
+    paragraphs = re.split(r"\n\s*\n", text)
+    for paragraph in paragraphs:
         key = " ".join(paragraph.split())
         if key and key in seen:
             continue
         seen.add(key)
         kept.append(paragraph)
-    return "\n\n".join(kept)
+    return text if len(kept) == len(paragraphs) else "\n\n".join(kept)
 
 
 def normalize_markers(text: str) -> str:

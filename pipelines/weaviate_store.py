@@ -86,7 +86,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
@@ -886,12 +886,13 @@ def explained_scores(obj: Any) -> dict[str, tuple[float, float]]:
             in _EXPLAINED.findall(getattr(obj.metadata, "explain_score", None) or "") if found.lower() == uuid}
 
 
-def _fused(sides: dict[str, tuple[float, float]], alpha: float) -> float:
-    """A result's score fused again with ``alpha``, from the scaled scores its explanation gives
-    for a query sent with ``PROBE_ALPHA``."""
-    vector = sides["vector"][1] / PROBE_ALPHA if "vector" in sides else 0.0
-    keyword = sides["keyword"][1] / (1.0 - PROBE_ALPHA) if "keyword" in sides else 0.0
-    return alpha * vector + (1.0 - alpha) * keyword
+def _reweighed_scores(explained: list[dict[str, tuple[float, float]]], cosines: Iterable[float]) -> list[float]:
+    """Each result's score fused again with this question's ``adaptive_alpha`` (of ``cosines``),
+    from the scaled scores its explanation gives for a query sent with ``PROBE_ALPHA``."""
+    alpha = adaptive_alpha(cosines)
+    return [alpha * (sides["vector"][1] / PROBE_ALPHA if "vector" in sides else 0.0)
+            + (1.0 - alpha) * (sides["keyword"][1] / (1.0 - PROBE_ALPHA) if "keyword" in sides else 0.0)
+            for sides in explained]
 
 
 def reweighed(objects: list[Any], dense: list[Document]) -> list[Document] | None:
@@ -901,8 +902,8 @@ def reweighed(objects: list[Any], dense: list[Document]) -> list[Document] | Non
     explained = [explained_scores(obj) for obj in objects]
     if not all(explained):
         return None
-    alpha = adaptive_alpha(d.score or 0.0 for d in dense)
-    documents = [to_document(obj, score=_fused(sides, alpha)) for obj, sides in zip(objects, explained)]
+    scores = _reweighed_scores(explained, (d.score or 0.0 for d in dense))
+    documents = [to_document(obj, score=score) for obj, score in zip(objects, scores)]
     return sorted(documents, key=lambda d: -(d.score or 0.0))
 
 
@@ -917,8 +918,7 @@ def _hybrid_with_dense(objects: list[Any], reweigh: bool = False) -> tuple[list[
     scores = [obj.metadata.score for obj in objects]
     reweigh = reweigh and all(explained)
     if reweigh:
-        alpha = adaptive_alpha(sides["vector"][0] for sides in explained if "vector" in sides)
-        scores = [_fused(sides, alpha) for sides in explained]
+        scores = _reweighed_scores(explained, (sides["vector"][0] for sides in explained if "vector" in sides))
     documents: list[Document] = []
     dense: list[Document] = []
     for obj, sides, score in zip(objects, explained, scores):
@@ -938,9 +938,10 @@ def _hybrid_with_dense(objects: list[Any], reweigh: bool = False) -> tuple[list[
 class WeaviateHybridRetriever:
     """BM25, vector or hybrid retrieval straight on the chunk collection, fusion done by Weaviate.
 
-    ``documents``: one hybrid query (BM25 over ``content``/``title``/``header`` and the vector,
-    fused server-side with ``fusion`` and ``alpha``), or one BM25 query, with ``filters`` applied in
-    the query. ``dense_documents``: the vector candidates with their raw cosine as ``score`` and
+    ``documents``: one hybrid query (BM25 over ``search_text`` and the vector, fused server-side
+    with ``fusion`` and ``alpha``; with ``alpha`` "auto" sent at ``PROBE_ALPHA`` and re-weighed per
+    question from the results' explanations), or one BM25 query, with ``filters`` applied in the
+    query. ``dense_documents``: the vector candidates with their raw cosine as ``score`` and
     ``meta.similarity`` (what the relevance gate reads and the ranker's language slots use); empty
     in ``bm25`` mode. Where they come from:
 

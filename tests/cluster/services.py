@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tests.conftest import REPO
 
@@ -25,3 +27,13 @@ def services(*command: str, timeout: float = 300) -> str:
 
 def env_lines(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@contextmanager
+def services_up(kind: str) -> Iterator[dict[str, str]]:
+    """``services.sh <kind> start`` (``cluster`` or ``redis-ha``), its env lines while in use, then ``stop``."""
+    env = env_lines(services(kind, "start"))
+    try:
+        yield env
+    finally:
+        services(kind, "stop")

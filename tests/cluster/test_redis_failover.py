@@ -18,7 +18,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
-from tests.cluster.services import env_lines, services
+from tests.cluster.services import services, services_up
 from tests.cluster.test_weaviate_cluster import QUESTIONS
 from tests.conftest import make_settings
 from tests.replies import RecordingReply
@@ -31,11 +31,8 @@ TURNS = 8
 
 @pytest.fixture(scope="module")
 def sentinels():
-    env = env_lines(services("redis-ha", "start"))
-    try:
+    with services_up("redis-ha") as env:
         yield env
-    finally:
-        services("redis-ha", "stop")
 
 
 def addresses(env: dict[str, str]) -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ from weaviate.connect.base import ConnectionParams
 
 from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
-from tests.cluster.services import env_lines, services
+from tests.cluster.services import services, services_up
 from tests.conftest import EXAMPLES, make_settings
 from tests.replies import RecordingReply
 
@@ -39,11 +39,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    env = env_lines(services("cluster", "start"))
-    try:
+    with services_up("cluster") as env:
         yield env
-    finally:
-        services("cluster", "stop")
 
 
 def node_url(url: str, node: int) -> str:
