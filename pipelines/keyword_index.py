@@ -83,5 +83,7 @@ class KeywordIndex:
         if mask is not None:
             scores = scores * mask
         best = np.argsort(-scores, kind="stable")[:top_k]
-        return [Document(id=docs[i].id, content=docs[i].content, meta=docs[i].meta, embedding=docs[i].embedding,
-                         score=float(scores[i])) for i in best if scores[i] > 0]
+        # No embedding: nothing after retrieval reads a chunk's vector, and Haystack deep-copies every
+        # component's inputs, so 30 candidates' 384 floats each were most of a turn's CPU (bench.turn).
+        return [Document(id=docs[i].id, content=docs[i].content, meta=docs[i].meta, score=float(scores[i]))
+                for i in best if scores[i] > 0]

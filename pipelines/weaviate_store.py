@@ -109,7 +109,17 @@ from weaviate.config import AdditionalConfig, GrpcConfig, Timeout
 from weaviate.util import generate_uuid5
 
 from pipelines.analysis import ANALYSIS_VERSION, BM25_B, BM25_K1, analyze, chunk_search_text
-from pipelines.components.retrievers import AUTO_ALPHA, LANGUAGES, MODES, adaptive_alpha, check_alpha, check_choice
+from pipelines.components.embedders import QueryVector
+from pipelines.components.retrievers import (
+    AUTO_ALPHA,
+    LANGUAGES,
+    MODES,
+    DenseCandidates,
+    adaptive_alpha,
+    as_list,
+    check_alpha,
+    check_choice,
+)
 from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.errors import ServiceUnavailable, StoreUnavailable
 from pipelines.records import DocRecord, prepare_chunks
@@ -1019,7 +1029,7 @@ class WeaviateHybridRetriever:
         None (after a warning, once) when they explain no vector score: then near-vector queries follow."""
         found = _hybrid_with_dense(keyword or [], reweigh=self.auto)
         if found is not None:
-            return {"documents": found[0][:k], "dense_documents": found[1]}
+            return {"documents": found[0][:k], "dense_documents": DenseCandidates(found[1])}
         self._unexplained("sending near-vector queries for the similarities instead (one more round trip per query)")
         return None
 
@@ -1040,8 +1050,8 @@ class WeaviateHybridRetriever:
     def _finish(self, keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
         dense = _merge_dense([_dense(objs) for objs in per_language])
         if keyword is None:  # vector mode, or hybrid without query text
-            return {"documents": dense[:k], "dense_documents": dense}
-        return {"documents": self._documents(keyword, dense)[:k], "dense_documents": dense}
+            return {"documents": dense[:k], "dense_documents": DenseCandidates(dense)}
+        return {"documents": self._documents(keyword, dense)[:k], "dense_documents": DenseCandidates(dense)}
 
     def _too_slow(self) -> WeaviateUnavailable:
         # The client retries an unavailable server for about a minute; a question should not wait that long.
@@ -1067,10 +1077,11 @@ class WeaviateHybridRetriever:
                 raise self._too_slow()
             return [f.result() for f in futures]
 
-    @component.output_types(documents=list[Document], dense_documents=list[Document])
-    def run(self, query: str, query_embedding: list[float] | None = None,
+    @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
+    def run(self, query: str, query_embedding: list[float] | QueryVector | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
+        query_embedding = as_list(query_embedding)
         deadline = time.monotonic() + self.timeout_s
         query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
         languages = self.store.cached_languages()
@@ -1098,10 +1109,11 @@ class WeaviateHybridRetriever:
                                                       deadline)]
         return self._finish(keyword, results, k)
 
-    @component.output_types(documents=list[Document], dense_documents=list[Document])
-    async def run_async(self, query: str, query_embedding: list[float] | None = None,
+    @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
+    async def run_async(self, query: str, query_embedding: list[float] | QueryVector | None = None,
                         filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
+        query_embedding = as_list(query_embedding)
         deadline = time.monotonic() + self.timeout_s
         query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
         languages = self.store.cached_languages()

@@ -416,7 +416,7 @@ def test_space_isolation(store, embedders, sample_chunks):
         for spaces in (["service"], ["sales"]):
             out = store.retriever(mode=mode, candidates=20).run(query=question, query_embedding=embedding,
                                                                 filters=space_filter(spaces))
-            found = out["documents"] + out["dense_documents"]
+            found = [*out["documents"], *out["dense_documents"]]
             assert found and {d.meta["space"] for d in found} == set(spaces), mode
             assert all(d.meta["doc_id"].startswith(f"{spaces[0]}/") for d in found)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from haystack import Document, component
 
+from pipelines.components.retrievers import DenseCandidates
 from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object, parse_numbers
 from pipelines.text import detect_language, identifiers, neutralize_tags
 
@@ -29,7 +31,7 @@ def _names_a_code_in(query: str, documents: list[Document]) -> bool:
 
 
 
-def best_similarity(documents: list[Document]) -> float | None:
+def best_similarity(documents: Iterable[Document]) -> float | None:
     """The best dense similarity (cosine to the question) among ``documents``, if any was scored."""
     scores = [d.score for d in documents if d.score is not None]
     return max(scores) if scores else None
@@ -71,7 +73,7 @@ class RelevanceGrader:
         off = self.off_topic_similarity_zh if detect_language(query) == "zh" else self.off_topic_similarity
         return off, max(self.min_similarity, off)
 
-    def _screen(self, query: str, documents: list[Document], dense_documents: list[Document] | None,
+    def _screen(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
                 budget: TurnBudget) -> dict[str, Any] | None:
         """The outcome when similarity alone decides (nothing good enough), else None."""
         if dense_documents is None:  # keyword-only retrieval: nothing to judge by but presence
@@ -126,7 +128,7 @@ class RelevanceGrader:
 
     @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
     def run(self, query: str, documents: list[Document], budget: TurnBudget,
-            dense_documents: list[Document] | None = None) -> dict[str, Any]:
+            dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
         screened = self._screen(query, documents, dense_documents, budget)
         if screened is not None:
             return screened
@@ -135,7 +137,7 @@ class RelevanceGrader:
 
     @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
     async def run_async(self, query: str, documents: list[Document], budget: TurnBudget,
-                        dense_documents: list[Document] | None = None) -> dict[str, Any]:
+                        dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
         screened = self._screen(query, documents, dense_documents, budget)
         if screened is not None:
             return screened

@@ -10,11 +10,14 @@ inference style ``/rerank`` endpoint for deployments that run a real cross-encod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import httpx
 from haystack import Document, component
+
+from pipelines.components.retrievers import DenseCandidates
 
 
 def cap_per_document(documents: list[Document], max_per_doc: int, top_k: int) -> list[Document]:
@@ -32,7 +35,7 @@ def cap_per_document(documents: list[Document], max_per_doc: int, top_k: int) ->
     return kept
 
 
-def reserve_languages(ranked: list[Document], dense: list[Document] | None, per_language: int,
+def reserve_languages(ranked: list[Document], dense: Sequence[Document] | None, per_language: int,
                       max_per_doc: int) -> list[Document]:
     """Make sure each language's best vector candidates are among ``ranked``.
 
@@ -62,7 +65,7 @@ def reserve_languages(ranked: list[Document], dense: list[Document] | None, per_
     return out
 
 
-def with_similarity(documents: list[Document], dense: list[Document] | None) -> list[Document]:
+def with_similarity(documents: list[Document], dense: Sequence[Document] | None) -> list[Document]:
     """Copies of ``documents`` with ``meta.similarity``: the chunk's cosine to the question."""
     by_id = {d.id: d.score for d in dense or []}
     return [replace(d, meta={**d.meta, "similarity": by_id.get(d.id, d.meta.get("similarity"))}) for d in documents]
@@ -80,7 +83,7 @@ class DiversityRanker:
 
     @component.output_types(documents=list[Document])
     def run(
-        self, query: str, documents: list[Document], dense_documents: list[Document] | None = None,
+        self, query: str, documents: list[Document], dense_documents: DenseCandidates | None = None,
         top_k: int | None = None,
     ) -> dict[str, Any]:
         """:param query: unused here, kept so rankers are interchangeable."""
@@ -103,7 +106,7 @@ class HttpReranker:
     def _body(self, query: str, documents: list[Document]) -> dict[str, Any]:
         return {"query": query, "texts": [d.content or "" for d in documents], "truncate": True}
 
-    def _ranked(self, documents: list[Document], scores: list[dict[str, Any]], dense: list[Document] | None,
+    def _ranked(self, documents: list[Document], scores: list[dict[str, Any]], dense: Sequence[Document] | None,
                 top_k: int | None) -> dict[str, Any]:
         order = sorted(scores, key=lambda s: -float(s["score"]))
         reordered = [replace(documents[int(s["index"])], score=float(s["score"])) for s in order]
@@ -112,7 +115,7 @@ class HttpReranker:
 
     @component.output_types(documents=list[Document])
     def run(
-        self, query: str, documents: list[Document], dense_documents: list[Document] | None = None,
+        self, query: str, documents: list[Document], dense_documents: DenseCandidates | None = None,
         top_k: int | None = None,
     ) -> dict[str, Any]:
         if not documents:
@@ -123,7 +126,7 @@ class HttpReranker:
 
     @component.output_types(documents=list[Document])
     async def run_async(
-        self, query: str, documents: list[Document], dense_documents: list[Document] | None = None,
+        self, query: str, documents: list[Document], dense_documents: DenseCandidates | None = None,
         top_k: int | None = None,
     ) -> dict[str, Any]:
         if not documents:

@@ -14,13 +14,16 @@ even when the other language fills the top of the list (see ``components/ranker.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+import numpy as np
 from haystack import Document, component
 from haystack.components.joiners import DocumentJoiner
 from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+
+from pipelines.components.embedders import QueryVector
 
 if TYPE_CHECKING:  # the stores build these retrievers: importing them at run time would be a cycle
     from pipelines.store import KnowledgeStore
@@ -37,6 +40,11 @@ DEFAULT_ALPHA: float | str = AUTO_ALPHA
 ADAPTIVE_SLOPE = 18.0
 ADAPTIVE_OVER = 5
 ADAPTIVE_RANGE = (0.2, 0.8)
+
+
+def as_list(vector: list[float] | QueryVector | None) -> list[float] | None:
+    """A query vector as the stores' clients take it (see ``QueryVector`` for why it may be an array)."""
+    return vector.tolist() if isinstance(vector, np.ndarray) else vector
 
 
 def check_choice(name: str, value: str, allowed: Any) -> None:
@@ -129,11 +137,53 @@ def fuse(keyword: list[Document], dense: list[Document], fusion: str = "relative
     return DocumentJoiner(join_mode=FUSIONS[fusion]).run(documents=[keyword, dense])["documents"]
 
 
-def merged_dense(per_language: dict[str, list[Document]]) -> list[Document]:
+class DenseCandidates(Sequence[Document]):
+    """The vector side's candidates of one search, raw cosine as ``score``, best first: what the
+    ranker (each language's best, each chunk's similarity) and the grader (the best similarity) read.
+
+    A read-only sequence rather than a ``list[Document]`` because Haystack deep-copies every
+    component input, a list element by element with a runtime-protocol check on each: ~60
+    candidates over three hand-overs were ~9 ms of a turn's CPU (``bench.turn``). Nothing
+    downstream changes a candidate (components make new Documents), so hand-overs share it.
+    """
+
+    __slots__ = ("_documents",)
+
+    def __init__(self, documents: Iterable[Document] = ()):
+        self._documents = tuple(documents)
+
+    @overload
+    def __getitem__(self, index: int) -> Document: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Document]: ...
+    def __getitem__(self, index: int | slice) -> Document | list[Document]:
+        """A candidate, or a slice as a new list (as a list of documents would give)."""
+        if isinstance(index, slice):
+            return list(self._documents[index])
+        return self._documents[index]
+
+    def __len__(self) -> int:
+        return len(self._documents)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DenseCandidates):
+            return self._documents == other._documents
+        return isinstance(other, (list, tuple)) and list(self._documents) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # compares equal to lists, like a list
+
+    def __repr__(self) -> str:
+        return f"DenseCandidates({list(self._documents)!r})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DenseCandidates:
+        return self
+
+
+def merged_dense(per_language: dict[str, list[Document]]) -> DenseCandidates:
     """One vector list from the per-language lists, by raw cosine (kept in ``meta.similarity``)."""
     merged = [replace(d, meta={**d.meta, "similarity": d.score}) for docs in per_language.values() for d in docs]
     merged.sort(key=lambda d: -(d.score or 0.0))
-    return merged
+    return DenseCandidates(merged)
 
 
 @component
@@ -166,12 +216,13 @@ class InMemoryHybridRetriever:
             self._languages = (version, present)
         return self._languages[1]
 
-    @component.output_types(documents=list[Document], dense_documents=list[Document])
-    def run(self, query: str, query_embedding: list[float] | None = None,
+    @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
+    def run(self, query: str, query_embedding: list[float] | QueryVector | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
         k = top_k or self.candidates
+        query_embedding = as_list(query_embedding)
         keyword: list[Document] = []
-        dense: list[Document] = []
+        dense = DenseCandidates()
         if self.mode in ("hybrid", "bm25") and query.strip():
             keyword = self.store.keyword_search(query, filters=filters, top_k=k)
         if self.mode in ("hybrid", "vector"):
@@ -183,7 +234,7 @@ class InMemoryHybridRetriever:
                 for lang in self.languages()
             }
             dense = merged_dense(per_language)
-        return {"documents": fuse(keyword, dense, self.fusion, self.alpha)[:k], "dense_documents": dense}
+        return {"documents": fuse(keyword, list(dense), self.fusion, self.alpha)[:k], "dense_documents": dense}
 
 
 @component
@@ -193,13 +244,14 @@ class CurrentKnowledge:
     def __init__(self, store: KnowledgeStore):
         self.store = store
 
-    def _current(self, documents: list[Document]) -> list[Document]:
+    def _current(self, documents: Iterable[Document]) -> list[Document]:
         records = self.store.records()
         return [
             d for d in documents
             if (rec := records.get(d.meta.get("doc_id"))) is not None and rec.version == d.meta.get("version")
         ]
 
-    @component.output_types(documents=list[Document], dense_documents=list[Document])
-    def run(self, documents: list[Document], dense_documents: list[Document] | None = None) -> dict[str, Any]:
-        return {"documents": self._current(documents), "dense_documents": self._current(dense_documents or [])}
+    @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
+    def run(self, documents: list[Document], dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
+        return {"documents": self._current(documents),
+                "dense_documents": DenseCandidates(self._current(dense_documents or ()))}
