@@ -53,13 +53,12 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from weaviate.classes.query import MetadataQuery
 
-from bot.runtime import Runtime, make_ranker
+from bot.runtime import Runtime
 from bot.settings import load_settings
 from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
 from pipelines.indexing import build_indexing_pipeline
-from pipelines.query import build_retrieval_pipeline
 from pipelines.store import DocRecord, InMemoryKnowledgeStore, chunk_id, open_store
 from pipelines.weaviate_store import (
     DEFAULT_FUSION,
@@ -183,9 +182,7 @@ def copy_scaled_to_weaviate(url: str, name: str, chunks: list[Document]) -> Any:
 def quality_rows(backend: str, store: Any, settings: Any, queries: list[Any]) -> list[dict]:
     rows = []
     for mode in MODES:
-        fresh = Runtime(settings=settings, store=store)  # components belong to one pipeline each
-        pipe = build_retrieval_pipeline(store, fresh.text_embedder, mode=mode, candidates=30,
-                                        fusion=settings.retrieval.fusion, alpha=settings.retrieval.alpha, ranker=make_ranker(settings))
+        pipe = Runtime(settings=settings, store=store).retrieval_pipeline(mode=mode, candidates=30)
         evaluate(pipe, queries[:3], mode=mode)  # warm-up
         result = evaluate(pipe, queries, mode=mode)
         rows.append({"backend": backend, "mode": mode, "hit@1": result["hit@1"], "hit@5": result["hit@5"],
