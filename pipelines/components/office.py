@@ -77,7 +77,7 @@ def _heading_level(style_name: str) -> int | None:
 
 def convert_docx(data: bytes) -> tuple[list[Part], str]:
     """A .docx as one Markdown part: heading styles become ``#`` levels, tables Markdown tables."""
-    import docx
+    import docx  # each office format's parser is loaded by the first file of that format only
     from docx.opc.exceptions import PackageNotFoundError
     from docx.table import Table
     from docx.text.paragraph import Paragraph
