@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -116,8 +117,6 @@ def cache_dir() -> Path:
 
 def tqdm_bytes(desc: str) -> Callable[[int], Progress]:
     def start(total: int) -> Progress:
-        import sys
-
         from tqdm import tqdm  # a download's progress bar only: not imported by a process that has the model
 
         bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
