@@ -33,7 +33,6 @@ def run_answer_eval(settings: Settings, runtime: Runtime, dataset: Path, *, limi
     """Temperature 0 (repeatable figures); no topic scope and no clarifying questions: the eval
     sets are not about the configured products."""
     cases = load_cases(dataset, limit)
-    runtime = Runtime(settings=settings, store=runtime.store)  # components belong to one pipeline each
     generators = make_generators(settings, temperature=0, similarity=runtime.sentence_similarity)
     pipeline = runtime.query_pipeline(generators, Topics(), clarify=False)
     a = settings.answering

@@ -9,8 +9,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,17 @@ from adapters.answer_eval import run_answer_eval
 from adapters.console import ConsoleReply, console_inquiry
 from bot.insights.report import format_report, report_of
 from bot.logs import log_format, setup_logging
-from bot.refresh import FileRunLog, RedisRunLog, RefreshBusy, UnknownSource, format_status, knowledge_status
-from bot.runtime import Runtime, build_runtime, make_ranker, make_store
+from bot.refresh import RefreshBusy, UnknownSource, format_status
+from bot.runtime import Generators, Runtime, build_runtime, make_store, status_of
 from bot.settings import Settings, SettingsError, load_settings, parse_interval
 from bot.types import Answer
 from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import ErrorKind, ServiceUnavailable, diagnose
 from pipelines.evaluation import corpus_documents, evaluate, evaluate_abstention, index_corpus, load_queries
-from pipelines.indexing import FolderSource, build_indexing_pipeline
-from pipelines.query import build_query_pipeline, build_retrieval_pipeline
+from pipelines.indexing import FolderSource
 from pipelines.redact import scrub
+from pipelines.topics import Topics
 
 
 class UserError(Exception):
@@ -45,22 +44,6 @@ def tqdm_progress(desc: str, unit: str | None = None):
     return wrap
 
 
-@asynccontextmanager
-async def refresher_of(runtime: Runtime) -> AsyncIterator[Any]:
-    """A ``Refresher`` on the runtime's store, with a Redis client of its own for this event loop."""
-
-    redis = None
-    if runtime.settings.redis_url:
-        from bot.redis_state import connect_redis  # only with REDIS_URL: the embedded default needs no client
-
-        redis = await connect_redis(runtime.settings.redis_url)
-    try:
-        yield runtime.refresher(redis)
-    finally:
-        if redis is not None:
-            await redis.aclose()
-
-
 def _waiting() -> None:
     print("Another refresh is running; waiting for it to finish…", file=sys.stderr)
 
@@ -68,7 +51,7 @@ def _waiting() -> None:
 def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     """``kbbot index PATH…``: a refresh of those paths as an ad-hoc source."""
     async def work() -> Any:
-        async with refresher_of(runtime) as refresher:
+        async with runtime.refreshing() as refresher:
             source = FolderSource(paths, suffixes=runtime.settings.indexing.extensions,
                                   max_file_mb=runtime.settings.indexing.max_file_mb)
             return await refresher.run_source(source, space=space, progress=tqdm_progress("indexing"),
@@ -103,7 +86,7 @@ def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", 
 
     async def work() -> list[Any]:
         records = []
-        async with refresher_of(runtime) as refresher:
+        async with runtime.refreshing() as refresher:
             for name in names:
                 refresher.source(name)  # unknown names fail before anything runs
             for name in names:
@@ -135,32 +118,7 @@ def ensure_indexed(runtime: Runtime) -> None:
 
 def run_status(settings: Settings, as_json: bool) -> int:
     """``kbbot status [--json]``: knowledge version, sources, services; exit 3 when a service is down."""
-    async def work() -> dict[str, Any]:
-        store = redis = None
-        store_error = redis_error = None
-        try:
-            store = make_store(settings)
-        except ServiceUnavailable as exc:
-            store_error = str(exc)
-        if settings.redis_url:
-            from bot.redis_state import connect_redis  # only with REDIS_URL
-
-            try:
-                redis = await connect_redis(settings.redis_url, retries=0)
-            except ServiceUnavailable as exc:
-                redis_error = str(exc)
-        runs = RedisRunLog(redis, settings.redis_prefix) if redis is not None else (
-            None if settings.redis_url else FileRunLog(settings.data_dir / "refresh.json"))
-        try:
-            return await knowledge_status(settings, store=store, runs=runs, redis=redis, store_error=store_error,
-                                          redis_error=redis_error)
-        finally:
-            if redis is not None:
-                await redis.aclose()
-            if store is not None:
-                store.close()
-
-    status = asyncio.run(work())
+    status = asyncio.run(status_of(settings))
     print(json.dumps(status, ensure_ascii=False) if as_json else format_status(status))
     down = any(s["status"] == "down" for s in status["services"].values())
     return 3 if down else 0
@@ -243,14 +201,11 @@ def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable:
                     unanswerable: list[Any]) -> dict[str, Any]:
     """Whole turns over the eval store, extractive (no model cost, thresholds decide), no topic scope."""
     r, a = settings.retrieval, settings.answering
-    fresh = Runtime(settings=settings, store=runtime.store)  # components belong to one pipeline each
-    pipeline = build_query_pipeline(
-        fresh.store, fresh.text_embedder, make_ranker(settings), ExtractiveAnswerer(),
-        system_template="", user_template="", mode=mode, candidates=r.candidates, fusion=r.fusion, alpha=r.alpha,
-        budget_chars=settings.prompt.budget_chars, min_similarity=r.min_similarity,
-        off_topic_similarity=a.off_topic_similarity, clarify=False)
+    extractive = Generators(ExtractiveAnswerer(), None, settings.prompt.budget_chars, a.turn_timeout_s)
+    pipeline = runtime.query_pipeline(extractive, Topics(), clarify=False, mode=mode)
     result = evaluate_abstention(pipeline, answerable, unanswerable, budget=lambda: TurnBudget(retries_left=0))
-    return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity, **result}
+    return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity,
+            "off_topic_similarity_zh": a.off_topic_similarity_zh, **result}
 
 
 def run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool, unanswerable: bool = False,
@@ -278,20 +233,15 @@ def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from exc
     name = path.resolve().name
-    store = make_store(settings, directory_name=f"eval/{name}", collection=f"Eval_{name}")
-    runtime = Runtime(settings=settings, store=store)
-    indexing = build_indexing_pipeline(store, runtime.document_embedder, chunk_chars=settings.indexing.chunk_chars,
-                                       overlap_sentences=settings.indexing.chunk_overlap_sentences,
-                                       from_documents=True)
-    indexed = index_corpus(store, indexing, docs, progress=tqdm_progress("embedding corpus"))
+    runtime = build_runtime(settings, directory_name=f"eval/{name}", collection=f"Eval_{name}")
+    store = runtime.store
+    indexed = index_corpus(store, runtime.indexing_pipeline(from_documents=True), docs,
+                           progress=tqdm_progress("embedding corpus"))
     if indexed:
         print(f"indexed {indexed} passages of {name}", file=sys.stderr)
 
-    def retrieval(m: str) -> Any:  # components belong to one pipeline each: a fresh embedder per pipeline
-        return build_retrieval_pipeline(store, Runtime(settings=settings, store=store).text_embedder, mode=m,
-                                        candidates=max(settings.retrieval.candidates, k * 3),
-                                        fusion=settings.retrieval.fusion, alpha=settings.retrieval.alpha,
-                                        ranker=make_ranker(settings))
+    def retrieval(m: str) -> Any:
+        return runtime.retrieval_pipeline(mode=m, candidates=max(settings.retrieval.candidates, k * 3))
 
     try:
         if answers:

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from adapters.admin import AdminSite
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
@@ -67,8 +68,6 @@ def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
 
 def mount_admin(app: web.Application, runtime: Any, knowledge: Any) -> Any:
     """The admin page at ``/admin`` when ``KBBOT_ADMIN_TOKEN`` is set; the ``AdminSite`` or None."""
-    from adapters.admin import AdminSite
-
     token = runtime.settings.insights.admin_token
     if not token:
         log.info("admin page off: set KBBOT_ADMIN_TOKEN to serve /admin")

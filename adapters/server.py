@@ -28,13 +28,14 @@ import aiohttp
 from aiogram.exceptions import TelegramNetworkError, TelegramServerError
 from aiohttp import web
 
+from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
-from bot.metrics import CONTENT_TYPE, METRICS, Metrics, TelegramApiMetrics, slack_trace_config
+from bot.metrics import CONTENT_TYPE, METRICS, Metrics
 from bot.scheduler import KnowledgeAdmin
 
 log = logging.getLogger("kbbot.server")

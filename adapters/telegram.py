@@ -260,7 +260,7 @@ class TelegramAdapter:
         sink = TelegramSink(self.bot, where, self.settings, self.budget, draft=False)
         for attempt in range(4):
             try:
-                await sink._post(Rendered(text))
+                await sink.post(Rendered(text))
                 return
             except RetryAfter as wait:
                 if attempt == 3:

@@ -38,7 +38,7 @@ from aiogram.exceptions import (
     TelegramNotFound,
     TelegramRetryAfter,
 )
-from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity
+from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReplyParameters
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
 from bot.platform_settings import TelegramSettings
@@ -132,7 +132,7 @@ class TelegramSink:
         if self.draft:
             for i, part in enumerate(parts[:-1]):
                 if i >= len(self.posted):
-                    await self._post(part)
+                    await self.post(part)
             current = parts[-1]
             if current == self.drafted:
                 return False
@@ -148,7 +148,7 @@ class TelegramSink:
                     await self._edit(self.posted[i], part)
                     sent = True
             else:
-                await self._post(part)
+                await self.post(part)
                 sent = True
         return sent
 
@@ -161,7 +161,7 @@ class TelegramSink:
                 if posted.shown != part or _markup_key(posted.markup) != _markup_key(markup):
                     await self._edit(posted, part, markup)
             else:
-                await self._post(part, markup)
+                await self.post(part, markup)
         while len(self.posted) > len(parts):  # the final text is shorter than what was shown
             extra = self.posted[-1]
             try:
@@ -183,7 +183,7 @@ class TelegramSink:
                         return
                     except TelegramBadRequest as exc:
                         log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
-                await self._post(body)
+                await self.post(body)
                 return
             except RetryAfter as wait:
                 if attempt == attempts - 1:
@@ -222,7 +222,8 @@ class TelegramSink:
             hook, self.on_first_text = self.on_first_text, None
             hook()
 
-    async def _post(self, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
+    async def post(self, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
+        """Sends ``part`` as a new message (the first one replies to the question)."""
         first = not self.posted
         reply_to = self.where.reply_to if first else None
 
@@ -275,8 +276,6 @@ def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
 
 
 def _reply_parameters(message_id: int) -> Any:
-    from aiogram.types import ReplyParameters
-
     return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
 
 

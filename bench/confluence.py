@@ -21,8 +21,7 @@ import uuid
 
 import pipelines  # noqa: F401  (telemetry off)
 from bench.report import emit
-from bot.refresh import Refresher
-from bot.runtime import Runtime, make_store
+from bot.runtime import build_runtime
 from bot.settings import ConfluenceSettings, SourceSettings, load_settings
 from pipelines.components.embedders import load_e5
 from tests.fakes.confluence_server import FakeConfluence
@@ -46,10 +45,10 @@ def measure(pages: int) -> dict[str, float | int | str]:
         settings.redis_url = None  # the run log in a file of the temporary folder
         settings.sources = [SourceSettings(name="wiki", interval="1h", confluence=ConfluenceSettings(
             url=server.base_url, spaces=["OPS"], token_env=TOKEN_ENV))]
-        store = make_store(settings, collection=f"BenchConfluence_{uuid.uuid4().hex[:8]}")
+        runtime = build_runtime(settings, collection=f"BenchConfluence_{uuid.uuid4().hex[:8]}")
+        store = runtime.store
         try:
-            runtime = Runtime(settings=settings, store=store)
-            refresher = Refresher(settings, store, runtime.indexer)
+            refresher = runtime.refresher()
             load_e5(settings.embedder.threads).passage(["warm-up"])  # model load paid before any timing
 
             def run() -> tuple[float, int, object]:

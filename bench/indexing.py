@@ -27,7 +27,7 @@ from bot.runtime import build_runtime
 from bot.settings import load_settings
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import read_jsonl
-from pipelines.indexing import SourceItem
+from pipelines.indexing import Indexer, SourceItem
 
 
 class CorpusSource:
@@ -59,19 +59,13 @@ class CorpusSource:
 
 def measure_corpus(dataset: str) -> dict[str, float | int | str]:
     """A full index of a corpus against a refresh of it with nothing changed, same store, same process."""
-    from bot.runtime import Runtime, make_store
-    from pipelines.indexing import Indexer, build_indexing_pipeline
-
     source = CorpusSource(Path(dataset))
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(env={**__import__("os").environ, "KBBOT_DATA_DIR": tmp})
-        store = make_store(settings, collection=f"BenchRefresh_{uuid.uuid4().hex[:8]}")
+        runtime = build_runtime(settings, collection=f"BenchRefresh_{uuid.uuid4().hex[:8]}")
+        store = runtime.store
         try:
-            runtime = Runtime(settings=settings, store=store)
-            i = settings.indexing
-            pipeline = build_indexing_pipeline(store, runtime.document_embedder, chunk_chars=i.chunk_chars,
-                                               overlap_sentences=i.chunk_overlap_sentences)
-            indexer = Indexer(store, pipeline)
+            indexer = Indexer(store, runtime.indexing_pipeline(document_embedder=runtime.document_embedder))
             load_e5(settings.embedder.threads)
 
             started = time.perf_counter()

@@ -39,8 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 import pipelines  # noqa: F401  (telemetry off)
 from bench.report import table
+from tests.cluster.replicas import answers_in, deliver, event_body, refresh_once, running, serve_env, wait_healthy, write_config
+from tests.fakes.anthropic_server import FakeAnthropic, Script
+from tests.fakes.slack_server import FakeSlack
+from tests.model_router import ModelRouter
 
 KB_FILES = ("faq.md", "fault-codes.md", "maintenance-schedule.md", "motor-does-not-start.txt")
 QUESTIONS = ["How often should the bearings be greased?", "What does fault code E07 mean?",
@@ -77,8 +83,6 @@ def pct(values: list[float], q: float) -> float | None:
 
 async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry_s: float) -> bool:
     """Delivers an event to a random live replica, retrying up to three times elsewhere as Slack does."""
-    from tests.cluster.replicas import deliver
-
     for attempt in range(4):
         live = [r for r in replicas if r.process.poll() is None] or replicas
         try:
@@ -92,8 +96,6 @@ async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry
 
 async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, session: Any, replicas: list[Any],
                        start: float) -> None:
-    from tests.cluster.replicas import answers_in, event_body
-
     await asyncio.sleep(max(0.0, start + c * args.duration / args.conversations - time.monotonic()))
     channel = f"C0LOAD{c % args.channels:02d}"
     root: dict[str, Any] | None = None
@@ -124,8 +126,6 @@ async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, s
 
 
 async def inject_faults(run: Run, args: argparse.Namespace, session: Any, replicas: list[Any], start: float) -> None:
-    from tests.cluster.replicas import wait_healthy
-
     await asyncio.sleep(max(0.0, start + 0.4 * args.duration - time.monotonic()))
     replicas[0].kill()
     run.faults.append(f"replica 0 killed at {time.monotonic() - start:.0f} s")
@@ -137,13 +137,6 @@ async def inject_faults(run: Run, args: argparse.Namespace, session: Any, replic
 
 
 async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    import aiohttp
-
-    from tests.cluster.replicas import answers_in, refresh_once, running, serve_env, wait_healthy, write_config
-    from tests.fakes.anthropic_server import FakeAnthropic, Script
-    from tests.fakes.slack_server import FakeSlack
-    from tests.model_router import ModelRouter
-
     kb = tmp / "kb"
     if not kb.exists():
         kb.mkdir()

@@ -51,15 +51,23 @@ from typing import Any
 import numpy as np
 from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
+from weaviate.classes.query import MetadataQuery
 
-from bot.runtime import Runtime, make_ranker
+from bot.runtime import Runtime
 from bot.settings import load_settings
 from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
 from pipelines.indexing import build_indexing_pipeline
-from pipelines.query import build_retrieval_pipeline
 from pipelines.store import DocRecord, InMemoryKnowledgeStore, chunk_id, open_store
+from pipelines.weaviate_store import (
+    DEFAULT_FUSION,
+    FUSIONS,
+    PROBE_ALPHA,
+    QUERY_PROPERTIES,
+    WeaviateHybridRetriever,
+    WeaviateKnowledgeStore,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("bm25", "vector", "hybrid")
@@ -133,8 +141,6 @@ def embedded_corpus(settings: Any, dataset: Path) -> tuple[InMemoryKnowledgeStor
 
 def copy_to_weaviate(memory: InMemoryKnowledgeStore, url: str, name: str) -> Any:
     """The same chunks and vectors in a Weaviate store of their own (reused when complete)."""
-    from pipelines.weaviate_store import WeaviateKnowledgeStore
-
     chunks = memory.document_store.filter_documents()
     store = WeaviateKnowledgeStore(url, collection=name, allow_outdated=True)  # an outdated copy is made anew
     if (store.outdated is None and store.count_chunks() == len(chunks)
@@ -158,8 +164,6 @@ def copy_to_weaviate(memory: InMemoryKnowledgeStore, url: str, name: str) -> Any
 
 def copy_scaled_to_weaviate(url: str, name: str, chunks: list[Document]) -> Any:
     """The synthesised chunks in ``<name>Scaled`` (reused when it holds as many)."""
-    from pipelines.weaviate_store import WeaviateKnowledgeStore
-
     store = WeaviateKnowledgeStore(url, collection=f"{name}Scaled", allow_outdated=True)
     if store.outdated is None and store.count_chunks() == len(chunks):
         return store
@@ -178,9 +182,7 @@ def copy_scaled_to_weaviate(url: str, name: str, chunks: list[Document]) -> Any:
 def quality_rows(backend: str, store: Any, settings: Any, queries: list[Any]) -> list[dict]:
     rows = []
     for mode in MODES:
-        fresh = Runtime(settings=settings, store=store)  # components belong to one pipeline each
-        pipe = build_retrieval_pipeline(store, fresh.text_embedder, mode=mode, candidates=30,
-                                        fusion=settings.retrieval.fusion, alpha=settings.retrieval.alpha, ranker=make_ranker(settings))
+        pipe = Runtime(settings=settings, store=store).retrieval_pipeline(mode=mode, candidates=30)
         evaluate(pipe, queries[:3], mode=mode)  # warm-up
         result = evaluate(pipe, queries, mode=mode)
         rows.append({"backend": backend, "mode": mode, "hit@1": result["hit@1"], "hit@5": result["hit@5"],
@@ -207,16 +209,6 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
     """Ours vs a bare hybrid query on precomputed vectors (no embedding in the timing), alternating
     and swapping which goes first. Then how often the best cosine our retriever reports (what the
     relevance gate reads) is the exact one, next to a near-vector query's (what it sent before)."""
-    from weaviate.classes.query import MetadataQuery
-
-    from pipelines.weaviate_store import (
-        _FUSIONS,
-        DEFAULT_FUSION,
-        PROBE_ALPHA,
-        QUERY_PROPERTIES,
-        WeaviateHybridRetriever,
-    )
-
     ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
     collection = store.collection
 
@@ -224,7 +216,7 @@ def overhead(store: Any, queries: list[Any], vectors: list[list[float]], exact: 
 
     def bare(q: Any, v: list[float]) -> Any:
         return collection.query.hybrid(query=terms[q.text], vector=v, alpha=PROBE_ALPHA, limit=30,
-                                       query_properties=list(QUERY_PROPERTIES), fusion_type=_FUSIONS[DEFAULT_FUSION])
+                                       query_properties=list(QUERY_PROPERTIES), fusion_type=FUSIONS[DEFAULT_FUSION])
 
     def mine(q: Any, v: list[float]) -> Any:
         return ours.run(query=q.text, query_embedding=v)
@@ -262,14 +254,6 @@ def ratios(bare_ms: list[float], ours_ms: list[float], prefix: str = "") -> dict
 def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], rounds: int = 2) -> dict[str, Any]:
     """The same comparison on the async client: ``run_async`` (what the bot's pipeline calls)
     against a bare ``await collection.query.hybrid``."""
-    from pipelines.weaviate_store import (
-        _FUSIONS,
-        DEFAULT_FUSION,
-        PROBE_ALPHA,
-        QUERY_PROPERTIES,
-        WeaviateHybridRetriever,
-    )
-
     async def measure() -> dict[str, Any]:
         collection = await store.async_collection()
         ours = WeaviateHybridRetriever(store, mode="hybrid", candidates=30)
@@ -279,7 +263,7 @@ def overhead_async(store: Any, queries: list[Any], vectors: list[list[float]], r
         async def bare(q: Any, v: list[float]) -> Any:
             return await collection.query.hybrid(query=terms[q.text], vector=v, alpha=PROBE_ALPHA, limit=30,
                                                  query_properties=list(QUERY_PROPERTIES),
-                                                 fusion_type=_FUSIONS[DEFAULT_FUSION])
+                                                 fusion_type=FUSIONS[DEFAULT_FUSION])
 
         async def mine(q: Any, v: list[float]) -> Any:
             return await ours.run_async(query=q.text, query_embedding=v)

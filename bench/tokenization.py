@@ -11,7 +11,7 @@ the ``gse_ch`` variants need ``ENABLE_TOKENIZER_GSE_CH=true`` on that server)::
     uv run python bench/tokenization.py settle         # publishes racing queries, per settle_s
 
 Each prints a table and then one line of JSON; the results and the choices made from them are in
-the docstring of ``pipelines/weaviate_store.py``. The datasets are ../shared/eval/{cmrc2018,clapnq}
+the README ("How the Weaviate schema and fusion were chosen", "The Weaviate store"). The datasets are ../shared/eval/{cmrc2018,clapnq}
 (format in their README): passages are indexed whole, one chunk per passage, and a query is a hit
 at k when one of its gold passages is in the first k results. Data: CMRC 2018 (CC BY-SA 4.0) and
 CLAPNQ (Apache-2.0, text CC BY-SA), see SOURCE.txt in each folder.
@@ -25,18 +25,35 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 import numpy as np  # noqa: E402
+import weaviate  # noqa: E402
 from haystack import Document  # noqa: E402
+from haystack_integrations.components.retrievers.weaviate import WeaviateHybridRetriever as StockHybrid  # noqa: E402
+from weaviate.classes.data import DataObject  # noqa: E402
+from weaviate.classes.query import MetadataQuery  # noqa: E402
+from weaviate.util import generate_uuid5  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # run as a script (`python bench/tokenization.py`): the project's modules below
+
+from pipelines.components.embedders import load_e5  # noqa: E402
+from pipelines.components.retrievers import CurrentKnowledge  # noqa: E402
+from pipelines.store import DocRecord  # noqa: E402
+from pipelines.weaviate_store import (  # noqa: E402
+    DEFAULT_TOKENIZATION,
+    WeaviateHybridRetriever,
+    WeaviateKnowledgeStore,
+    chunk_collection_settings,
+)
 
 EVAL = REPO.parent / "shared" / "eval"
 DATASETS = ("cmrc2018", "clapnq")
@@ -69,8 +86,6 @@ def passage_vectors(name: str, *, compute: bool = False) -> np.ndarray | None:
         return np.load(path)
     if not compute:
         return None
-    from pipelines.components.embedders import load_e5
-
     model = load_e5(2)
     rows = corpus(name)
     texts = [f"{r.get('title')}\n{r['text']}" if r.get("title") else r["text"] for r in rows]
@@ -92,8 +107,6 @@ def query_vectors(name: str, *, compute: bool = False) -> np.ndarray | None:
         return np.load(path)
     if not compute:
         return None
-    from pipelines.components.embedders import load_e5
-
     model = load_e5(2)
     vectors = np.vstack([model.query([q["text"]]) for q in queries(name)]).astype(np.float32)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -111,8 +124,6 @@ def cmd_embed(args: argparse.Namespace) -> None:
 # --- Weaviate ---------------------------------------------------------------------------------
 
 def connect(args: argparse.Namespace) -> Any:
-    import weaviate
-
     return weaviate.connect_to_custom(
         http_host=args.host, http_port=args.port, http_secure=False,
         grpc_host=args.host, grpc_port=args.grpc_port, grpc_secure=False,
@@ -125,11 +136,6 @@ def load_collection(client: Any, name: str, dataset: str, tokenization: str, vec
 
     ``words`` adds a ``content_words`` copy of the text with Weaviate's ``word`` tokenization.
     """
-    from weaviate.classes.data import DataObject
-    from weaviate.util import generate_uuid5
-
-    from pipelines.weaviate_store import chunk_collection_settings
-
     if client.collections.exists(name):
         client.collections.delete(name)
     settings = chunk_collection_settings(name, tokenization)
@@ -218,8 +224,6 @@ VARIANTS = {
 
 
 def bm25_eval(collection: Any, qs: list[dict[str, Any]], props: list[str], limit: int = 10) -> tuple[dict, float]:
-    from weaviate.classes.query import MetadataQuery
-
     rankings, latencies = [], []
     for q in qs:
         res, ms = timed(lambda: collection.query.bm25(q["text"], query_properties=props, limit=limit,
@@ -267,8 +271,6 @@ def cmd_tokenization(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def open_bench_store(args: argparse.Namespace, name: str) -> Any:
-    from pipelines.weaviate_store import WeaviateKnowledgeStore
-
     return WeaviateKnowledgeStore(args.url, collection=name, grpc_port=args.grpc_port,
                                   tokenization=args.tokenization)
 
@@ -299,8 +301,6 @@ def retrieval_eval(retriever: Any, qs: list[dict[str, Any]], qvecs: np.ndarray, 
 
 def cmd_fusion(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Hybrid over BM25 (content+title+header) and vectors: RANKED vs RELATIVE_SCORE across alpha."""
-    from pipelines.weaviate_store import WeaviateHybridRetriever
-
     client = connect(args)
     rows: list[dict[str, Any]] = []
     stores = []
@@ -337,10 +337,6 @@ def cmd_fusion(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_latency(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Our retriever against weaviate-haystack's WeaviateHybridRetriever, the same queries and data."""
-    from haystack_integrations.components.retrievers.weaviate import WeaviateHybridRetriever as StockHybrid
-
-    from pipelines.weaviate_store import WeaviateHybridRetriever
-
     client = connect(args)
     rows: list[dict[str, Any]] = []
     stores = []
@@ -361,7 +357,7 @@ def cmd_latency(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "ours: hybrid + 2 near_vector (run, sequential)": lambda q, v: sequential.run(query=q,
                                                                                               query_embedding=v),
                 "ours: the hybrid query alone (no dense list)": lambda q, v: store.collection.query.hybrid(
-                    **ours._keyword_kwargs(q, v, None, 30)),
+                    **ours.keyword_query(q, v, None, 30)),
                 "ours: bm25 only (run)": lambda q, v: keyword_only.run(query=q),
                 "stock WeaviateHybridRetriever (run)": lambda q, v: stock.run(query=q, query_embedding=v),
             }
@@ -399,25 +395,18 @@ def cmd_latency(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_manifest(args: argparse.Namespace) -> list[dict[str, Any]]:
     """records(): nothing changed / one document changed / a full read, by manifest size."""
-    from pipelines.store import DocRecord
-
     rows: list[dict[str, Any]] = []
     for size in args.manifest_sizes:
         name = f"BenchManifest_{uuid.uuid4().hex[:6]}"
         store = open_bench_store(args, name)
         try:
-            from weaviate.classes.data import DataObject
-
-            objects = [DataObject(properties=store._record_properties(DocRecord(
-                doc_id=f"doc-{i}", version=1, content_hash=f"h{i}", title=f"Document {i}", source=f"kb/doc-{i}.md"),
-                seq=i + 1), uuid=store._record_uuid(f"doc-{i}")) for i in range(size)]
-            for start in range(0, len(objects), 500):
-                store.manifest.data.insert_many(objects[start : start + 500])
-            store._set_seq(size)
+            store.manifest_log.write([(DocRecord(doc_id=f"doc-{i}", version=1, content_hash=f"h{i}",
+                                                 title=f"Document {i}", source=f"kb/doc-{i}.md"), i + 1)
+                                      for i in range(size)])
+            store.manifest_log.set_seq(size)
             cold, warm, delta = [], [], []
             for _ in range(args.queries // 5):
-                store._cache = None
-                cold.append(timed(store.records)[1])
+                cold.append(timed(lambda: store.records(reread=True))[1])
             for _ in range(args.queries):
                 warm.append(timed(store.records)[1])
             record = DocRecord(doc_id="doc-0", version=0, content_hash="changed", title="Document 0", source="kb/0.md")
@@ -439,12 +428,6 @@ def cmd_manifest(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_settle(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Queries racing a publisher: how often a document is missing (or mixed) per settle_s."""
-    import threading
-
-    from pipelines.components.retrievers import CurrentKnowledge
-    from pipelines.store import DocRecord
-    from pipelines.weaviate_store import WeaviateKnowledgeStore
-
     rng = np.random.default_rng(7)
 
     def vec() -> list[float]:
@@ -515,13 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=url)
     parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("WEAVIATE_GRPC_PORT", "50051")))
     args = parser.parse_args(argv)
-    from urllib.parse import urlparse
-
     parsed = urlparse(args.url)
     args.host, args.port = parsed.hostname or "127.0.0.1", parsed.port or 8080
     if args.tokenization is None:
-        from pipelines.weaviate_store import DEFAULT_TOKENIZATION
-
         args.tokenization = DEFAULT_TOKENIZATION
     commands = {"embed": cmd_embed, "tokenization": cmd_tokenization, "fusion": cmd_fusion,
                 "latency": cmd_latency, "manifest": cmd_manifest, "settle": cmd_settle}

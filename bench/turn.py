@@ -37,6 +37,8 @@ ANSWER = ("Regrease the HL-M200 bearings every 4,000 operating hours with 15 g o
 
 
 def _serve_model(port_queue: multiprocessing.Queue) -> None:  # pragma: no cover - child process
+    # Here, not at the top: the spawned fake-model process imports this module, and loading the bot
+    # there would only cost it memory and start-up time.
     from tests.fakes.anthropic_server import FakeAnthropic, Script
     from tests.model_router import ModelRouter
 
@@ -64,7 +66,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
-    from bot.runtime import build_runtime
+    from bot.runtime import build_runtime  # not at the top: see _serve_model
     from bot.settings import load_settings
     from bot.types import Inquiry
     from tests.replies import RecordingReply

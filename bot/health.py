@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bot.settings import Settings
+from pipelines.errors import one_line
 from pipelines.redact import redact_url, scrub
 
 OFF_WEAVIATE = "embedded in-memory store (set WEAVIATE_URL)"
@@ -27,9 +28,7 @@ def error_text(exc: BaseException, settings: Settings, *, public: bool) -> str:
     """What a check says of a failure: the exception's type (public) or its message, secrets scrubbed."""
     if public:
         return type(exc).__name__
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    text = text if len(text) <= 300 else text[:297] + "..."
-    return scrub_secrets(text, settings)
+    return scrub_secrets(one_line(exc), settings)
 
 
 def scrub_secrets(text: str, settings: Settings) -> str:

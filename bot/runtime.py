@@ -5,7 +5,8 @@ Only this module (and the adapters) read settings; pipeline builders get explici
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -20,7 +21,8 @@ from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRec
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
-from bot.refresh import Refresher
+from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, connect_redis
+from bot.refresh import Refresher, knowledge_status, run_log
 from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
@@ -30,9 +32,10 @@ from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embe
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
+from pipelines.errors import ServiceUnavailable
 from pipelines.generators import make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
-from pipelines.query import build_query_pipeline
+from pipelines.query import build_query_pipeline, build_retrieval_pipeline
 from pipelines.store import KnowledgeStore, open_store
 
 
@@ -152,10 +155,26 @@ class Runtime:
     @cached_property
     def indexer(self) -> Indexer:
         i = self.settings.indexing
-        pipeline = build_indexing_pipeline(self.store, self.document_embedder, chunk_chars=i.chunk_chars,
-                                           overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb,
-                                           ocr=OcrOptions(i.ocr.enabled, i.ocr.dpi, i.ocr.max_pages))
+        pipeline = self.indexing_pipeline(document_embedder=self.document_embedder)
         return Indexer(self.store, pipeline, suffixes=i.extensions, max_file_mb=i.max_file_mb)
+
+    def indexing_pipeline(self, *, from_documents: bool = False, document_embedder: Any = None) -> Any:
+        """The indexing pipeline on this runtime's store (``from_documents``: it takes Documents, as an
+        eval corpus comes, not files), with ``document_embedder`` or a document embedder of its own."""
+        i = self.settings.indexing
+        embedder = document_embedder if document_embedder is not None else self._make_embedders()[1]
+        return build_indexing_pipeline(self.store, embedder, chunk_chars=i.chunk_chars,
+                                       overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb,
+                                       ocr=OcrOptions(i.ocr.enabled, i.ocr.dpi, i.ocr.max_pages),
+                                       from_documents=from_documents)
+
+    def retrieval_pipeline(self, *, mode: str | None = None, candidates: int | None = None) -> Any:
+        """Retrieval alone (embed, retrieve, keep current, rank) on this runtime's store, as configured
+        unless ``mode``/``candidates`` say otherwise, with a text embedder of its own."""
+        r = self.settings.retrieval
+        return build_retrieval_pipeline(self.store, self._make_embedders()[0], mode=mode or r.mode,
+                                        candidates=candidates or r.candidates, fusion=r.fusion, alpha=r.alpha,
+                                        ranker=make_ranker(self.settings))
 
     async def start(self) -> None:
         """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""
@@ -163,8 +182,6 @@ class Runtime:
             return
         h, m = self.settings.history, self.settings.memory
         if self.settings.redis_url:
-            from bot.redis_state import RedisHistory, RedisIdempotency, connect_redis  # only with REDIS_URL
-
             self._redis = await connect_redis(self.settings.redis_url)
             prefix = self.settings.redis_prefix
             self._history = RedisHistory(self._redis, prefix=prefix, max_turns=h.max_turns,
@@ -186,8 +203,6 @@ class Runtime:
         if not m.approved_answers:
             self._answers = None
         if self._redis is not None:
-            from bot.redis_state import RedisLock  # only with REDIS_URL
-
             redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
             self._thread_locks.shared = lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=wait_s,
                                                                poll_s=0.05)
@@ -267,6 +282,17 @@ class Runtime:
             store = JsonlFeedback(self.settings.data_dir / "feedback.jsonl")
         return RecordingFeedback(store, self._turns) if self._turns is not None else store
 
+    @asynccontextmanager
+    async def refreshing(self) -> AsyncIterator[Refresher]:
+        """A refresher for a command run outside ``serve`` (not started): its run log and lock in a Redis
+        client of its own for this event loop when Redis is configured, closed afterwards."""
+        redis = await connect_redis(self.settings.redis_url) if self.settings.redis_url else None
+        try:
+            yield self.refresher(redis)
+        finally:
+            if redis is not None:
+                await redis.aclose()
+
     def refresher(self, redis: Any = None) -> Refresher:
         """A refresher on this runtime's store and indexer; its run log and lock are in ``redis`` (default:
         the runtime's connection, once started) when Redis is configured."""
@@ -292,13 +318,19 @@ class Runtime:
             raise RuntimeError("Runtime.start() has not been awaited")
         return self._idempotency
 
-    def query_pipeline(self, generators: Generators, topics: Any, *, clarify: bool | None = None) -> Any:
-        """The answering pipeline on this runtime's store, with ``generators``."""
+    def query_pipeline(self, generators: Generators, topics: Any, *, clarify: bool | None = None,
+                       mode: str | None = None) -> Any:
+        """An answering pipeline on this runtime's store, with ``generators`` and a text embedder of its
+        own (a Haystack component belongs to one pipeline; the model itself is shared)."""
+        return self._query_pipeline(self._make_embedders()[0], generators, topics, clarify=clarify, mode=mode)
+
+    def _query_pipeline(self, text_embedder: Any, generators: Generators, topics: Any, *, clarify: bool | None = None,
+                        mode: str | None = None) -> Any:
         s, a = self.settings, self.settings.answering
         return build_query_pipeline(
-            self.store, self.text_embedder, make_ranker(s), generators.answer,
+            self.store, text_embedder, make_ranker(s), generators.answer,
             system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
+            mode=mode or s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
             budget_chars=generators.budget_chars, min_similarity=s.retrieval.min_similarity,
             helper_generator=generators.helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
             # Self-hosted models are often small: their "off-topic" alone does not end a turn.
@@ -319,7 +351,7 @@ class Runtime:
                                  helper=Throttled(generators.helper, self.model_calls) if generators.helper else None)
         helper = generators.helper
         topics = s.topics()
-        pipeline = self.query_pipeline(generators, topics)
+        pipeline = self._query_pipeline(self.text_embedder, generators, topics)
 
         async def learner(message: str) -> str | None:
             budget = TurnBudget(max_model_calls=1, reserved=0)
@@ -337,5 +369,32 @@ class Runtime:
                         thread_locks=self._thread_locks, turns=self._turns)
 
 
-def build_runtime(settings: Settings) -> Runtime:
-    return Runtime(settings=settings, store=make_store(settings))
+def build_runtime(settings: Settings, *, directory_name: str = "store", collection: str | None = None) -> Runtime:
+    """The runtime on the configured store (``make_store``: another directory or collection for evals)."""
+    return Runtime(settings=settings, store=make_store(settings, directory_name=directory_name, collection=collection))
+
+
+async def status_of(settings: Settings) -> dict[str, Any]:
+    """``knowledge_status`` for ``kbbot status``, which must also report a store or Redis that cannot
+    be reached: each is opened here, and a failure to open it is what the status says of it."""
+    store = redis = None
+    store_error = redis_error = None
+    try:
+        store = make_store(settings)
+    except ServiceUnavailable as exc:
+        store_error = str(exc)
+    if settings.redis_url:
+        try:
+            redis = await connect_redis(settings.redis_url, retries=0)
+        except ServiceUnavailable as exc:
+            redis_error = str(exc)
+    # Redis configured but down: no run log to read (the file is not where runs are recorded).
+    runs = run_log(settings, redis) if redis is not None or not settings.redis_url else None
+    try:
+        return await knowledge_status(settings, store=store, runs=runs, redis=redis, store_error=store_error,
+                                      redis_error=redis_error)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+        if store is not None:
+            store.close()

@@ -191,7 +191,7 @@ def _check_status(response: httpx.Response, url: str) -> None:
 def storage_to_markdown(title: str, storage: str) -> str:
     """A page's storage-format body as Markdown under ``# title``: headings, lists and tables kept,
     macro bodies kept as text, images and links reduced to their text."""
-    from markdownify import markdownify
+    from markdownify import markdownify  # with BeautifulSoup: Confluence sources only
 
     body = markdownify(storage or "", heading_style="ATX", strip=["img", "a"], bullets="-")
     # Confluence pages start at h1 inside the page; the title is the document's own heading.

@@ -87,6 +87,12 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The exception's message on one line (its type when it has none), cut at ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _reason(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, _RATE_LIMITS) or status == 429:

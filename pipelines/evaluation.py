@@ -17,7 +17,7 @@ from typing import Any
 from haystack import Document, Pipeline
 
 from pipelines.indexing import content_hash
-from pipelines.query import retrieval_inputs
+from pipelines.query import OUTCOME_COMPONENTS, query_inputs, retrieval_inputs, turn_outcome
 from pipelines.store import KnowledgeStore
 
 
@@ -192,8 +192,6 @@ def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswe
     similarity of each question's first retrieval (how the thresholds were chosen).
     ``budget`` makes a fresh per-turn ``TurnBudget``.
     """
-    from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
-
     def run(q: EvalQuery) -> tuple[str, set[str], float]:
         result = pipeline.run(query_inputs(q.text, budget=budget()), include_outputs_from=OUTCOME_COMPONENTS | {"current"})
         dense = result.get("current", {}).get("dense_documents") or []

@@ -31,7 +31,7 @@ def make_generator(
     model's default."""
     sampling = {} if temperature is None else {"temperature": temperature}
     if kind == "anthropic":
-        from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator
+        from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator  # its SDK: this kind only
 
         return AnthropicChatGenerator(
             api_key=Secret.from_env_var("ANTHROPIC_API_KEY"),
@@ -42,7 +42,7 @@ def make_generator(
             max_retries=max_retries,
         )
     if kind in ("openai", "local"):
-        from haystack.components.generators.chat import OpenAIChatGenerator
+        from haystack.components.generators.chat import OpenAIChatGenerator  # the openai SDK: these kinds only
 
         if not base_url:
             raise ValueError(f"generator.kind {kind!r} needs a base_url (e.g. http://localhost:11434/v1)")

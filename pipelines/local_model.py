@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -116,9 +117,7 @@ def cache_dir() -> Path:
 
 def tqdm_bytes(desc: str) -> Callable[[int], Progress]:
     def start(total: int) -> Progress:
-        import sys
-
-        from tqdm import tqdm
+        from tqdm import tqdm  # a download's progress bar only: not imported by a process that has the model
 
         bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                    leave=False, dynamic_ncols=True)
@@ -194,7 +193,7 @@ class LocalModelServer:
                 raise LocalModelError(f"no GGUF model file at {self.model_path}")
             prepare_process()
             try:
-                import xllamacpp as xlc
+                import xllamacpp as xlc  # the optional `local` extra: absent unless installed
             except ImportError as exc:
                 raise LocalModelError("generator.kind local needs xllamacpp: run `uv sync --extra local`") from exc
             params = xlc.CommonParams()
@@ -217,7 +216,7 @@ class LocalModelServer:
             return self.base_url
 
     def _wait_ready(self, started: float) -> None:
-        import httpx
+        import httpx  # here with the rest of the local server: generator.kind local only
 
         while time.monotonic() - started < self.start_timeout_s:
             try:

@@ -111,7 +111,7 @@ def test_an_outdated_collection_is_refused_until_reindexed(tmp_path, capsys):
     # Make it old again: chunks written without search_text and no analysis version.
     prepared = prepare_chunks(store.record("d1"), [chunk])
     store.document_store.write_documents(prepared, policy=DuplicatePolicy.OVERWRITE)
-    store.manifest.data.update(store._meta_uuid, {"analysis": 0})
+    store.manifest_log.set_analysis(0)
     store.close()
     with pytest.raises(StoreOutdated, match="kbbot reindex"):
         WeaviateKnowledgeStore(WEAVIATE_URL, collection=name)

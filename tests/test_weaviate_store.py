@@ -373,7 +373,7 @@ def test_hybrid_results_without_explanations_fall_back_to_near_vector_queries(st
     embedding = text_embedder.run(question)["embedding"]
     retriever = store.retriever(mode="hybrid", candidates=10)
     expected = retriever.run(query=question, query_embedding=embedding)
-    monkeypatch.setattr("pipelines.weaviate_store.explained_scores", lambda obj: {})
+    monkeypatch.setattr("pipelines.weaviate_store.scores.explained_scores", lambda obj: {})
     counted = CountingQueries(store, monkeypatch)
     with caplog.at_level("WARNING", logger="kbbot.weaviate"):
         out = retriever.run(query=question, query_embedding=embedding)

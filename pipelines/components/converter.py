@@ -77,7 +77,7 @@ def _markdown_title(text: str) -> str:
 
 
 def convert_html(data: bytes) -> tuple[str, str]:
-    import trafilatura
+    import trafilatura  # heavy (lxml and its language data): loaded by the first HTML file only
 
     html = decode_text(data)
     text = trafilatura.extract(
@@ -101,7 +101,7 @@ class OcrOptions:
 
 def convert_pdf(data: bytes, ocr: OcrOptions) -> Converted:
     """One part per page with its ``page`` number (1-based); scanned pages read by OCR (``ocr: True``)."""
-    from pypdf import PdfReader
+    from pypdf import PdfReader  # loaded by the first PDF only, as each format's parser is
     from pypdf.errors import PyPdfError
 
     try:
@@ -117,7 +117,7 @@ def convert_pdf(data: bytes, ocr: OcrOptions) -> Converted:
         if len(scanned) > ocr.max_pages:
             raise ConversionError(f"{len(scanned)} pages without a text layer; OCR reads at most {ocr.max_pages} "
                                   "per file (indexing.ocr.max_pages)")
-        from pipelines.components.ocr import ocr_pdf_pages
+        from pipelines.components.ocr import ocr_pdf_pages  # onnxruntime behind it: scanned pages only
 
         try:
             texts, stats = ocr_pdf_pages(data, scanned, dpi=ocr.dpi)

