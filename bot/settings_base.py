@@ -53,16 +53,13 @@ def reveal(secret: SecretStr | None) -> str:
     return secret.get_secret_value() if secret is not None else ""
 
 
-def _listed(value: Any) -> Any:
-    """YAML's bare ``key: x`` for a one-item list, and ``key:`` (null) for an empty one."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, (str, int)) and not isinstance(value, bool) else value
-
-
 def as_ids(value: Any) -> list[str]:
-    """User, team, channel or chat ids as text (YAML numbers become text); a bare id is a list of one."""
-    value = _listed(value)
+    """User, team, channel or chat ids as text (YAML numbers become text); a bare id is a list of one,
+    and ``key:`` (null) an empty one."""
+    if value is None:
+        value = []
+    elif isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]
     if not isinstance(value, list) or not all(
             isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip() for v in value):
         raise ValueError("must be a list of ids (text or numbers)")
@@ -250,7 +247,8 @@ class Explainer:
         where = self.where(loc) or "the settings file"
         kind = error["type"]
         if kind == "extra_forbidden":
-            parent = _model_in(_field_at(self.model, loc[:-1]).annotation) if loc[:-1] else self.model
+            field = _field_at(self.model, loc[:-1])
+            parent = self.model if not loc[:-1] else _model_in(field.annotation) if field is not None else None
             known = list(parent.model_fields) if parent is not None else []
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             return f"unknown setting {where}" + (f" (did you mean {close[0]}?)" if close else "")
