@@ -129,15 +129,16 @@ class TelegramAdapter:
         if not self.settings.webhook_mode:
             return
 
-        SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=reveal(self.settings.webhook_secret) or None,
+        secret = reveal(self.settings.webhook_secret) or None
+        SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=secret,
                              handle_in_background=True).register(web_app, path=self.settings.webhook_path)
 
     async def start(self) -> None:
         me = await self.bot.me()
         self.username = me.username
         if self.settings.webhook_mode:
-            await self.bot.set_webhook(self.settings.webhook_url or "", secret_token=reveal(self.settings.webhook_secret) or None,
-                                       allowed_updates=UPDATES)
+            await self.bot.set_webhook(self.settings.webhook_url or "",
+                                       secret_token=reveal(self.settings.webhook_secret) or None, allowed_updates=UPDATES)
             log.info("Telegram: @%s receiving updates at %s", self.username, self.settings.webhook_path)
             return
         await self.bot.delete_webhook(drop_pending_updates=False)

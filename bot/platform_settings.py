@@ -15,8 +15,6 @@ from pydantic import BeforeValidator, Field, SecretStr, StrictBool, field_valida
 from bot.errors import SettingsError
 from bot.settings_base import Env, Ids, Problem, Section, Spaces, as_ids, reveal
 
-STREAM_MODES = ("native", "edit")
-TELEGRAM_STREAM_MODES = ("draft", "edit")
 _WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
 

@@ -256,7 +256,8 @@ class Explainer:
             text = str(cause)
             return f"{where}{text}" if text.startswith(":") else f"{where} {text}"
         if kind == "literal_error":
-            return f"{where} is {_shown(error['input'])}; expected {ctx['expected'].replace(chr(39), '')}"
+            choices = ctx["expected"].replace("'", "").replace(" or ", ", ")
+            return f"{where} is {_shown(error['input'])}; expected one of {choices}"
         phrase = _PHRASES.get(kind)
         text = phrase.format(**ctx) if phrase else error["msg"][:1].lower() + error["msg"][1:]
         if kind == "greater_than" and ctx.get("gt") == 0:
