@@ -69,7 +69,7 @@ class ApiSettings(Section):
     def enabled(self) -> bool:
         return bool(self._callers)
 
-    def apply_env(self, env: Mapping[str, str]) -> ApiSettings:
+    def resolve_callers(self, env: Mapping[str, str]) -> ApiSettings:
         """Reads each caller's ``token_env`` from ``env``; ``problems`` says which are missing.
 
         By hand: the variables' names are data of the file, which no settings source can know.

@@ -569,6 +569,6 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
         settings = Settings(_build_sources=((given, environment, file), {}))
     except ValidationError as exc:
         raise Explainer(Settings, environment.origins, raw)(exc) from None
-    for problem in settings.api.apply_env(env).problems():
+    for problem in settings.api.resolve_callers(env).problems():
         raise SettingsError(problem)
     return settings

@@ -66,7 +66,7 @@ async def api_server(runtime: Runtime) -> AsyncIterator[Api]:
 
 def with_token(runtime: Runtime, **env: str) -> Runtime:
     runtime.settings.api.default_token = TOKEN  # what KBBOT_API_TOKEN sets
-    runtime.settings.api.apply_env(env)
+    runtime.settings.api.resolve_callers(env)
     return runtime
 
 
