@@ -17,6 +17,7 @@ from adapters.telegram import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
 from bot.refresh import schedule_zone
+from bot.settings_base import reveal
 from bot.streaming import split_message
 
 log = logging.getLogger("kbbot.insights")
@@ -68,7 +69,7 @@ def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
 
 def mount_admin(app: web.Application, runtime: Any, knowledge: Any) -> Any:
     """The admin page at ``/admin`` when ``KBBOT_ADMIN_TOKEN`` is set; the ``AdminSite`` or None."""
-    token = runtime.settings.insights.admin_token
+    token = reveal(runtime.settings.insights.admin_token)
     if not token:
         log.info("admin page off: set KBBOT_ADMIN_TOKEN to serve /admin")
         return None

@@ -102,11 +102,11 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Ad
     adapters: list[Adapter] = []
     slack = runtime.settings.slack
     if slack.enabled:
-        slack.validate()
+        slack.check_serving()
         adapters.append(SlackAdapter(conversations, slack))
     telegram = runtime.settings.telegram
     if telegram.enabled:
-        telegram.validate()
+        telegram.check_serving()
         adapters.append(TelegramAdapter(conversations, telegram))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))

@@ -56,6 +56,7 @@ from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.platform_settings import SlackSettings
+from bot.settings_base import reveal
 from bot.state import TaskSet
 from bot.streaming import RateBudget, split_message
 from bot.types import Inquiry
@@ -101,7 +102,7 @@ class SlackAdapter:
         self.app = AsyncApp(
             name="kbbot",
             client=self.client,
-            signing_secret=settings.signing_secret or "",
+            signing_secret=reveal(settings.signing_secret),
             request_verification_enabled=not settings.socket_mode,
             process_before_response=False,  # ack first, answer after
             attaching_conversation_kwargs_enabled=False,
@@ -131,7 +132,7 @@ class SlackAdapter:
         if self.settings.socket_mode:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only (websockets)
 
-            self._socket = AsyncSocketModeHandler(self.app, app_token=self.settings.app_token)
+            self._socket = AsyncSocketModeHandler(self.app, app_token=reveal(self.settings.app_token))
             await self._socket.connect_async()
             log.info("Slack: connected in Socket Mode")
         else:

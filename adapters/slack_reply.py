@@ -37,6 +37,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack_text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
+from bot.settings_base import reveal
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
 from bot.types import Answer
 
@@ -481,7 +482,7 @@ class SlackReply:
 # --- client and budget -----------------------------------------------------------------------
 def make_client(settings: SlackSettings) -> AsyncWebClient:
     """The Web API client: ``SLACK_API_URL`` as base URL, 429s and 5xx retried (bolt copies the handlers)."""
-    options: dict[str, Any] = {"token": settings.bot_token}
+    options: dict[str, Any] = {"token": reveal(settings.bot_token) or None}
     if settings.api_url:
         options["base_url"] = settings.api_url if settings.api_url.endswith("/") else settings.api_url + "/"
     client = AsyncWebClient(**options)

@@ -67,6 +67,7 @@ from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.platform_settings import TelegramSettings
+from bot.settings_base import reveal
 from bot.state import TaskSet
 from bot.streaming import RateBudget, RetryAfter
 from bot.types import Inquiry
@@ -128,15 +129,16 @@ class TelegramAdapter:
         if not self.settings.webhook_mode:
             return
 
-        SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=self.settings.webhook_secret,
+        secret = reveal(self.settings.webhook_secret) or None
+        SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=secret,
                              handle_in_background=True).register(web_app, path=self.settings.webhook_path)
 
     async def start(self) -> None:
         me = await self.bot.me()
         self.username = me.username
         if self.settings.webhook_mode:
-            await self.bot.set_webhook(self.settings.webhook_url or "", secret_token=self.settings.webhook_secret,
-                                       allowed_updates=UPDATES)
+            await self.bot.set_webhook(self.settings.webhook_url or "",
+                                       secret_token=reveal(self.settings.webhook_secret) or None, allowed_updates=UPDATES)
             log.info("Telegram: @%s receiving updates at %s", self.username, self.settings.webhook_path)
             return
         await self.bot.delete_webhook(drop_pending_updates=False)

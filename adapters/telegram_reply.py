@@ -42,6 +42,7 @@ from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReplyPar
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
 from bot.platform_settings import TelegramSettings
+from bot.settings_base import reveal
 from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter
 from bot.types import Answer, Citation
 
@@ -354,4 +355,4 @@ class TelegramReply:
 def make_bot(settings: TelegramSettings) -> Bot:
     """The aiogram ``Bot``; ``TELEGRAM_API_URL`` points it at another Bot API server."""
     session = AiohttpSession(api=TelegramAPIServer.from_base(settings.api_url)) if settings.api_url else None
-    return Bot(settings.token or "", session=session)
+    return Bot(reveal(settings.token), session=session)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+
+from bot.settings_base import Env, Section, Spaces, reveal
 
 ENV_TOKEN = "KBBOT_API_TOKEN"
 
@@ -31,7 +32,7 @@ class ApiToken(BaseModel):
     @model_validator(mode="after")
     def _one_token(self) -> ApiToken:
         if (self.token is None) == (self.token_env is None):
-            raise ValueError("give exactly one of token (the value) or token_env (the variable holding it)")
+            raise ValueError("needs exactly one of token (the value) or token_env (the variable holding it)")
         return self
 
     def resolve(self, env: Mapping[str, str]) -> ApiToken:
@@ -44,69 +45,59 @@ class ApiToken(BaseModel):
         return self.model_copy(update={"token": SecretStr(value), "token_env": None})
 
 
-def _describe(where: str, error: ValidationError) -> str:
-    """``where.field: what is wrong`` for the first problem pydantic found."""
-    first = error.errors()[0]
-    field_path = "".join(f".{part}" if isinstance(part, str) else f"[{part}]" for part in first["loc"])
-    return f"{where}{field_path}: {first['msg']}"
-
-
-@dataclass
-class ApiSettings:
+class ApiSettings(Section):
     #: Callers: ``{name, token_env (or token), spaces}`` each.
-    tokens: list[Any] = field(default_factory=list)
+    tokens: list[ApiToken] = []
     #: Spaces of the ``KBBOT_API_TOKEN`` caller.
-    default_spaces: list[str] = field(default_factory=lambda: ["default"])
+    default_spaces: Spaces = ["default"]
     #: The model name ``/v1/models`` lists and completions report.
     model: str = "kbbot"
     #: How long an ``Idempotency-Key`` is remembered: a request sent again within it is not answered twice.
-    dedupe_ttl_s: float = 3600
+    dedupe_ttl_s: float = Field(3600, gt=0)
     #: The largest request body accepted (KiB).
-    max_body_kb: int = 256
-    callers: list[ApiToken] = field(default_factory=list, init=False, repr=False)
-    _problems: list[str] = field(default_factory=list, init=False, repr=False)
+    max_body_kb: int = Field(256, ge=1)
+    #: The ``default`` caller's token.
+    default_token: Annotated[SecretStr | None, Env(ENV_TOKEN, only=True)] = None
+    _callers: list[ApiToken] = PrivateAttr(default_factory=list)
+    _problems: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def callers(self) -> list[ApiToken]:
+        return self._callers
 
     @property
     def enabled(self) -> bool:
-        return bool(self.callers)
+        return bool(self._callers)
 
-    def apply_env(self, env: Mapping[str, str]) -> ApiSettings:
-        """Parses ``tokens`` (with their variables) and adds ``KBBOT_API_TOKEN``; ``problems`` says what failed."""
-        self.callers, self._problems = [], []
-        if not isinstance(self.tokens, list):
-            self._problems.append("api.tokens must be a list of {name, token_env, spaces}")
-            return self
-        for index, raw in enumerate(self.tokens):
+    def resolve_callers(self, env: Mapping[str, str]) -> ApiSettings:
+        """Reads each caller's ``token_env`` from ``env``; ``problems`` says which are missing.
+
+        By hand: the variables' names are data of the file, which no settings source can know.
+        """
+        self._callers, self._problems = [], []
+        for index, caller in enumerate(self.tokens):
             try:
-                self.callers.append(ApiToken.model_validate(raw).resolve(env))
-            except ValidationError as exc:
-                self._problems.append(_describe(f"api.tokens[{index}]", exc))
+                self._callers.append(caller.resolve(env))
             except ValueError as exc:
                 self._problems.append(f"api.tokens[{index}]: {exc}")
-        if env.get(ENV_TOKEN):
-            self.callers.append(ApiToken(name="default", token=SecretStr(env[ENV_TOKEN]),
-                                         spaces=tuple(self.default_spaces)))
+        if self.default_token is not None:
+            self._callers.append(ApiToken(name="default", token=self.default_token, spaces=tuple(self.default_spaces)))
         return self
 
     def problems(self) -> list[str]:
         found = list(self._problems)
-        names = [c.name for c in self.callers]
+        names = [c.name for c in self._callers]
         if len(set(names)) != len(names):
-            found.append("api.tokens: each caller needs a name of its own (KBBOT_API_TOKEN's is `default`)")
-        values = [c.token.get_secret_value() for c in self.callers if c.token is not None]
+            found.append(f"api.tokens: each caller needs a name of its own ({ENV_TOKEN}'s is `default`)")
+        values = [reveal(c.token) for c in self._callers]
         if len(set(values)) != len(values):
             found.append("api.tokens: two callers share a token")
-        if not self.default_spaces:
-            found.append("api.default_spaces must name at least one space")
-        if self.dedupe_ttl_s <= 0 or self.max_body_kb < 1:
-            found.append("api.dedupe_ttl_s must be positive and api.max_body_kb at least 1")
         return found
 
     def caller(self, presented: str) -> ApiToken | None:
         """The caller whose token is ``presented`` (compared in constant time), else None."""
         found = None
-        for caller in self.callers:
-            assert caller.token is not None
-            if hmac.compare_digest(caller.token.get_secret_value().encode(), presented.encode()):
+        for caller in self._callers:
+            if hmac.compare_digest(reveal(caller.token).encode(), presented.encode()):
                 found = caller
         return found

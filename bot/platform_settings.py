@@ -1,105 +1,121 @@
 """Settings of the chat platforms: the ``slack:`` and ``telegram:`` sections of ``config/kbbot.yaml`` plus environment.
 
-Tokens and the signing secret come only from the environment (``apply_env`` overwrites whatever
-a file said) and are kept out of ``repr``.
+Tokens and the signing secret come only from the environment (a file holding one is refused) and
+are ``SecretStr``: never in a repr or a log.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from pydantic import BeforeValidator, Field, SecretStr, StrictBool, field_validator, model_validator
+
 from bot.errors import SettingsError
+from bot.settings_base import Env, Ids, Problem, Section, Spaces, as_ids, reveal
 
-STREAM_MODES = ("native", "edit")
+_WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
+
+Seconds = Annotated[float, Field(ge=0)]
 
 
-class _Checked:
-    """``problems()`` lists what is wrong, one line each naming the setting; ``validate()`` raises the first."""
+def _keys_as_text(value: Any) -> Any:
+    """Chat and channel ids are YAML numbers or strings as keys; the settings look them up as text."""
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
 
-    def problems(self, *, serving: bool = True) -> list[str]:
+
+#: Chat or channel id -> the knowledge spaces searched for questions asked there.
+SpacesByChat = Annotated[dict[str, Spaces], BeforeValidator(_keys_as_text)]
+
+
+class _Platform(Section):
+    def problems(self) -> list[str]:
+        """What the environment got wrong for serving, one line each naming the variable (empty when
+        valid). Not checked when the settings load: ``kbbot ask`` must not fail because the
+        environment holds a Slack token without its signing secret."""
         raise NotImplementedError
 
-    def validate(self, *, serving: bool = True) -> None:
-        problems = self.problems(serving=serving)
+    def check_serving(self) -> None:
+        problems = self.problems()
         if problems:
             raise SettingsError(problems[0])
 
 
-def _stream_problems(section: str, mode: str, modes: tuple[str, ...], length_name: str, length: int,
-                     max_length: int, intervals: Mapping[str, float]) -> list[str]:
-    """The checks both platforms' streaming settings share."""
-    found = []
-    if mode not in modes:
-        found.append(f"{section}.stream_mode is {mode!r}; expected one of {', '.join(modes)}")
-    if not 1 <= length <= max_length:
-        found.append(f"{section}.{length_name} must be between 1 and {max_length}")
-    if any(value < 0 for value in intervals.values()):
-        found.append(" and ".join(f"{section}.{name}" for name in intervals) + " must not be negative")
-    return found
-
-
-@dataclass
-class SlackSettings(_Checked):
+class SlackSettings(_Platform):
     #: native: chat.startStream/appendStream/stopStream; edit: chat.postMessage + chat.update.
     #: native falls back to edit by itself where Slack refuses streaming.
-    stream_mode: str = "native"
+    stream_mode: Literal["native", "edit"] = "native"
     #: Answer un-mentioned messages in threads kbbot already answered in.
-    follow_ups: bool = True
+    follow_ups: StrictBool = True
     #: Answer direct messages (message.im).
-    direct_messages: bool = True
+    direct_messages: StrictBool = True
     #: Workspaces (team ids) and channels kbbot answers in; empty = all. DMs are not channels here.
-    allowed_teams: list[str] = field(default_factory=list)
-    allowed_channels: list[str] = field(default_factory=list)
+    allowed_teams: Ids = []
+    allowed_channels: Ids = []
     #: Channel id -> knowledge spaces searched for questions asked there.
-    channel_spaces: dict[str, list[str]] = field(default_factory=dict)
+    channel_spaces: SpacesByChat = {}
     #: Spaces for channels without a mapping, and for DMs.
-    default_spaces: list[str] = field(default_factory=lambda: ["default"])
+    default_spaces: Spaces = ["default"]
     #: Native streaming: characters gathered before a chat.appendStream (AsyncChatStream buffer_size).
-    buffer_size: int = 256
+    buffer_size: int = Field(256, ge=1)
     #: Native streaming: minimum seconds between two stream calls of one answer.
-    stream_interval_s: float = 1.0
+    stream_interval_s: Seconds = 1.0
     #: Edit fallback: minimum seconds between two chat.update calls of one answer.
-    edit_interval_s: float = 1.2
+    edit_interval_s: Seconds = 1.2
     #: Longest Markdown text per message (Slack: 12,000 per markdown_text); longer answers are split.
-    max_message_chars: int = 12000
+    max_message_chars: int = Field(12000, ge=1, le=12000)
     #: assistant.threads.setStatus text while an answer is being looked up.
     status: str = "Searching the knowledge base…"
     #: How long a delivered event id is remembered (Slack retries within minutes).
-    dedupe_ttl_s: float = 3600
+    dedupe_ttl_s: float = Field(3600, gt=0)
     #: While its turn runs, an event's claim lasts this long and is renewed: a replica that dies
     #: mid-turn frees the event for Slack's next retry (1 and 5 minutes after a missed ack).
-    claim_lease_s: float = 30
+    claim_lease_s: float = Field(30, gt=0)
     #: How long this process remembers a thread it answered in (follow-ups; history is the lasting record).
-    thread_memory_s: float = 86400
+    thread_memory_s: Seconds = 86400
     #: Retries of a 429 inside the Slack client (AsyncRateLimitErrorRetryHandler) before our writer waits.
-    retry_429: int = 1
+    retry_429: int = Field(1, ge=0)
     #: Calls per minute per workspace, by Web API method, overriding the built-in tier table.
-    rate_limits: dict[str, float] = field(default_factory=dict)
+    rate_limits: dict[str, Annotated[float, Field(gt=0)]] = {}
     #: Feedback buttons under each answer.
-    feedback: bool = True
-    #: Web API base URL (env SLACK_API_URL), e.g. an Enterprise proxy or a test server.
-    api_url: str | None = None
+    feedback: StrictBool = True
+    #: Web API base URL, e.g. an Enterprise proxy or a test server.
+    api_url: Annotated[str | None, Env("SLACK_API_URL")] = None
     #: User ids allowed to run ``/kbbot status`` and ``/kbbot refresh [SOURCE]``.
-    admins: list[str] = field(default_factory=list)
+    admins: Ids = []
     #: Who may approve answers (and withdraw approvals): user ids, the same in every workspace, or a
     #: mapping team id -> user ids (one list per workspace).
-    reviewers: list[str] | dict[str, list[str]] = field(default_factory=list)
-    # Secrets: environment only.
-    bot_token: str | None = field(default=None, repr=False)
-    signing_secret: str | None = field(default=None, repr=False)
-    app_token: str | None = field(default=None, repr=False)
+    reviewers: Ids | dict[str, Ids] = []
+    bot_token: Annotated[SecretStr | None, Env("SLACK_BOT_TOKEN", only=True)] = None
+    signing_secret: Annotated[SecretStr | None, Env("SLACK_SIGNING_SECRET", only=True)] = None
+    app_token: Annotated[SecretStr | None, Env("SLACK_APP_TOKEN", only=True)] = None
+
+    @field_validator("reviewers", mode="before")
+    @classmethod
+    def _reviewers(cls, value: Any) -> Any:
+        # One message for both shapes: the union would report each shape's failure separately.
+        try:
+            if isinstance(value, dict):
+                return {str(team): as_ids(users) for team, users in value.items()}
+            return as_ids(value)
+        except ValueError:
+            raise ValueError("must be a list of user ids, or a mapping team id -> list of user ids") from None
+
+    @model_validator(mode="after")
+    def _lease_within_dedupe(self) -> SlackSettings:
+        if self.claim_lease_s > self.dedupe_ttl_s:
+            raise Problem("must be at most slack.dedupe_ttl_s", at=("claim_lease_s",))
+        return self
 
     @property
     def enabled(self) -> bool:
-        return bool(self.bot_token)
+        return self.bot_token is not None
 
     @property
     def socket_mode(self) -> bool:
-        return bool(self.app_token)
+        return self.app_token is not None
 
     def spaces_for(self, channel: str) -> tuple[str, ...]:
         return tuple(self.channel_spaces.get(channel) or self.default_spaces)
@@ -107,103 +123,68 @@ class SlackSettings(_Checked):
     def reviewers_of(self, team: str) -> list[str]:
         if isinstance(self.reviewers, dict):
             return list(self.reviewers.get(team) or [])
-        return list(self.reviewers or [])
+        return list(self.reviewers)
 
     def is_reviewer(self, team: str, user: str) -> bool:
         return bool(user) and user in self.reviewers_of(team)
 
-    def apply_env(self, env: Mapping[str, str]) -> SlackSettings:
-        self.bot_token = env.get("SLACK_BOT_TOKEN") or None
-        self.signing_secret = env.get("SLACK_SIGNING_SECRET") or None
-        self.app_token = env.get("SLACK_APP_TOKEN") or None
-        if env.get("SLACK_API_URL"):
-            self.api_url = env["SLACK_API_URL"]
-        self.channel_spaces = {str(k): v for k, v in (self.channel_spaces or {}).items()}
-        self.admins = _str_list(self.admins)
-        if isinstance(self.reviewers, dict):
-            self.reviewers = {str(k): _str_list(v) if isinstance(v, (list, tuple, str)) else v
-                              for k, v in self.reviewers.items()}
-        elif isinstance(self.reviewers, (list, tuple, str)) or self.reviewers is None:
-            self.reviewers = _str_list(self.reviewers)
-        return self
-
-    def problems(self, *, serving: bool = True) -> list[str]:
-        """What is wrong, one line each, naming the setting (empty when valid).
-
-        ``serving=False`` checks only the file's values: ``kbbot ask`` must not fail because the
-        environment holds a Slack token without its signing secret.
-        """
-        found = _stream_problems("slack", self.stream_mode, STREAM_MODES, "max_message_chars", self.max_message_chars,
-                                 12000, {"stream_interval_s": self.stream_interval_s,
-                                         "edit_interval_s": self.edit_interval_s})
-        if self.buffer_size < 1:
-            found.append("slack.buffer_size must be at least 1")
-        if not 0 < self.claim_lease_s <= self.dedupe_ttl_s:
-            found.append("slack.claim_lease_s must be positive and at most slack.dedupe_ttl_s")
-        found += _space_problems("slack", self.default_spaces, self.channel_spaces, "channel_spaces")
-        for method, per_minute in self.rate_limits.items():
-            if not isinstance(per_minute, (int, float)) or per_minute <= 0:
-                found.append(f"slack.rate_limits.{method} must be a positive number of calls per minute")
-        if not _user_ids(self.reviewers) and not (
-                isinstance(self.reviewers, dict) and all(_user_ids(v) for v in self.reviewers.values())):
-            found.append("slack.reviewers must be a list of user ids, or a mapping team id -> list of user ids")
-        if not serving:
-            return found
-        if self.enabled and not self.socket_mode and not self.signing_secret:
+    def problems(self) -> list[str]:
+        found = []
+        if self.enabled and not self.socket_mode and self.signing_secret is None:
             found.append("SLACK_BOT_TOKEN is set but SLACK_SIGNING_SECRET is not (needed for the Events API; "
                          "or set SLACK_APP_TOKEN for Socket Mode)")
-        if self.app_token and not self.app_token.startswith("xapp-"):
+        if self.app_token is not None and not reveal(self.app_token).startswith("xapp-"):
             found.append("SLACK_APP_TOKEN must be an app-level token (xapp-…)")
         return found
 
 
-TELEGRAM_STREAM_MODES = ("draft", "edit")
-_WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
-_BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
-
-
-@dataclass
-class TelegramSettings(_Checked):
+class TelegramSettings(_Platform):
     #: draft: sendMessageDraft previews in private chats, then sendMessage; edit: sendMessage +
     #: editMessageText. Groups (and chats that refuse drafts) always use edit.
-    stream_mode: str = "draft"
+    stream_mode: Literal["draft", "edit"] = "draft"
     #: Answer in groups and supergroups (only when mentioned or replied to).
-    groups_enabled: bool = False
+    groups_enabled: StrictBool = False
     #: User ids allowed to ask (private chats and groups); empty = everyone.
-    allowed_users: list[str] = field(default_factory=list)
+    allowed_users: Ids = []
     #: Group chat ids kbbot answers in; empty = every group (when groups_enabled).
-    allowed_chats: list[str] = field(default_factory=list)
+    allowed_chats: Ids = []
     #: Chat id -> knowledge spaces searched for questions asked there.
-    chat_spaces: dict[str, list[str]] = field(default_factory=dict)
+    chat_spaces: SpacesByChat = {}
     #: Spaces for chats without a mapping.
-    default_spaces: list[str] = field(default_factory=lambda: ["default"])
+    default_spaces: Spaces = ["default"]
     #: Edit mode: minimum seconds between two editMessageText of one answer (Telegram: about 1/s per chat).
-    edit_interval_s: float = 1.0
+    edit_interval_s: Seconds = 1.0
     #: Draft mode: minimum seconds between two sendMessageDraft of one answer.
-    draft_interval_s: float = 0.5
+    draft_interval_s: Seconds = 0.5
     #: Longest message in UTF-16 code units after entity parsing (Telegram: 4096); longer answers are split.
-    max_message_units: int = 4096
+    max_message_units: int = Field(4096, ge=1, le=4096)
     #: How long a delivered update id is remembered.
-    dedupe_ttl_s: float = 86400
+    dedupe_ttl_s: float = Field(86400, gt=0)
     #: 👍/👎 buttons under each answer.
-    feedback: bool = True
+    feedback: StrictBool = True
     #: getUpdates long-polling timeout in seconds.
-    polling_timeout_s: int = 30
-    #: Bot API server base URL (env TELEGRAM_API_URL), e.g. a self-hosted telegram-bot-api or a test server.
-    api_url: str | None = None
-    #: Public HTTPS URL of the webhook (env TELEGRAM_WEBHOOK_URL); its path is served by kbbot serve.
-    webhook_url: str | None = None
+    polling_timeout_s: int = Field(30, ge=0, le=50)
+    #: Bot API server base URL, e.g. a self-hosted telegram-bot-api or a test server.
+    api_url: Annotated[str | None, Env("TELEGRAM_API_URL")] = None
+    #: Public HTTPS URL of the webhook; its path is served by kbbot serve.
+    webhook_url: Annotated[str | None, Env("TELEGRAM_WEBHOOK_URL")] = None
     #: User ids allowed to run ``/status`` and ``/refresh [SOURCE]``.
-    admins: list[str] = field(default_factory=list)
+    admins: Ids = []
     #: User ids who may approve answers (and withdraw approvals) with the buttons under them.
-    reviewers: list[str] = field(default_factory=list)
-    # Secrets: environment only.
-    token: str | None = field(default=None, repr=False)
-    webhook_secret: str | None = field(default=None, repr=False)
+    reviewers: Ids = []
+    token: Annotated[SecretStr | None, Env("TELEGRAM_BOT_TOKEN", only=True)] = None
+    webhook_secret: Annotated[SecretStr | None, Env("TELEGRAM_WEBHOOK_SECRET", only=True)] = None
+
+    @field_validator("reviewers")
+    @classmethod
+    def _numeric_reviewers(cls, value: list[str]) -> list[str]:
+        if not all(v.isdigit() for v in value):
+            raise ValueError("must be a list of user ids (numbers)")
+        return value
 
     @property
     def enabled(self) -> bool:
-        return bool(self.token)
+        return self.token is not None
 
     @property
     def webhook_mode(self) -> bool:
@@ -219,67 +200,16 @@ class TelegramSettings(_Checked):
     def is_reviewer(self, user: str) -> bool:
         return bool(user) and user in self.reviewers
 
-    def apply_env(self, env: Mapping[str, str]) -> TelegramSettings:
-        self.token = env.get("TELEGRAM_BOT_TOKEN") or None
-        self.webhook_secret = env.get("TELEGRAM_WEBHOOK_SECRET") or None
-        if env.get("TELEGRAM_API_URL"):
-            self.api_url = env["TELEGRAM_API_URL"]
-        if env.get("TELEGRAM_WEBHOOK_URL"):
-            self.webhook_url = env["TELEGRAM_WEBHOOK_URL"]
-        self.allowed_users = _str_list(self.allowed_users)
-        self.allowed_chats = _str_list(self.allowed_chats)
-        self.admins = _str_list(self.admins)
-        if isinstance(self.reviewers, (list, tuple, str)) or self.reviewers is None:
-            self.reviewers = _str_list(self.reviewers)
-        self.chat_spaces = {str(k): v for k, v in (self.chat_spaces or {}).items()}
-        return self
-
-    def problems(self, *, serving: bool = True) -> list[str]:
-        """What is wrong, one line each, naming the setting (empty when valid)."""
-        found = _stream_problems("telegram", self.stream_mode, TELEGRAM_STREAM_MODES, "max_message_units",
-                                 self.max_message_units, 4096, {"edit_interval_s": self.edit_interval_s,
-                                                                 "draft_interval_s": self.draft_interval_s})
-        if self.dedupe_ttl_s <= 0:
-            found.append("telegram.dedupe_ttl_s must be positive")
-        found += _space_problems("telegram", self.default_spaces, self.chat_spaces, "chat_spaces")
-        if not 0 <= self.polling_timeout_s <= 50:
-            found.append("telegram.polling_timeout_s must be between 0 and 50")
-        if not _user_ids(self.reviewers) or not all(str(v).strip().isdigit() for v in self.reviewers):
-            found.append("telegram.reviewers must be a list of user ids (numbers)")
-        if not serving:
-            return found
-        if self.token and not _BOT_TOKEN.match(self.token):
+    def problems(self) -> list[str]:
+        found = []
+        if self.token is not None and not _BOT_TOKEN.match(reveal(self.token)):
             found.append("TELEGRAM_BOT_TOKEN does not look like a bot token (123456:ABC…)")
         if self.webhook_url:
             if not self.webhook_url.startswith("https://"):
                 found.append("TELEGRAM_WEBHOOK_URL must be an https:// URL (Telegram only calls HTTPS webhooks)")
-            if not self.webhook_secret:
+            if self.webhook_secret is None:
                 found.append("TELEGRAM_WEBHOOK_URL is set but TELEGRAM_WEBHOOK_SECRET is not "
                              "(every webhook request is checked against it)")
-        if self.webhook_secret and not _WEBHOOK_SECRET.match(self.webhook_secret):
+        if self.webhook_secret is not None and not _WEBHOOK_SECRET.match(reveal(self.webhook_secret)):
             found.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
         return found
-
-
-def _space_problems(section: str, default_spaces: Any, mapped: Mapping[str, Any], mapping_name: str) -> list[str]:
-    """``default_spaces`` and every mapped list must be a non-empty list of space names: an empty list
-    would switch the space filter off (every space searchable) and a plain string would be read as
-    one space per character."""
-    found = []
-    for where, value in [(f"{section}.default_spaces", default_spaces),
-                         *((f"{section}.{mapping_name}.{k}", v) for k, v in (mapped or {}).items())]:
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-            found.append(f"{where} must be a non-empty list of knowledge space names, e.g. [default]; got {value!r}")
-    return found
-
-
-def _user_ids(value: Any) -> bool:
-    """A list of user ids (strings or numbers), as ``admins`` and ``reviewers`` hold."""
-    return isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip()
-                                           for v in value)
-
-
-def _str_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in (value or [])]

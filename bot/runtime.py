@@ -25,6 +25,7 @@ from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, connect_r
 from bot.refresh import Refresher, knowledge_status, run_log
 from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
+from bot.settings_base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from pipelines.components.converter import OcrOptions
 from pipelines.components.embedders import make_embedders
@@ -46,7 +47,7 @@ def make_store(settings: Settings, *, directory_name: str = "store", collection:
     if settings.store_kind == "weaviate":
         return open_store("weaviate", url=settings.store.weaviate_url,
                           collection=collection or settings.store.collection, allow_outdated=allow_outdated,
-                          api_key=settings.store.weaviate_api_key,
+                          api_key=reveal(settings.store.weaviate_api_key) or None,
                           replication_factor=settings.weaviate.replication_factor,
                           consistency=settings.weaviate.consistency)
     return open_store("memory", directory=settings.data_dir / directory_name)
@@ -218,7 +219,7 @@ class Runtime:
             log_ = RedisTurnLog(self._redis, self.settings.redis_prefix, retention_days=i.retention_days)
         else:
             log_ = SqliteTurnLog(self.settings.data_dir / "turns.sqlite3", retention_days=i.retention_days)
-        return TurnRecorder(log_, hash_key=i.user_id_key if i.hash_user_ids else None)
+        return TurnRecorder(log_, hash_key=reveal(i.user_id_key) if i.hash_user_ids else None)
 
     @property
     def turns(self) -> TurnRecorder | None:

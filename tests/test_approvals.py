@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from adapters.slack_text import APPROVE_ACTION, REVIEW_BLOCK, WITHDRAW_ACTION
 from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.runtime import Runtime, build_runtime
-from bot.settings import Settings
+from bot.settings import Settings, SettingsError, load_settings
 from bot.types import Outcome
 from tests.conftest import make_settings
 from tests.fakes.slack_server import Message
@@ -220,7 +221,7 @@ async def test_slack_clicks_of_non_reviewers_and_old_buttons_change_nothing(memo
         assert again.answer.outcome is Outcome.ANSWERED, "nothing was approved"
 
         # A reviewer of another workspace is nobody's reviewer here.
-        other = SlackSettings(reviewers={"T0OTHER": [REVIEWER]}).apply_env({})
+        other = SlackSettings(reviewers={"T0OTHER": [REVIEWER]})
         assert not other.is_reviewer(TEAM, REVIEWER) and other.is_reviewer("T0OTHER", REVIEWER)
 
 
@@ -322,10 +323,14 @@ async def test_telegram_approve_and_withdraw_buttons_for_reviewers_only(memory_r
         assert tg.turns[-1].answer.outcome is Outcome.ANSWERED
 
 
-def test_reviewer_settings_are_validated():
-    assert SlackSettings(reviewers=["U1"]).apply_env({}).problems(serving=False) == []
-    assert SlackSettings(reviewers={"T1": ["U1"], "T2": "U2"}).apply_env({}).reviewers == {"T1": ["U1"],
-                                                                                           "T2": ["U2"]}
-    assert "slack.reviewers" in SlackSettings(reviewers={"T1": 5}).apply_env({}).problems(serving=False)[0]
-    assert TelegramSettings(reviewers=[9001]).apply_env({}).reviewers == ["9001"]
-    assert "telegram.reviewers" in TelegramSettings(reviewers=["rita"]).apply_env({}).problems(serving=False)[0]
+def test_reviewer_settings_are_validated(tmp_path: Path):
+    assert SlackSettings(reviewers=["U1"]).reviewers == ["U1"]
+    assert SlackSettings(reviewers={"T1": ["U1"], "T2": "U2"}).reviewers == {"T1": ["U1"], "T2": ["U2"]}
+    assert TelegramSettings(reviewers=[9001]).reviewers == ["9001"]
+    config = tmp_path / "kbbot.yaml"
+    for section, reviewers, message in (
+            ("slack", "{T1: [true]}", "slack.reviewers must be a list of user ids, or a mapping team id -> list of user ids"),
+            ("telegram", "[rita]", "telegram.reviewers must be a list of user ids (numbers)")):
+        config.write_text(f"{section}:\n  reviewers: {reviewers}\n", encoding="utf-8")
+        with pytest.raises(SettingsError, match=re.escape(message)):
+            load_settings(config, env={"KBBOT_DATA_DIR": str(tmp_path)})

@@ -38,8 +38,8 @@ def test_replication_reaches_both_collections_with_repair_and_deletions_that_win
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"WEAVIATE_REPLICATION_FACTOR": "three"}, "WEAVIATE_REPLICATION_FACTOR must be a whole number"),
-    ({"WEAVIATE_REPLICATION_FACTOR": "0"}, "weaviate.replication_factor is 0"),
-    ({"WEAVIATE_CONSISTENCY": "most"}, "weaviate.consistency is 'most'; expected one, quorum or all"),
+    ({"WEAVIATE_REPLICATION_FACTOR": "0"}, "WEAVIATE_REPLICATION_FACTOR must be at least 1, got '0'"),
+    ({"WEAVIATE_CONSISTENCY": "most"}, "WEAVIATE_CONSISTENCY is 'most'; expected one of one, quorum, all"),
     ({"REDIS_SENTINELS": "localhost"}, "REDIS_SENTINELS entries are host:port, got 'localhost'"),
     ({"REDIS_URL": "http://127.0.0.1:6379"}, "REDIS_URL must be a redis://, rediss:// (TLS), unix:// or "
                                              "redis+sentinel:// URL"),

@@ -65,7 +65,8 @@ async def api_server(runtime: Runtime) -> AsyncIterator[Api]:
 
 
 def with_token(runtime: Runtime, **env: str) -> Runtime:
-    runtime.settings.api.apply_env({"KBBOT_API_TOKEN": TOKEN, **env})
+    runtime.settings.api.default_token = TOKEN  # what KBBOT_API_TOKEN sets
+    runtime.settings.api.resolve_callers(env)
     return runtime
 
 
@@ -206,19 +207,23 @@ async def test_rate_limits_and_caps_apply_as_on_every_platform(kb_data_dir: Path
     assert "too long" in (long.choices[0].message.content or "")
 
 
-def test_api_tokens_are_checked_naming_the_key_and_the_fix(tmp_path):
-    settings = make_settings(tmp_path)
-    settings.api.tokens = [{"name": "a", "token": "t1", "token_env": "A_TOKEN"}]
-    assert settings.api.apply_env({}).problems() == [
-        "api.tokens[0]: Value error, give exactly one of token (the value) or token_env (the variable holding it)"]
-    settings.api.tokens = [{"name": "a", "token_env": "A_TOKEN", "space": ["x"]}]  # a typo: "space"
-    assert settings.api.apply_env({"A_TOKEN": "t"}).problems() == ["api.tokens[0].space: Extra inputs are not permitted"]
-    settings.api.tokens = [{"name": "a", "token_env": "A_TOKEN"}]
-    assert settings.api.apply_env({}).problems() == ["api.tokens[0]: the environment variable A_TOKEN is not set"]
+@pytest.mark.parametrize(("tokens", "env", "message"), [
+    ("{name: a, token: t1, token_env: A_TOKEN}", {},
+     "api.tokens[0] needs exactly one of token (the value) or token_env (the variable holding it)"),
+    ("{name: a, token_env: A_TOKEN, space: [x]}", {"A_TOKEN": "t"},  # a typo: "space"
+     "unknown setting api.tokens[0].space (did you mean spaces?)"),
+    ("{name: a, token_env: A_TOKEN}", {}, "api.tokens[0]: the environment variable A_TOKEN is not set"),
+    ("{name: a, token_env: A_TOKEN, spaces: []}", {"A_TOKEN": "t"}, "api.tokens[0].spaces must have at least 1 item"),
+    ("{name: default, token_env: A_TOKEN}", {"A_TOKEN": "t", "KBBOT_API_TOKEN": "u"},
+     "api.tokens: each caller needs a name of its own (KBBOT_API_TOKEN's is `default`)"),
+    ("{name: a, token_env: A_TOKEN}", {"A_TOKEN": "t", "KBBOT_API_TOKEN": "t"}, "api.tokens: two callers share a token"),
+])
+def test_api_tokens_are_checked_naming_the_key_and_the_fix(tmp_path, tokens: str, env: dict[str, str], message: str):
     config = tmp_path / "kbbot.yaml"
-    config.write_text("api:\n  tokens:\n    - {name: a, token_env: A_TOKEN, spaces: []}\n", encoding="utf-8")
-    with pytest.raises(SettingsError, match=r"api\.tokens\[0\]\.spaces"):
-        make_settings_from(config, A_TOKEN="t")
+    config.write_text(f"api:\n  tokens:\n    - {tokens}\n", encoding="utf-8")
+    with pytest.raises(SettingsError) as refused:
+        make_settings_from(config, **env)
+    assert message in str(refused.value)
 
 
 def make_settings_from(config: Path, **env: str) -> Any:

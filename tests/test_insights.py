@@ -143,7 +143,7 @@ def test_settings_refuse_unsafe_insights_configurations(tmp_path):
         settings_with(tmp_path, "insights:\n  retention: 3\n")
     ok = settings_with(tmp_path, "insights:\n  hash_user_ids: true\n", KBBOT_USER_ID_KEY="k" * 20,
                        KBBOT_ADMIN_TOKEN="t" * 24)
-    assert ok.insights.admin_token == "t" * 24 and "t" * 24 not in repr(ok)
+    assert ok.insights.admin_token.get_secret_value() == "t" * 24 and "t" * 24 not in repr(ok)
 
 
 def settings_with(tmp_path: Path, extra: str, **env: str):

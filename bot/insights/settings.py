@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
+
+from apscheduler.triggers.cron import CronTrigger
+from pydantic import Field, SecretStr, StrictBool, field_validator, model_validator
+
+from bot.settings_base import Env, Problem, Section, reveal
 
 
-@dataclass
-class DigestSettings:
+def check_crontab(line: str | None, timezone: str = "UTC") -> str | None:
+    """``line`` when APScheduler reads it as a crontab line, else a ``ValueError`` quoting it."""
+    if line is not None:
+        try:
+            CronTrigger.from_crontab(str(line), timezone=timezone)
+        except ValueError as exc:
+            raise ValueError(f"{line!r} is not a crontab line (minute hour day month weekday): {exc}") from None
+    return line
+
+
+class DigestSettings(Section):
     #: Crontab line of the weekly digest (in ``refresh.timezone``); null: no digest. Name the weekday:
     #: APScheduler counts numeric weekdays from Monday = 0, unlike crontab.
     cron: str | None = "0 9 * * mon"
@@ -14,55 +28,49 @@ class DigestSettings:
     slack_channel: str | None = None
     telegram_chat: str | None = None
     #: Question groups and 👎 answers listed.
-    top: int = 5
+    top: int = Field(5, ge=1)
+
+    @field_validator("cron")
+    @classmethod
+    def _crontab(cls, line: str | None) -> str | None:
+        return check_crontab(line)
+
+    @field_validator("telegram_chat", "slack_channel", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @property
     def enabled(self) -> bool:
         return bool(self.cron and (self.slack_channel or self.telegram_chat))
 
 
-@dataclass
-class InsightsSettings:
+class InsightsSettings(Section):
     #: Keep a record of every turn (question, outcome, answer, trace, feedback, approval).
-    enabled: bool = True
-    retention_days: float = 90
+    enabled: StrictBool = True
+    retention_days: float = Field(90, gt=0)
     #: Store user ids as keyed hashes (``KBBOT_USER_ID_KEY`` is the key) instead of as given.
-    hash_user_ids: bool = False
+    hash_user_ids: StrictBool = False
     #: Two not-found questions whose embeddings are at least this similar count as one gap.
-    group_similarity: float = 0.9
+    group_similarity: float = Field(0.9, gt=0, le=1)
     #: The admin page's public address (linked from the digest), e.g. https://kbbot.example.com/admin.
     admin_url: str | None = None
     #: How long an admin page login lasts.
-    session_hours: float = 12
-    digest: DigestSettings = field(default_factory=DigestSettings)
-    #: From the environment only: ``KBBOT_ADMIN_TOKEN`` (the admin page is off without it) and
-    #: ``KBBOT_USER_ID_KEY``.
-    admin_token: str | None = field(default=None, repr=False)
-    user_id_key: str | None = field(default=None, repr=False)
+    session_hours: float = Field(12, gt=0)
+    digest: DigestSettings = Field(default_factory=DigestSettings)
+    #: The admin page is off without it.
+    admin_token: Annotated[SecretStr | None, Env("KBBOT_ADMIN_TOKEN", only=True)] = None
+    user_id_key: Annotated[SecretStr | None, Env("KBBOT_USER_ID_KEY", only=True)] = None
 
-    def apply_env(self, env: dict[str, str]) -> None:
-        self.admin_token = env.get("KBBOT_ADMIN_TOKEN") or None
-        self.user_id_key = env.get("KBBOT_USER_ID_KEY") or None
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(reveal(token)) < 16:
+            raise ValueError("must be at least 16 characters (e.g. `openssl rand -hex 24`)")
+        return token
 
-    def problems(self) -> list[str]:
-        out = []
-        if self.retention_days <= 0:
-            out.append("insights.retention_days must be positive")
-        if not 0 < self.group_similarity <= 1:
-            out.append("insights.group_similarity must be in (0, 1]")
-        if self.session_hours <= 0:
-            out.append("insights.session_hours must be positive")
-        if self.admin_token is not None and len(self.admin_token) < 16:
-            out.append("KBBOT_ADMIN_TOKEN must be at least 16 characters (e.g. `openssl rand -hex 24`)")
-        if self.hash_user_ids and not self.user_id_key:
-            out.append("insights.hash_user_ids needs KBBOT_USER_ID_KEY (a secret of your own) in the environment")
-        if self.digest.top < 1:
-            out.append("insights.digest.top must be at least 1")
-        if self.digest.cron:
-            from apscheduler.triggers.cron import CronTrigger
-
-            try:
-                CronTrigger.from_crontab(str(self.digest.cron), timezone="UTC")
-            except ValueError as exc:
-                out.append(f"insights.digest.cron {self.digest.cron!r} is not a crontab line: {exc}")
-        return out
+    @model_validator(mode="after")
+    def _key_to_hash_with(self) -> InsightsSettings:
+        if self.hash_user_ids and self.user_id_key is None:
+            raise Problem("needs KBBOT_USER_ID_KEY (a secret of your own) in the environment", at=("hash_user_ids",))
+        return self

@@ -94,7 +94,7 @@ def _load(path, tmp_path):
 
 
 def test_the_defaults_are_valid_and_spaces_resolve_to_lists():
-    assert SlackSettings().problems(serving=False) == [] and TelegramSettings().problems(serving=False) == []
+    assert SlackSettings().problems() == [] and TelegramSettings().problems() == []
     assert SlackSettings(channel_spaces={"C1": ["drives"]}).spaces_for("C1") == ("drives",)
 
 

@@ -170,7 +170,7 @@ def test_weaviate_api_key_is_sent_and_required(weaviate_with_api_key, tmp_path: 
         open_store("weaviate", url=url, grpc_port=grpc, collection="SecAuth")
     assert "401" in str(anonymous.value) or "nauthori" in str(anonymous.value) or "anonymous" in str(anonymous.value)
     settings = make_settings(tmp_path, WEAVIATE_URL=url, WEAVIATE_API_KEY=key)
-    assert key not in repr(settings) and settings.store.weaviate_api_key == key
+    assert key not in repr(settings) and settings.store.weaviate_api_key.get_secret_value() == key
     store = open_store("weaviate", url=url, grpc_port=grpc, collection="SecAuth", api_key=key)
     try:
         assert store.knowledge_version == 0
