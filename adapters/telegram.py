@@ -234,7 +234,7 @@ class TelegramAdapter:
                 return None
         keys = [f"telegram:update:{self.bot_id}:{update.update_id}"] if update is not None else []
         keys.append(f"telegram:message:{self.bot_id}:{message.chat.id}:{message.message_id}")
-        claimed = await self.conversations.claim(keys, s.dedupe_ttl_s)
+        claimed = await self.conversations.claim(keys, s.dedupe_ttl_s, lease_s=s.claim_lease_s)
         if claimed is None:
             log.info("update %s was already handled; not answering twice",
                      update.update_id if update is not None else "?")

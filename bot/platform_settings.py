@@ -160,6 +160,10 @@ class TelegramSettings(_Platform):
     max_message_units: int = Field(4096, ge=1, le=4096)
     #: How long a delivered update id is remembered.
     dedupe_ttl_s: float = Field(86400, gt=0)
+    #: While its turn runs, an update's claim lasts this long and is renewed: a process that dies
+    #: mid-turn (a replica, or the one long-polling reader restarting before it confirmed the
+    #: update) lets the update be answered when it comes again, instead of after ``dedupe_ttl_s``.
+    claim_lease_s: float = Field(30, gt=0)
     #: 👍/👎 buttons under each answer.
     feedback: StrictBool = True
     #: getUpdates long-polling timeout in seconds.
@@ -181,6 +185,12 @@ class TelegramSettings(_Platform):
         if not all(v.isdigit() for v in value):
             raise ValueError("must be a list of user ids (numbers)")
         return value
+
+    @model_validator(mode="after")
+    def _lease_within_dedupe(self) -> TelegramSettings:
+        if self.claim_lease_s > self.dedupe_ttl_s:
+            raise Problem("must be at most telegram.dedupe_ttl_s", at=("claim_lease_s",))
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -24,6 +24,7 @@ from bot.conversation import TurnRecord
 from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
+from bot.state import HeldClaims, MemoryIdempotency
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
@@ -246,6 +247,34 @@ async def test_a_duplicate_update_is_answered_once(kb_runtime, fake_tg):
         await again.send(update)
     assert len(tg.turns) == 1 and again.turns == []
     assert len(fake_tg.chat(7001)) == 1
+
+
+class RecordingIdempotency(MemoryIdempotency):
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: list[tuple[str, float]] = []
+
+    async def claim(self, key: str, ttl_s: float) -> bool:
+        self.claims.append((key, ttl_s))
+        return await super().claim(key, ttl_s)
+
+
+async def test_a_message_whose_process_died_mid_turn_is_answered_when_it_comes_again(kb_runtime, fake_tg):
+    idempotency = RecordingIdempotency()
+    update = message_update(QUESTION)
+    async with telegram_bot(kb_runtime, fake_tg, idempotency=idempotency, claim_lease_s=0.5) as tg:
+        message = f"telegram:message:{tg.adapter.bot_id}:{update['message']['chat']['id']}:" \
+                  f"{update['message']['message_id']}"
+        claimed = await tg.adapter.conversations.claim([message], 60, lease_s=0.5)
+        assert isinstance(claimed, HeldClaims)
+        claimed._renewal.cancel()  # the process that claimed it died: nobody renews, nobody finishes
+        await tg.send({**update, "update_id": fake_tg.new_update_id()})  # at once: still held
+        assert tg.turns == []
+        await asyncio.sleep(0.8)  # past the lease
+        await tg.send({**update, "update_id": fake_tg.new_update_id()})
+    assert len(tg.turns) == 1 and len(fake_tg.chat(7001)) == 1
+    # The turn held its own claims on the lease too (renewed while it ran), not for the dedupe TTL.
+    assert idempotency.claims[-1][1] == 0.5 and len(idempotency.claims) >= 5
 
 
 async def test_webhook_checks_the_secret_and_answers_a_retried_update_once(kb_runtime, fake_tg):
