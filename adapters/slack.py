@@ -363,11 +363,13 @@ class SlackAdapter:
         if claimed is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return
-        where = SlackThread(team=team, channel=channel, thread_ts=thread_ts, user=user, is_dm=is_dm)
+        where = SlackThread(team=team, channel=channel, thread_ts=thread_ts, user=user, is_dm=is_dm,
+                            question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
         reply = SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(team),
-                           on_stream_refused=lambda code: self._stream_refused(team, code))
+                           on_stream_refused=lambda code: self._stream_refused(team, code),
+                           background=self._tasks.track)
         self._remember_thread(where.key)
         await self.conversations.answer(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind)

@@ -195,7 +195,7 @@ def model_tokens(model: Any) -> dict[str, tuple[float, float]]:
         text = request.last_user_text if hasattr(request, "last_user_text") else ""
         if request.first_token_at is None or "Question:" not in text:
             continue
-        question = text.rsplit("Question:", 1)[1].strip()
+        question = text.rsplit("Question:", 1)[1].strip().splitlines()[0].strip()  # the prompt goes on after it
         out[question] = (request.first_token_at, request.last_token_at or request.first_token_at)
     return out
 

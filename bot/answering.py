@@ -170,6 +170,9 @@ class Answerer:
             return await self._refuse(
                 reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
             )
+        # Acknowledged before the turn waits for its thread or a slot: a question queued behind
+        # others must still be seen to be taken at once.
+        await reply.start()
         try:
             async with self.thread_locks.hold(inquiry.thread_key), self._running():
                 return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),
@@ -270,9 +273,7 @@ class Answerer:
         task.add_done_callback(self._background.discard)
 
     async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace, fresh: bool) -> Answer:
-        started = time.perf_counter()
-        await reply.start()
-        t = time.perf_counter()
+        started = t = time.perf_counter()
         history = await self.history.load(inquiry.thread_key)
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")

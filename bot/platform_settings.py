@@ -68,6 +68,9 @@ class SlackSettings(_Checked):
     max_message_chars: int = 12000
     #: assistant.threads.setStatus text while an answer is being looked up.
     status: str = "Searching the knowledge base…"
+    #: Emoji name (no colons) put on a question when its status cannot be set at once (the status
+    #: tier is spent), removed when the answer is shown; "" never reacts.
+    ack_reaction: str = "eyes"
     #: How long a delivered event id is remembered (Slack retries within minutes).
     dedupe_ttl_s: float = 3600
     #: While its turn runs, an event's claim lasts this long and is renewed: a replica that dies
@@ -138,6 +141,9 @@ class SlackSettings(_Checked):
                                          "edit_interval_s": self.edit_interval_s})
         if self.buffer_size < 1:
             found.append("slack.buffer_size must be at least 1")
+        if not re.fullmatch(r"[a-z0-9_+'-]*", self.ack_reaction or ""):
+            found.append(f"slack.ack_reaction must be an emoji name without colons, e.g. eyes, "
+                         f"not {self.ack_reaction!r}")
         if not 0 < self.claim_lease_s <= self.dedupe_ttl_s:
             found.append("slack.claim_lease_s must be positive and at most slack.dedupe_ttl_s")
         found += _space_problems("slack", self.default_spaces, self.channel_spaces, "channel_spaces")

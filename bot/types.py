@@ -151,7 +151,8 @@ class Reply(Protocol):
     """How an adapter shows one answer as it is produced."""
 
     async def start(self) -> None:
-        """The turn began (show a status or typing indicator)."""
+        """The question was accepted: acknowledge it at once (a status, a reaction, a typing
+        indicator), before the turn waits for its thread's lock or a free slot."""
 
     async def push(self, delta: str) -> None:
         """More answer text arrived; render it (adapters throttle as their platform requires)."""
