@@ -3,12 +3,18 @@
 ``SlackReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one event; its ``SlackSink``
 puts the text into Slack messages:
 
+- the question acknowledged at once: the status, or an 👀 reaction when the status budget is spent
+  (each method has a tier of its own; the reaction is taken back when the answer is shown);
 - native streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack-sdk's
   ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``RateBudget`` shared by all
   answers of a workspace; where Slack refuses streaming, or no stream can start without waiting for
-  the workspace's ``chat.startStream`` budget (many answers at once), one message posted at once and
+  the workspace's ``chat.startStream`` budget (many answers at once), one message posted and
   updated with ``chat.update``; intermediate states use spare budget only, so finals never queue
   behind them;
+- in a busy channel, where every answer's first message waits for the channel's
+  ``chat.postMessage`` (about one a second), the budget goes to complete answers first (fewest
+  messages left, then the earliest complete), and a complete answer takes a free stream start and
+  stop (workspace tiers) rather than wait for the channel;
 - the final message: the answer as Markdown with the blocks of ``adapters.slack_text`` (sources,
   👍/👎, review buttons) on the last one; answers longer than one message are split at paragraph
   boundaries;

@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +371,7 @@ class Tally:
                 "final_visible_minus_last_token_ms_p95": pct(self.final, 0.95),
                 "api_calls_per_answer": round(calls / max(n, 1), 1),
                 "429s": sum(1 for c in all_calls if c.status == 429),
+                "429s_by_method": dict(Counter(c.method for c in all_calls if c.status == 429)),
                 "lost": self.lost}
 
 

@@ -130,11 +130,12 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | N
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
+    await adapter.start()  # as kbbot serve does
     try:
         async with aiohttp.ClientSession() as session:
             yield Slack(fake, adapter, f"http://127.0.0.1:{port}", session, turns)
     finally:
-        await adapter.drain(10)
+        await adapter.stop(10)
         await runner.cleanup()
 
 
