@@ -81,7 +81,8 @@ DEFAULT_RATES: dict[str, Rate] = {
     "chat.delete": Rate(50, burst=5),
     STATUS: Rate(50, burst=25),
     REACT: Rate(50, burst=25),
-    UNREACT: Rate(20, burst=5),
+    # Never urgent: kept inside 20 in any minute (burst + rate), so taking reactions back meets no 429.
+    UNREACT: Rate(15, burst=5),
 }
 
 
@@ -608,9 +609,20 @@ class SlackReply:
         if not await self._budgeted_call(STATUS, self._set_status_call("")):
             log.debug("thread %s: status not cleared", self.where.key)
 
-    async def _budgeted_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
-        await self.budget.acquire(self.where.team, method)
-        return await self._ack_call(method, call)
+    async def _budgeted_call(self, method: str, call: Callable[[], Awaitable[Any]], attempts: int = 3) -> bool:
+        """A call that should land eventually (clearing the status, taking the reaction back): it waits
+        for its budget, and a 429 holds that budget for the Retry-After the next attempt waits out."""
+        for _ in range(attempts):
+            await self.budget.acquire(self.where.team, method)
+            try:
+                await self.sink._api(method, call, paid=True)
+                return True
+            except RetryAfter:
+                continue
+            except SlackApiError as exc:
+                log.info("thread %s: %s refused (%s)", self.where.key, method, error_code(exc))
+                return False
+        return False
 
     def _take_back_reaction(self) -> None:
         """The answer is shown: the reaction has done its job. Removed from its own (Tier 2) budget in
