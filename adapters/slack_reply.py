@@ -269,7 +269,6 @@ class SlackSink:
         if bucket is not None:
             bucket.refund()
 
-
     def _defer(self) -> None:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""
         log.info("thread %s: chat.startStream budget spent; posting and editing instead", self.where.key)

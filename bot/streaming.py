@@ -357,7 +357,8 @@ class TokenBucket:
         waiter = _Waiter(asyncio.get_running_loop().create_future(),
                          priority if priority is not None else (COMPLETES, 1, started), self._seq)
         self._waiters.append(waiter)
-        if self._dispatcher is None or self._dispatcher.done():
+        dispatcher = self._dispatcher
+        if dispatcher is None or dispatcher.done() or dispatcher.get_loop() is not asyncio.get_running_loop():
             self._dispatcher = asyncio.create_task(self._dispatch(), name="token bucket")
         try:
             await waiter.future
@@ -372,12 +373,14 @@ class TokenBucket:
     async def _dispatch(self) -> None:
         """Hand out tokens as they come, each to the first waiter by priority at that moment.
         One sleeper per bucket: with a fake clock whose sleep advances it, time stays consistent."""
+        loop = asyncio.get_running_loop()
         while self._waiters:
             delay = self._delay(self._clock())
             if delay > 0:
                 await self._sleep(delay)
                 continue
-            self._waiters = [w for w in self._waiters if not w.future.done()]
+            # Waiters gone, or left behind by an event loop that has ended, are dropped.
+            self._waiters = [w for w in self._waiters if not w.future.done() and w.future.get_loop() is loop]
             if not self._waiters:
                 break
             first = min(self._waiters, key=_Waiter.key)
