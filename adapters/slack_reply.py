@@ -638,8 +638,13 @@ class SlackReply:
             task.add_done_callback(_PENDING.discard)
 
     # --- Reply ----------------------------------------------------------------------------------
+    async def acknowledge(self) -> None:
+        """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
+        if self._ack_task is None:
+            self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
+
     async def start(self) -> None:
-        self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
+        await self.acknowledge()  # already done when the Answerer acknowledged first
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)

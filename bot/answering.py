@@ -24,7 +24,7 @@ from bot.messages import say
 from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
-from bot.types import Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
+from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
 from pipelines.citations import attach_missing_markers, normalize_markers
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
@@ -170,9 +170,8 @@ class Answerer:
             return await self._refuse(
                 reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
             )
-        # Acknowledged before the turn waits for its thread or a slot: a question queued behind
-        # others must still be seen to be taken at once.
-        await reply.start()
+        if isinstance(reply, Acknowledges):
+            await reply.acknowledge()  # a question queued behind others is still seen to be taken
         try:
             async with self.thread_locks.hold(inquiry.thread_key), self._running():
                 return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),
@@ -273,7 +272,9 @@ class Answerer:
         task.add_done_callback(self._background.discard)
 
     async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace, fresh: bool) -> Answer:
-        started = t = time.perf_counter()
+        started = time.perf_counter()
+        await reply.start()
+        t = time.perf_counter()
         history = await self.history.load(inquiry.thread_key)
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")

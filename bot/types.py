@@ -151,8 +151,7 @@ class Reply(Protocol):
     """How an adapter shows one answer as it is produced."""
 
     async def start(self) -> None:
-        """The question was accepted: acknowledge it at once (a status, a reaction, a typing
-        indicator), before the turn waits for its thread's lock or a free slot."""
+        """The turn began (show a status or typing indicator)."""
 
     async def push(self, delta: str) -> None:
         """More answer text arrived; render it (adapters throttle as their platform requires)."""
@@ -162,6 +161,15 @@ class Reply(Protocol):
 
     async def fail(self, message: str) -> None:
         """The turn failed; show the user ``message`` (never a stack trace)."""
+
+
+@runtime_checkable
+class Acknowledges(Protocol):
+    """A ``Reply`` that shows at once that its question was taken, before the turn waits for its
+    thread's lock or a free slot (in a burst of questions that wait can be long)."""
+
+    async def acknowledge(self) -> None:
+        """The question was accepted; ``start`` follows when its turn begins."""
 
 
 @runtime_checkable
