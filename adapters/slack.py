@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.async_app import AsyncApp
@@ -118,6 +119,7 @@ class SlackAdapter:
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
         self._no_streaming: dict[str, float] = {}  # team -> until when streaming is known refused
         self._socket: Any = None
+        self._session: aiohttp.ClientSession | None = None
 
     # --- serving ------------------------------------------------------------------------------
     def mount(self, web_app: web.Application, path: str = "/slack/events") -> None:
@@ -129,6 +131,12 @@ class SlackAdapter:
         return await to_aiohttp_response(response)
 
     async def start(self) -> None:
+        if self.client.session is None:
+            # One connection pool for every Web API call (bolt's per-request clients share the
+            # client's session): otherwise each call opens a connection of its own, with its TLS
+            # handshake, which in a burst of mentions delays every acknowledgement and answer.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.client.timeout))
+            self.client.session = self._session
         if self.settings.socket_mode:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only (websockets)
 
@@ -143,6 +151,10 @@ class SlackAdapter:
             await self._socket.close_async()
             self._socket = None
         await self.drain(timeout_s)
+        if self._session is not None:
+            self.client.session = None
+            await self._session.close()
+            self._session = None
 
     def health(self) -> dict[str, Any]:
         return {"mode": "socket" if self.settings.socket_mode else "events_api", "turns_in_progress": len(self._tasks)}
@@ -364,11 +376,13 @@ class SlackAdapter:
         if claimed is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return
-        where = SlackThread(team=team, channel=channel, thread_ts=thread_ts, user=user, is_dm=is_dm)
+        where = SlackThread(team=team, channel=channel, thread_ts=thread_ts, user=user, is_dm=is_dm,
+                            question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
         reply = SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(team),
-                           on_stream_refused=lambda code: self._stream_refused(team, code))
+                           on_stream_refused=lambda code: self._stream_refused(team, code),
+                           background=self._tasks.track)
         self._remember_thread(where.key)
         await self.conversations.answer(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind)

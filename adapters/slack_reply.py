@@ -3,12 +3,18 @@
 ``SlackReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one event; its ``SlackSink``
 puts the text into Slack messages:
 
+- the question acknowledged at once: the status, or an 👀 reaction when the status budget is spent
+  (each method has a tier of its own; the reaction is taken back when the answer is shown);
 - native streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack-sdk's
   ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``RateBudget`` shared by all
   answers of a workspace; where Slack refuses streaming, or no stream can start without waiting for
-  the workspace's ``chat.startStream`` budget (many answers at once), one message posted at once and
+  the workspace's ``chat.startStream`` budget (many answers at once), one message posted and
   updated with ``chat.update``; intermediate states use spare budget only, so finals never queue
   behind them;
+- in a busy channel, where every answer's first message waits for the channel's
+  ``chat.postMessage`` (about one a second), the budget goes to complete answers first (fewest
+  messages left, then the earliest complete), and a complete answer takes a free stream start and
+  stop (workspace tiers) rather than wait for the channel;
 - the final message: the answer as Markdown with the blocks of ``adapters.slack_text`` (sources,
   👍/👎, review buttons) on the last one; answers longer than one message are split at paragraph
   boundaries;
@@ -38,16 +44,35 @@ from adapters.slack_text import final_blocks, neutralise, notification_text, sta
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
 from bot.settings_base import reveal
-from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter, cut_point, split_message
+from bot.streaming import (
+    COMPLETES,
+    STARTS,
+    Cadence,
+    Priority,
+    Rate,
+    RateBudget,
+    RetryAfter,
+    StreamWriter,
+    cut_point,
+    split_message,
+)
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.slack")
 
+STATUS = "assistant.threads.setStatus"
+STREAM_METHODS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
+REACT = "reactions.add"
+UNREACT = "reactions.remove"
+
 #: Calls per minute per workspace (chat.postMessage: per channel) and the burst allowed. Slack's tiers:
-#: appendStream Tier 4 (100+/min), update Tier 3 (50+/min), stopStream Tier 2 (20+/min); postMessage
-#: about 1 per second per channel. The status and delete rates are not documented: Tier 3 assumed.
-#: startStream's is not documented either; it gets stopStream's, since every stream started must be
-#: stopped. Streams start only with a token free at once: the other answers post and edit instead.
+#: appendStream Tier 4 (100+/min), update and reactions.add Tier 3 (50+/min), stopStream and
+#: reactions.remove Tier 2 (20+/min); postMessage about 1 per second per channel. The status has
+#: "special" limits, not published, and delete's is not documented: Tier 3 assumed. startStream's is
+#: not documented either; it gets stopStream's, since every stream started must be stopped. Streams
+#: start only with a token free at once: the other answers post and edit instead. The status and the
+#: reaction are the two ways to acknowledge a question; their bursts add up to 50 questions shown
+#: "seen" at once, whatever the chat.* budgets are doing.
 DEFAULT_RATES: dict[str, Rate] = {
     "chat.startStream": Rate(20, burst=10),
     "chat.appendStream": Rate(100, burst=10),
@@ -55,7 +80,10 @@ DEFAULT_RATES: dict[str, Rate] = {
     "chat.update": Rate(50, burst=5),
     "chat.postMessage": Rate(60, burst=5),
     "chat.delete": Rate(50, burst=5),
-    "assistant.threads.setStatus": Rate(50, burst=10),
+    STATUS: Rate(50, burst=25),
+    REACT: Rate(50, burst=25),
+    # Never urgent: kept inside 20 in any minute (burst + rate), so taking reactions back meets no 429.
+    UNREACT: Rate(15, burst=5),
 }
 
 
@@ -91,6 +119,8 @@ class SlackThread:
     thread_ts: str
     user: str
     is_dm: bool = False
+    #: The question's own message (what an acknowledging reaction goes on); "" when unknown.
+    question_ts: str = ""
 
     @property
     def key(self) -> str:
@@ -133,7 +163,34 @@ class SlackSink:
         self.stream: AsyncChatStream | None = None
         self.diverged = False
         self.fallback_reason: str | None = None
-        self._prepaid: str | None = None  # a budget token taken by ready() for this method
+        self._prepaid: list[str] = []  # methods whose budget tokens ready() took for the coming calls
+        #: Streaming may be used (the workspace did not refuse it); an answer that deferred to
+        #: postMessage for want of a stream start may still finish in a stream of its own.
+        self.streams_allowed = native
+        self._stream_final = False  # the final text opens a stream of its own (start + stop prepaid)
+        #: ``budget.clock()`` when the final text was handed over (``expect_final``), and how many
+        #: messages it still needs: the order in which waiting answers get the budget.
+        self.final_at: float | None = None
+        self.parts_left = 1
+        self.started_at = budget.clock()
+
+    def priority(self) -> Priority:
+        """Where this answer stands in a budget's queue (read at every grant): a complete answer
+        before one still being written; among complete ones the fewest messages left, then the
+        earliest complete; among the others the earliest asked."""
+        if self.final_at is not None:
+            return COMPLETES, max(1, self.parts_left), self.final_at
+        return STARTS, 0, self.started_at
+
+    def expect_final(self, text: str) -> None:
+        """The model's answer is complete: from now on this answer waits as one to finish."""
+        self.parts_left = max(1, len(self._plan(neutralise(text.strip()) or "…")) - len(self.posted))
+        self.final_at = self.budget.clock()
+
+    @property
+    def visible(self) -> bool:
+        """Some text of this answer is on screen (a message exists)."""
+        return bool(self.posted or self.ts or (self.stream is not None and self.stream.ts))
 
     # --- the Sink protocol -----------------------------------------------------------------
     def _next_method(self, final: bool) -> str:
@@ -146,30 +203,72 @@ class SlackSink:
     async def ready(self, final: bool) -> bool:
         """Take the rate budget of the coming call before the writer takes its text.
 
-        The first text never queues behind other answers: it opens a stream when a
-        ``chat.startStream`` token is free now, else this answer switches to edit mode and posts
-        (``chat.postMessage`` is limited per channel, not per workspace). An intermediate state is
-        sent only with a token to spare (``False``: not now), so finals never wait behind them.
+        The first text opens a stream when a ``chat.startStream`` token is free now, else this answer
+        switches to edit mode and posts (``chat.postMessage`` is limited per channel, not per
+        workspace). Waiting callers are served by ``priority()``: in a busy channel a complete answer
+        is posted before anyone's first text, and among complete answers the one needing the fewest
+        messages, then the earliest complete. An intermediate state is sent only with a token to
+        spare (``False``: not now), so finals never wait behind them.
         """
         if self.diverged and not final:
             return False  # nothing is sent until the final text
         method = self._next_method(final)
-        if self._prepaid == method:
+        if method in self._prepaid:
             return True
         if method == "chat.startStream":
             if self.budget.try_acquire(self._scope(method), method):
-                self._prepaid = method
+                self._prepaid.append(method)
                 return True
             self._defer()
             method = self._next_method(final)
         elif not final and method != "chat.postMessage":
             if not self.budget.try_acquire(self._scope(method), method):
                 return False
-            self._prepaid = method
+            self._prepaid.append(method)
             return True
-        await self.budget.acquire(self._scope(method), method)
-        self._prepaid = method
+        if method == "chat.postMessage":
+            await self._post_turn()
+            return True
+        await self.budget.acquire(self._scope(method), method, self.priority)
+        self._prepaid.append(method)
         return True
+
+    def _may_stream_final(self) -> bool:
+        return (self.final_at is not None and self.streams_allowed and self.stream is None and self.ts is None
+                and not self.posted)
+
+    async def _post_turn(self) -> None:
+        """Wait for this answer's turn at the channel's ``chat.postMessage`` (in ``priority()`` order).
+
+        A complete answer with no message yet may instead take a stream start and stop that are
+        free with nobody waiting for them: those are workspace tiers, so it leaves the channel's
+        queue without taking a token from anyone who waits, and the next in line moves up.
+        """
+        method = "chat.postMessage"
+        turn = asyncio.create_task(self.budget.acquire(self._scope(method), method, self.priority))
+        stream_pair = ((self.where.team, "chat.startStream"), (self.where.team, "chat.stopStream"))
+        try:
+            while self.streams_allowed and not turn.done():
+                # Looked at again at least every second: the answer may complete while it waits.
+                poll = min(1.0, max(0.25, *(self.budget.eta(*key) for key in stream_pair)))
+                await asyncio.wait({turn}, timeout=poll)
+                if not turn.done() and self._may_stream_final() and self.budget.try_acquire_all(*stream_pair):
+                    self.native, self.diverged, self._stream_final = True, False, True
+                    self._prepaid += ["chat.startStream", "chat.stopStream"]
+                    return
+            await turn
+            self._prepaid.append(method)
+        finally:
+            if not turn.done():
+                turn.cancel()
+                await asyncio.wait({turn})
+                if not turn.cancelled():
+                    self._refund(method)  # granted just before the cancel
+
+    def _refund(self, method: str) -> None:
+        bucket = self.budget.bucket(self._scope(method), method)
+        if bucket is not None:
+            bucket.refund()
 
     def _defer(self) -> None:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""
@@ -252,10 +351,10 @@ class SlackSink:
 
     async def _api(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
         scope = self._scope(method)
-        if self._prepaid == method:
-            self._prepaid = None
+        if method in self._prepaid:
+            self._prepaid.remove(method)
         elif not paid:
-            await self.budget.acquire(scope, method)
+            await self.budget.acquire(scope, method, self.priority)
         try:
             return await call()
         except SlackApiError as exc:
@@ -290,8 +389,11 @@ class SlackSink:
     async def _fall_back(self, error: SlackApiError) -> None:
         code = error_code(error) or str(error)
         log.info("thread %s: streaming refused (%s); continuing with chat.update", self.where.key, code)
-        self.native = False
+        self.native = self.streams_allowed = self._stream_final = False
         self.fallback_reason = code
+        for method in [m for m in self._prepaid if m in STREAM_METHODS]:
+            self._prepaid.remove(method)
+            self._refund(method)
         if self.stream is not None and self.stream.ts:
             self.ts = self.stream.ts
         self.stream = None
@@ -333,6 +435,9 @@ class SlackSink:
 
     async def _complete(self, part: str, *, last: bool) -> None:
         """Make the current message hold exactly ``part`` and finish it (with the tail when ``last``)."""
+        if self._stream_final and self.stream is None and self.ts is None:
+            self._stream_final = False
+            await self._fill(part)  # chat.startStream with the whole part; stopped with the tail below
         if self.native and self.stream is not None and self.stream.ts is not None:
             stream = self.stream
             if part.startswith(self.shown) and not self.diverged:
@@ -355,6 +460,7 @@ class SlackSink:
         self._finished(ts, part, last)
 
     def _finished(self, ts: str, part: str, last: bool) -> None:
+        self.parts_left -= 1
         self.posted.append(_Posted(ts=ts, text=part, final=last))
         self.ts, self.shown, self.stream = None, "", None
 
@@ -398,10 +504,17 @@ class SlackSink:
 
 
 class SlackReply:
-    """``Reply`` for one Slack answer: status while searching, a paced stream, the final message."""
+    """``Reply`` for one Slack answer: a visible acknowledgement at once, a paced stream, the final message.
+
+    The acknowledgement is the status ("Searching the knowledge base…", which Slack clears when the
+    answer is posted) or, when the workspace's status budget is spent, a reaction (``ack_reaction``)
+    on the question, removed once the answer is shown. Both come from budgets of their own, never
+    from the chat.* budgets the answers need, so a busy channel still sees every question taken.
+    """
 
     def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, budget: RateBudget,
-                 *, native: bool = True, on_stream_refused: Callable[[str], None] | None = None):
+                 *, native: bool = True, on_stream_refused: Callable[[str], None] | None = None,
+                 background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.client = client
         self.where = where
         self.settings = settings
@@ -409,11 +522,15 @@ class SlackReply:
         self.native_cadence = Cadence(min_interval_s=settings.stream_interval_s, min_growth=settings.buffer_size)
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self._on_stream_refused = on_stream_refused
+        self._background = background
         self.sink = SlackSink(client, where, settings, budget, native=native, on_fallback=self._fell_back,
-                              on_defer=self._deferred, before_first_message=self._status_settled)
+                              on_defer=self._deferred, before_first_message=self._ack_settled)
         self.writer = StreamWriter(self.sink, self.native_cadence if native else self.edit_cadence,
                                    name=where.key)
-        self._status_task: asyncio.Task[None] | None = None
+        self._ack_task: asyncio.Task[None] | None = None
+        self._ack_in_flight: str | None = None  # the acknowledging method whose call is on its way
+        #: How this question was acknowledged: STATUS, REACT, or None (not yet, or its text came first).
+        self.acknowledged: str | None = None
         self._status_interrupted = False
         self.failed: str | None = None
 
@@ -425,37 +542,110 @@ class SlackReply:
         if self._on_stream_refused is not None:
             self._on_stream_refused(code)
 
-    # --- status ------------------------------------------------------------------------------
-    async def _set_status(self, status: str, *, spare_only: bool = False) -> None:
-        method = "assistant.threads.setStatus"
-        if spare_only and not self.budget.try_acquire(self.where.team, method):
-            # A courtesy: when the workspace's budget is spent, the answer itself comes first.
-            log.debug("thread %s: no budget to spare for the status", self.where.key)
-            return
+    # --- acknowledgement -------------------------------------------------------------------------
+    async def _ack_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
+        """One acknowledging call whose token is taken: True when Slack shows it."""
+        self._ack_in_flight = method
         try:
-            await self.sink._api(method, lambda: self.client.assistant_threads_setStatus(
-                channel_id=self.where.channel, thread_ts=self.where.thread_ts, status=status), paid=spare_only)
+            await self.sink._api(method, call, paid=True)
+            return True
         except (SlackApiError, RetryAfter) as exc:
-            # The status is a courtesy: a workspace without it still gets the answer.
-            log.debug("thread %s: status not set (%s)", self.where.key, exc)
+            # A courtesy: refused here (or rate limited: the bucket is held), the other kind may still go.
+            log.info("thread %s: %s refused (%s)", self.where.key, method,
+                     error_code(exc) if isinstance(exc, SlackApiError) else exc)
+            return False
+        finally:
+            self._ack_in_flight = None
 
-    async def _status_settled(self, timeout_s: float = 1.0) -> None:
-        """Before the first message: a status landing after it would linger, so wait for it (briefly)."""
-        task = self._status_task
+    def _set_status_call(self, status: str) -> Callable[[], Awaitable[Any]]:
+        return lambda: self.client.assistant_threads_setStatus(
+            channel_id=self.where.channel, thread_ts=self.where.thread_ts, status=status)
+
+    def _reaction_call(self, method: str) -> Callable[[], Awaitable[Any]]:
+        call = self.client.reactions_add if method == REACT else self.client.reactions_remove
+        return lambda: call(channel=self.where.channel, timestamp=self.where.question_ts,
+                            name=self.settings.ack_reaction)
+
+    async def _acknowledge(self) -> None:
+        """Show at once that the question was taken: the status if its budget has a token now, else
+        the reaction; with neither free, whichever frees first. Text on screen acknowledges too."""
+        team = self.where.team
+        kinds = [m for m, on in ((STATUS, self.settings.status), (REACT, self.settings.ack_reaction)) if on]
+        if not self.where.question_ts and REACT in kinds:
+            kinds.remove(REACT)
+        while kinds and not self.sink.visible:
+            for method in list(kinds):
+                if not self.budget.try_acquire(team, method):
+                    continue
+                call = self._set_status_call(self.settings.status) if method == STATUS else self._reaction_call(REACT)
+                if await self._ack_call(method, call):
+                    self.acknowledged = method
+                    return
+                kinds.remove(method)  # refused for this question: the other kind
+                break
+            else:
+                await asyncio.sleep(max(0.01, min(self.budget.eta(team, m) for m in kinds)))
+
+    async def _ack_settled(self, timeout_s: float = 1.0) -> None:
+        """Before the first message: an acknowledgement still waiting for its budget is dropped (the
+        message is one), and a status on its way is awaited briefly, as one landing after the message
+        would linger."""
+        task = self._ack_task
         if task is None or task.done():
+            return
+        if self._ack_in_flight is None:
+            task.cancel()
             return
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
         if not done:
+            in_flight = self._ack_in_flight
             task.cancel()
-            self._status_interrupted = True
+            # It may still land: a status is cleared after the answer, a reaction taken back.
+            self._status_interrupted = in_flight == STATUS
+            if in_flight == REACT:
+                self.acknowledged = REACT
 
     async def _clear_status(self) -> None:
-        await self._set_status("")
+        if not await self._budgeted_call(STATUS, self._set_status_call("")):
+            log.debug("thread %s: status not cleared", self.where.key)
+
+    async def _budgeted_call(self, method: str, call: Callable[[], Awaitable[Any]], attempts: int = 3) -> bool:
+        """A call that should land eventually (clearing the status, taking the reaction back): it waits
+        for its budget, and a 429 holds that budget for the Retry-After the next attempt waits out."""
+        for _ in range(attempts):
+            await self.budget.acquire(self.where.team, method)
+            try:
+                await self.sink._api(method, call, paid=True)
+                return True
+            except RetryAfter:
+                continue
+            except SlackApiError as exc:
+                log.info("thread %s: %s refused (%s)", self.where.key, method, error_code(exc))
+                return False
+        return False
+
+    def _take_back_reaction(self) -> None:
+        """The answer is shown: the reaction has done its job. Removed from its own (Tier 2) budget in
+        the background, so neither this turn nor any answer waits for it."""
+        if self.acknowledged != REACT:
+            return
+        self.acknowledged = None
+        task = asyncio.create_task(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)),
+                                   name=f"unreact {self.where.key}")
+        if self._background is not None:
+            self._background(task)
+        else:
+            _PENDING.add(task)
+            task.add_done_callback(_PENDING.discard)
 
     # --- Reply ----------------------------------------------------------------------------------
+    async def acknowledge(self) -> None:
+        """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
+        if self._ack_task is None:
+            self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
+
     async def start(self) -> None:
-        if self.settings.status:
-            self._status_task = asyncio.create_task(self._set_status(self.settings.status, spare_only=True))
+        await self.acknowledge()  # already done when the Answerer acknowledged first
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)
@@ -463,20 +653,27 @@ class SlackReply:
     async def finish(self, answer: Answer) -> None:
         self.sink.tail = final_blocks(answer, feedback=self.settings.feedback,
                                       review=bool(self.settings.reviewers_of(self.where.team)))
+        self.sink.expect_final(answer.text)
         await self.writer.finish(answer.text)
         if self._status_interrupted:
             await self._clear_status()
+        self._take_back_reaction()
 
     async def fail(self, message: str) -> None:
         self.failed = message
         await self.writer.close()
-        await self._status_settled()
+        await self._ack_settled()
         try:
             await self.sink.show_failure(message)
         except Exception:
             log.exception("thread %s: could not show the failure message", self.where.key)
-        if self._status_task is not None:
+        if self.acknowledged == STATUS or self._status_interrupted:
             await self._clear_status()
+        self._take_back_reaction()
+
+
+#: Background calls of replies made without an owner to track them (kept referenced until done).
+_PENDING: set[asyncio.Task[Any]] = set()
 
 
 # --- client and budget -----------------------------------------------------------------------

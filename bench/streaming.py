@@ -1,18 +1,21 @@
 """Streaming N concurrent answers through the real adapters to the fake Slack and Telegram servers,
 against the naive strategy of editing after every N new characters, in the same run.
 
-    uv run python -m bench.streaming [--conversations 1 10 50] [--naive-chars 40] [--json]
+    uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--json]
 
 Each conversation asks one question at the same moment; the fake model (Anthropic's wire format)
 streams a ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake
-platforms enforce rate limits with 429 + Retry-After: Slack per workspace and method
-(chat.update 50/min as Tier 3, chat.startStream 50/min, chat.appendStream 100/min as Tier 4,
-chat.stopStream 20/min as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message
-or edit per second per chat and 30 per second per bot. Per platform, strategy and N it reports, in
-ms: first visible text minus the model's first token (p50/p95), final text visible minus the
-model's last token (p50/p95), API calls per answer, 429s received, and answers lost (the turn did
-not end with the model's answer shown in full, e.g. a naive answer still editing when the
-``--turn-timeout`` budget ran out).
+platforms enforce rate limits with 429 + Retry-After: Slack per workspace and method, at Slack's
+documented tiers (chat.update, reactions.add and assistant.threads.setStatus 50/min as Tier 3,
+chat.appendStream 100/min as Tier 4, chat.startStream, chat.stopStream and reactions.remove 20/min
+as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message or edit per second per
+chat and 30 per second per bot. On Slack the conversations are each in a channel of their own
+(``many``) or all in one busy channel (``one``), where chat.postMessage's per-channel limit is shared.
+Per platform, layout, strategy and N it reports, in ms: the first visible acknowledgement (a status,
+a reaction or text) after the question (p50/p95), first visible text minus the model's first token
+(p50/p95), final text visible minus the model's last token (p50/p95), API calls per answer, 429s
+received, and answers lost (the turn did not end with the model's answer shown in full, e.g. a naive
+answer still editing when the ``--turn-timeout`` budget ran out).
 
 ``kbbot`` is the adapters' own Reply (the shared ``StreamWriter`` and rate budget; Slack in its
 configured ``native`` stream mode, where answers that cannot start a stream at once post and edit;
@@ -28,9 +31,10 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +47,14 @@ ANSWER = " ".join(
     for i in range(1, 7))
 QUESTION = "How often should the bearings be greased"
 
-#: The fake Slack's limits: calls per minute per workspace (postMessage: per channel, 1/s with short bursts).
-SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 20}
+#: The fake Slack's limits, Slack's documented tiers: calls per minute per workspace (postMessage: per
+#: channel, 1/s with short bursts). assistant.threads.setStatus has "special" limits, not published:
+#: Tier 3 per workspace is assumed, the stricter reading.
+SLACK_TIERS = {"chat.update": 50, "chat.startStream": 20, "chat.appendStream": 100, "chat.stopStream": 20,
+               "assistant.threads.setStatus": 50, "reactions.add": 50, "reactions.remove": 20}
 SLACK_PER_CHANNEL = {"chat.postMessage": (5, 5.0)}  # calls within seconds, per channel
+#: The one channel every mention of the ``one`` layout is asked in.
+BUSY_CHANNEL = "C0BUSY"
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -186,12 +195,39 @@ def model_tokens(model: Any) -> dict[str, tuple[float, float]]:
         text = request.last_user_text if hasattr(request, "last_user_text") else ""
         if request.first_token_at is None or "Question:" not in text:
             continue
-        question = text.rsplit("Question:", 1)[1].strip()
+        question = text.rsplit("Question:", 1)[1].strip().splitlines()[0].strip()  # the prompt goes on after it
         out[question] = (request.first_token_at, request.last_token_at or request.first_token_at)
     return out
 
 
-async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
+def thread_calls(fake: Any, channel: str, thread_ts: str) -> list[Any]:
+    """The successful calls that changed what one thread shows: its messages, status and reactions."""
+    messages = {m.ts for m in fake.messages.values() if m.channel == channel and m.thread_ts == thread_ts}
+    found = []
+    for call in fake.calls:
+        args = call.args
+        if not call.ok:
+            continue
+        if call.method == "assistant.threads.setStatus":
+            hit = (args.get("channel_id"), args.get("thread_ts")) == (channel, thread_ts)
+        elif call.method.startswith("reactions."):
+            hit = (args.get("channel"), args.get("timestamp")) == (channel, thread_ts)
+        else:
+            hit = args.get("channel") == channel and (args.get("thread_ts") == thread_ts or args.get("ts") in messages)
+        if hit:
+            found.append(call)
+    return found
+
+
+def acknowledged_at(calls: list[Any]) -> float | None:
+    """When the asker first saw kbbot react: a status set, a reaction added, or the first text."""
+    seen = [c.at for c in calls if (c.method == "assistant.threads.setStatus" and c.args.get("status"))
+            or c.method == "reactions.add" or c.text_sent]
+    return min(seen, default=None)
+
+
+async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
+                    layout: str = "many") -> dict[str, Any]:
     from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
     from slack_sdk.web.async_client import AsyncWebClient
 
@@ -217,23 +253,33 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int)
             naive = NaiveAnswerer(answerer, make)
         from bot.state import MemoryIdempotency
 
+        asked: dict[str, float] = {}
         async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
                              edit_interval_s=1.2) as slack:
-            events = [slack.mention(f"{QUESTION} (ticket {i})?", channel=f"C{i:04d}", user=f"U{i:04d}")
+            events = [slack.mention(f"{QUESTION} (ticket {i})?", user=f"U{i:04d}",
+                                    channel=BUSY_CHANNEL if layout == "one" else f"C{i:04d}")
                       for i in range(n)]
-            await asyncio.gather(*(slack.send(e, settle=False) for e in events))
+
+            async def ask(event: dict[str, Any]) -> None:
+                asked[event["ts"]] = time.monotonic()
+                await slack.send(event, settle=False)
+
+            await asyncio.gather(*(ask(e) for e in events))
             await slack.adapter.settle(0.2)
         tally = Tally(model_tokens(model))
         for i, event in enumerate(events):
-            calls = [c for c in fake.calls if c.ok and c.args.get("channel") == event["channel"] and c.text_sent]
-            turn = next((t for t in slack.turns if t.inquiry.channel == event["channel"]), None)
-            messages = slack.thread(event)
+            channel, thread_ts = event["channel"], event["ts"]
+            calls = thread_calls(fake, channel, thread_ts)
+            turn = next((t for t in slack.turns if t.inquiry.thread_key.endswith(f":{channel}:{thread_ts}")), None)
+            messages = fake.thread(channel, thread_ts)
             expected = turn.answer.text if answered(turn) else None
             shown = "\n".join(m.body for m in messages)
-            tally.add(i, [c.at for c in calls],
-                      expected is not None and expected in shown and not any(m.streaming for m in messages))
+            ack = acknowledged_at(calls)
+            tally.add(i, [c.at for c in calls if c.text_sent and c.method.startswith("chat.")],
+                      expected is not None and expected in shown and not any(m.streaming for m in messages),
+                      acknowledged_after=None if ack is None else ack - asked[thread_ts])
         answer_calls = [c for c in fake.calls if c.method.startswith("chat.")]
-        return tally.row("slack", strategy, n, len(answer_calls), fake.calls)
+        return tally.row("slack", strategy, n, len(answer_calls), fake.calls, layout=layout)
 
 
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
@@ -300,31 +346,40 @@ class Tally:
         self.tokens = tokens
         self.first: list[float] = []
         self.final: list[float] = []
+        self.ack: list[float] = []
         self.lost = 0
 
-    def add(self, i: int, shown_at: list[float], delivered: bool) -> None:
-        """Conversation ``i``: when its text-carrying calls landed; whether its final text is shown in full."""
+    def add(self, i: int, shown_at: list[float], delivered: bool, *, acknowledged_after: float | None = None) -> None:
+        """Conversation ``i``: when its text-carrying calls landed; whether its final text is shown in full;
+        how long after the question the asker first saw kbbot react (status, reaction or text)."""
         self.lost += not delivered
+        if acknowledged_after is not None:
+            self.ack.append(acknowledged_after * 1000)
         token = self.tokens.get(f"{QUESTION} (ticket {i})?")
         if token and shown_at:
             self.first.append((min(shown_at) - token[0]) * 1000)
             self.final.append((max(shown_at) - token[1]) * 1000)
 
-    def row(self, platform: str, strategy: str, n: int, calls: int, all_calls: list[Any]) -> dict[str, Any]:
-        return {"platform": platform, "strategy": strategy, "conversations": n,
+    def row(self, platform: str, strategy: str, n: int, calls: int, all_calls: list[Any],
+            layout: str = "many") -> dict[str, Any]:
+        return {"platform": platform, "strategy": strategy, "conversations": n, "channels": layout,
+                "acknowledged_after_question_ms_p50": pct(self.ack, 0.5),
+                "acknowledged_after_question_ms_p95": pct(self.ack, 0.95),
                 "first_visible_minus_first_token_ms_p50": pct(self.first, 0.5),
                 "first_visible_minus_first_token_ms_p95": pct(self.first, 0.95),
                 "final_visible_minus_last_token_ms_p50": pct(self.final, 0.5),
                 "final_visible_minus_last_token_ms_p95": pct(self.final, 0.95),
                 "api_calls_per_answer": round(calls / max(n, 1), 1),
                 "429s": sum(1 for c in all_calls if c.status == 429),
+                "429s_by_method": dict(Counter(c.method for c in all_calls if c.status == 429)),
                 "lost": self.lost}
 
 
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
               platforms: list[str], strategies: list[str] | None = None,
-              turn_timeout_s: float = 60.0) -> dict[str, Any]:
+              turn_timeout_s: float = 60.0, layouts: list[str] | None = None) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
+    layouts = layouts or ["many"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
     from tests.fakes.anthropic_server import FakeAnthropic, Script
@@ -349,13 +404,17 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         await runtime.start()
         try:
             for platform in platforms:
-                for n in conversations:
-                    for strategy in strategies:
-                        fake.requests.clear()
-                        runner = run_slack if platform == "slack" else run_telegram
-                        row = await runner(runtime, fake, n, strategy, every)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True, file=__import__("sys").stderr)
+                # Telegram chats have no shared per-channel budget: only Slack has a one-channel case.
+                for layout in layouts if platform == "slack" else ["many"]:
+                    for n in conversations:
+                        for strategy in strategies:
+                            fake.requests.clear()
+                            if platform == "slack":
+                                row = await run_slack(runtime, fake, n, strategy, every, layout)
+                            else:
+                                row = await run_telegram(runtime, fake, n, strategy, every)
+                            rows.append(row)
+                            print(json.dumps(row), flush=True, file=sys.stderr)
         finally:
             await runtime.close()
     return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second, "turn_timeout_s": turn_timeout_s,
@@ -365,17 +424,21 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
 def print_table(result: dict[str, Any]) -> None:
     print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
           f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
-    columns = ["platform", "strategy", "conversations", "first_visible_minus_first_token_ms_p50",
+    columns = ["platform", "channels", "strategy", "conversations", "acknowledged_after_question_ms_p50",
+               "acknowledged_after_question_ms_p95", "first_visible_minus_first_token_ms_p50",
                "first_visible_minus_first_token_ms_p95", "final_visible_minus_last_token_ms_p50",
                "final_visible_minus_last_token_ms_p95", "api_calls_per_answer", "429s", "lost"]
-    print(table(result["rows"], columns, ["platform", "strategy", "N", "first p50", "first p95", "final p50",
-                                          "final p95", "calls/answer", "429s", "lost"]))
+    print(table(result["rows"], columns, ["platform", "channels", "strategy", "N", "ack p50", "ack p95",
+                                          "first p50", "first p95", "final p50", "final p95", "calls/answer",
+                                          "429s", "lost"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--platforms", nargs="+", default=["slack", "telegram"])
+    parser.add_argument("--channels", nargs="+", default=["many", "one"], choices=["many", "one"],
+                        help="Slack: each conversation in a channel of its own (many), or all in one channel")
     parser.add_argument("--strategies", nargs="+", default=["kbbot", "naive"], choices=["kbbot", "naive"])
     parser.add_argument("--naive-chars", type=int, default=40)
     parser.add_argument("--tokens-per-second", type=float, default=40)
@@ -385,7 +448,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
-                             args.platforms, args.strategies, args.turn_timeout))
+                             args.platforms, args.strategies, args.turn_timeout, args.channels))
     if args.json:
         print(json.dumps(result))
     else:

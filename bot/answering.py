@@ -24,7 +24,7 @@ from bot.messages import say
 from bot.metrics import METRICS
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
-from bot.types import Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
+from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
 from pipelines.citations import attach_missing_markers, normalize_markers
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
@@ -170,6 +170,8 @@ class Answerer:
             return await self._refuse(
                 reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
             )
+        if isinstance(reply, Acknowledges):
+            await reply.acknowledge()  # a question queued behind others is still seen to be taken
         try:
             async with self.thread_locks.hold(inquiry.thread_key), self._running():
                 return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),

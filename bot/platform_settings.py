@@ -68,6 +68,9 @@ class SlackSettings(_Platform):
     max_message_chars: int = Field(12000, ge=1, le=12000)
     #: assistant.threads.setStatus text while an answer is being looked up.
     status: str = "Searching the knowledge base…"
+    #: Emoji name (no colons) put on a question when its status cannot be set at once (the status
+    #: tier is spent), removed when the answer is shown; "" never reacts.
+    ack_reaction: str = "eyes"
     #: How long a delivered event id is remembered (Slack retries within minutes).
     dedupe_ttl_s: float = Field(3600, gt=0)
     #: While its turn runs, an event's claim lasts this long and is renewed: a replica that dies
@@ -91,6 +94,13 @@ class SlackSettings(_Platform):
     bot_token: Annotated[SecretStr | None, Env("SLACK_BOT_TOKEN", only=True)] = None
     signing_secret: Annotated[SecretStr | None, Env("SLACK_SIGNING_SECRET", only=True)] = None
     app_token: Annotated[SecretStr | None, Env("SLACK_APP_TOKEN", only=True)] = None
+
+    @field_validator("ack_reaction")
+    @classmethod
+    def _emoji_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_+'-]*", value):
+            raise ValueError(f"must be an emoji name without colons, e.g. eyes, not {value!r}")
+        return value
 
     @field_validator("reviewers", mode="before")
     @classmethod

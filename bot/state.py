@@ -412,8 +412,12 @@ class TaskSet:
     def track_current(self) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.track(task)
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Also wait for ``task`` (work a handler left running in the background)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def drain(self, timeout_s: float | None = None) -> None:
         if self._tasks:

@@ -10,7 +10,10 @@ Two pieces, neither of which knows a platform:
   unlike updates fired from a new task per delta.
 - ``RateBudget``: token buckets per ``(scope, method)``, shared by all answers in the process,
   so that every concurrent answer of one workspace (the scope) stays inside a method's rate
-  tier together. A 429 on one answer ``hold``s the bucket for everyone.
+  tier together. A 429 on one answer ``hold``s the bucket for everyone. When callers wait for a
+  bucket, the one whose call completes something, and needs the fewest calls to do so, goes
+  first (``Priority``): a busy budget is spent on finishing answers, not on showing more of
+  unfinished ones.
 
 A Slack sink calls ``chat.appendStream`` or ``chat.update``; a Telegram sink would call
 ``sendMessageDraft`` or ``editMessageText`` with the same writer and budget.
@@ -269,8 +272,39 @@ class Rate:
             raise ValueError(f"a rate needs per_minute > 0 and burst >= 1, got {self}")
 
 
+#: The order in which waiting callers get a bucket's tokens: the smallest key first, and among
+#: equal keys the earliest caller. A key is ``(rank, calls_left, since)``: ``rank`` is what the call
+#: is for (``COMPLETES``/``STARTS``), ``calls_left`` how many calls the caller still needs before
+#: it is done, ``since`` when it became ready (``clock()``). Shortest-remaining first, then first
+#: come, is what minimises the mean wait for complete answers when every call costs the same token.
+Priority = tuple[int, int, float]
+#: The call completes something a person waits for: an answer's final text, a click's result.
+COMPLETES = 0
+#: The call shows a first or intermediate state of something not yet complete.
+STARTS = 1
+
+
+class _Waiter:
+    __slots__ = ("future", "priority", "seq")
+
+    def __init__(self, future: asyncio.Future[None], priority: Priority | Callable[[], Priority], seq: int):
+        self.future = future
+        self.priority = priority
+        self.seq = seq
+
+    def key(self) -> tuple[Priority, int]:
+        # Read at every grant: a caller whose state changed while it waited (its answer completed)
+        # moves up the queue at once.
+        priority = self.priority() if callable(self.priority) else self.priority
+        return priority, self.seq
+
+
 class TokenBucket:
-    """``burst`` tokens refilled at ``per_minute / 60`` per second; waiters are served in order."""
+    """``burst`` tokens refilled at ``per_minute / 60`` per second.
+
+    Waiting callers are served by ``Priority`` (see there), not by arrival alone: a final text
+    that could complete an answer takes the next token before an earlier caller's first text.
+    """
 
     def __init__(self, rate: Rate, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
         self.rate = rate
@@ -280,45 +314,90 @@ class TokenBucket:
         self._tokens = float(rate.burst)
         self._stamp = clock()
         self._held_until = float("-inf")
-        self._lock = asyncio.Lock()
+        self._waiters: list[_Waiter] = []
+        self._seq = 0
+        self._dispatcher: asyncio.Task[None] | None = None
 
     @property
     def tokens(self) -> float:
         self._refill(self._clock())
         return self._tokens
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
     def _refill(self, now: float) -> None:
         if now > self._stamp:
             self._tokens = min(float(self.rate.burst), self._tokens + (now - self._stamp) * self._per_s)
             self._stamp = now
 
-    async def acquire(self) -> float:
-        """Take one token, waiting as needed; returns the seconds waited."""
-        waited = 0.0
-        async with self._lock:
-            while True:
-                now = self._clock()
-                if now < self._held_until:
-                    delay = self._held_until - now
-                else:
-                    self._refill(now)
-                    if self._tokens >= 1.0:
-                        self._tokens -= 1.0
-                        return waited
-                    delay = (1.0 - self._tokens) / self._per_s
+    def _delay(self, now: float) -> float:
+        """Seconds until a token is free (0: now)."""
+        if now < self._held_until:
+            return self._held_until - now + (0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s)
+        self._refill(now)
+        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s
+
+    def eta(self) -> float:
+        """Seconds until a caller arriving now could take a token, if nobody else were waiting."""
+        return self._delay(self._clock())
+
+    async def acquire(self, priority: Priority | Callable[[], Priority] | None = None) -> float:
+        """Take one token, waiting as needed; returns the seconds waited.
+
+        ``priority`` orders the waiting callers (default: ``COMPLETES``, in order of arrival); a
+        callable is read again at every grant, so a waiting caller can move up.
+        """
+        started = self._clock()
+        if not self._waiters and self._delay(started) <= 0:
+            self._tokens -= 1.0
+            return 0.0
+        self._seq += 1
+        waiter = _Waiter(asyncio.get_running_loop().create_future(),
+                         priority if priority is not None else (COMPLETES, 1, started), self._seq)
+        self._waiters.append(waiter)
+        dispatcher = self._dispatcher
+        if dispatcher is None or dispatcher.done() or dispatcher.get_loop() is not asyncio.get_running_loop():
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="token bucket")
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif waiter.future.done() and not waiter.future.cancelled():
+                self.refund()  # granted, but its caller is gone
+            raise
+        return self._clock() - started
+
+    async def _dispatch(self) -> None:
+        """Hand out tokens as they come, each to the first waiter by priority at that moment.
+        One sleeper per bucket: with a fake clock whose sleep advances it, time stays consistent."""
+        loop = asyncio.get_running_loop()
+        while self._waiters:
+            delay = self._delay(self._clock())
+            if delay > 0:
                 await self._sleep(delay)
-                waited += delay
+                continue
+            # Waiters gone, or left behind by an event loop that has ended, are dropped.
+            self._waiters = [w for w in self._waiters if not w.future.done() and w.future.get_loop() is loop]
+            if not self._waiters:
+                break
+            first = min(self._waiters, key=_Waiter.key)
+            self._waiters.remove(first)
+            self._tokens -= 1.0
+            first.future.set_result(None)
+            # Let the granted caller run before the next grant re-reads the priorities.
+            await asyncio.sleep(0)
 
     def try_acquire(self) -> bool:
         """Take a token only if one is free now and nobody is waiting for one (waiters go first)."""
-        now = self._clock()
-        if self._lock.locked() or now < self._held_until:
+        if self._waiters:
             return False
-        self._refill(now)
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
+        if self._delay(self._clock()) > 0:
+            return False
+        self._tokens -= 1.0
+        return True
 
     def refund(self) -> None:
         """Give back a token taken but not used (its call was not made)."""
@@ -358,11 +437,13 @@ class RateBudget:
             found = self._buckets[key] = TokenBucket(rate, clock=self.clock, sleep=self.sleep)
         return found
 
-    async def acquire(self, scope: str, method: str) -> float:
+    async def acquire(self, scope: str, method: str,
+                      priority: Priority | Callable[[], Priority] | None = None) -> float:
+        """Take a token of ``(scope, method)``, waiting in ``priority`` order (see ``TokenBucket.acquire``)."""
         bucket = self.bucket(scope, method)
         if bucket is None:
             return 0.0
-        waited = await bucket.acquire()
+        waited = await bucket.acquire(priority)
         if waited > 0.05:
             log.debug("rate budget: %s %s waited %.2f s", scope, method, waited)
         return waited
@@ -371,6 +452,11 @@ class RateBudget:
         """Take a token of ``(scope, method)`` if one is free now, without waiting (True when unlimited)."""
         bucket = self.bucket(scope, method)
         return True if bucket is None else bucket.try_acquire()
+
+    def eta(self, scope: str, method: str) -> float:
+        """Seconds until a token of ``(scope, method)`` is free (0: now, or not limited)."""
+        bucket = self.bucket(scope, method)
+        return 0.0 if bucket is None else bucket.eta()
 
     def try_acquire_all(self, *keys: tuple[str, str]) -> bool:
         """``try_acquire`` of several ``(scope, method)`` buckets: all of them, or none (refunded)."""

@@ -164,6 +164,15 @@ class Reply(Protocol):
 
 
 @runtime_checkable
+class Acknowledges(Protocol):
+    """A ``Reply`` that shows at once that its question was taken, before the turn waits for its
+    thread's lock or a free slot (in a burst of questions that wait can be long)."""
+
+    async def acknowledge(self) -> None:
+        """The question was accepted; ``start`` follows when its turn begins."""
+
+
+@runtime_checkable
 class ShowsProgress(Protocol):
     """A ``Reply`` that also shows which stage of the pipeline a turn is in (the HTTP API's events)."""
 

@@ -113,6 +113,8 @@ def test_a_misspelt_moved_or_secret_key_is_named_with_the_fix(tmp_path: Path, te
     ("slack:\n  follow_ups: 'no'\n", {}, "slack.follow_ups must be true or false, got 'no'"),
     ("slack:\n  default_spaces: drives\n", {}, "slack.default_spaces must be a non-empty list of knowledge space names"),
     ("slack:\n  claim_lease_s: 7200\n", {}, "slack.claim_lease_s must be at most slack.dedupe_ttl_s"),
+    ("slack:\n  ack_reaction: ':eyes:'\n", {}, "slack.ack_reaction must be an emoji name without colons, e.g. eyes"),
+    ("telegram:\n  claim_lease_s: 90000\n", {}, "telegram.claim_lease_s must be at most telegram.dedupe_ttl_s"),
     ("telegram:\n  polling_timeout_s: 90\n", {}, "telegram.polling_timeout_s must be at most 50, got 90"),
     ("ranker:\n  kind: rerank_http\n", {}, "ranker.url is required with kind rerank_http"),
     ("refresh:\n  timezone: Mars/Olympus\n", {}, "refresh.timezone 'Mars/Olympus' is not a known time zone"),

@@ -130,11 +130,12 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | N
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
+    await adapter.start()  # as kbbot serve does
     try:
         async with aiohttp.ClientSession() as session:
             yield Slack(fake, adapter, f"http://127.0.0.1:{port}", session, turns)
     finally:
-        await adapter.drain(10)
+        await adapter.stop(10)
         await runner.cleanup()
 
 
@@ -470,6 +471,138 @@ async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(cl
                          for m in mentions)
     assert first_sends[-1] - first_sends[0] < 2.0, "no answer waited ~10 s for the next stream start"
     assert not [c for c in fake_slack.calls if c.status == 429]
+
+
+def acknowledgements(fake: FakeSlack, channel: str, thread_ts: str) -> list[Any]:
+    """The successful calls that showed a question was taken: a status set, a reaction added."""
+    return [c for c in fake.calls if c.ok and (
+        (c.method == "assistant.threads.setStatus" and c.args.get("status")
+         and (c.args.get("channel_id"), c.args.get("thread_ts")) == (channel, thread_ts))
+        or (c.method == "reactions.add" and (c.args.get("channel"), c.args.get("timestamp")) == (channel, thread_ts)))]
+
+
+def busy_channel_budget(**rates: Rate) -> RateBudget:
+    budget = make_budget(SlackSettings())
+    budget.rates = {**budget.rates, **{method.replace("_", "."): rate for method, rate in rates.items()}}
+    return budget
+
+
+async def test_a_busy_channel_acknowledges_every_question_at_once_from_tiers_of_their_own(claude, fake_slack):
+    """Eight mentions at once in one channel that posts two messages a second: each question shows
+    the status or, the status budget spent after three, 👀, before the answers queue for the channel;
+    every answer arrives whole, each 👀 is taken back once its answer is shown, and nothing gets a 429."""
+    model, runtime = claude
+    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(10))
+    model.responder = lambda req: Script(text, tokens_per_second=150)
+    # A token bucket of burst b and rate r stays inside a window of b + r * seconds calls.
+    fake_slack.limit("chat.postMessage", calls=4, per_s=1.0, per="channel")
+    fake_slack.limit("assistant.threads.setStatus", calls=3, per_s=60.0)
+    fake_slack.limit("reactions.add", calls=50, per_s=60.0)
+    budget = busy_channel_budget(chat_postMessage=Rate(120, burst=2), chat_startStream=Rate(6, burst=1),
+                                 assistant_threads_setStatus=Rate(3, burst=3), reactions_remove=Rate(60, burst=8))
+    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+        mentions = [slack.mention(f"{QUESTION} (ticket {i})", channel="C0BUSY", user=f"U0ASKER{i}") for i in range(8)]
+        await asyncio.gather(*(slack.send(m, settle=False) for m in mentions))
+        await slack.adapter.settle()
+
+    assert len(slack.turns) == 8
+    posts = [c for c in fake_slack.ok_calls("chat.postMessage") if c.text_sent]
+    kinds = []
+    for mention in mentions:
+        [ack] = acknowledgements(fake_slack, "C0BUSY", mention["ts"])
+        kinds.append(ack.method)
+        shown = [c for c in fake_slack.calls if c.ok and c.method.startswith("chat.") and c.text_sent
+                 and (c.args.get("thread_ts") == mention["ts"]
+                      or c.args.get("ts") in {m.ts for m in slack.thread(mention)})]
+        assert ack.at < min(c.at for c in shown), "the question was acknowledged before its text appeared"
+        assert len(posts) < 3 or ack.at < posts[2].at, "no acknowledgement waited for the channel's messages"
+        [message] = slack.thread(mention)
+        turn = next(t for t in slack.turns if t.inquiry.thread_key.endswith(mention["ts"]))
+        assert message.body == neutralise(turn.answer.text) and not message.streaming and sources_text(message)
+        assert fake_slack.reactions[("C0BUSY", mention["ts"])] == [], "👀 is taken back with the answer"
+    assert sorted(kinds) == ["assistant.threads.setStatus"] * 3 + ["reactions.add"] * 5
+    assert {c.args["name"] for c in fake_slack.calls_to("reactions.add", "reactions.remove")} == {"eyes"}
+    assert not [c for c in fake_slack.calls if c.status == 429]
+
+
+async def test_a_busy_channel_posts_a_complete_answer_before_others_first_texts(claude, fake_slack):
+    """The channel's chat.postMessage budget is held (a 429 elsewhere) while four long answers wait to
+    show their first text and a short one completes: when the budget frees, the complete answer is
+    posted first, although the others were waiting before it; and they still all arrive."""
+    model, runtime = claude
+    long_text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(8))
+    short_text = "Grease the bearings every 4,000 operating hours [1]."
+    model.responder = lambda body: (Script(short_text, tokens_per_second=200) if "(short)" in json.dumps(body)
+                                    else Script(long_text, tokens_per_second=20))
+    fake_slack.limit("chat.postMessage", calls=3, per_s=1.0, per="channel")
+    budget = busy_channel_budget(chat_postMessage=Rate(120, burst=1), chat_startStream=Rate(1, burst=1))
+    budget.bucket(TEAM, "chat.startStream").try_acquire()  # no stream can start: every answer posts
+    budget.bucket(f"{TEAM}:C0BUSY", "chat.postMessage").hold(3.0)
+    async with slack_app(runtime, fake_slack, budget=budget, stream_mode="native") as slack:
+        waiting = [slack.mention(f"{QUESTION} (long {i})", channel="C0BUSY", user=f"U0LONG{i}") for i in range(4)]
+        await asyncio.gather(*(slack.send(m, settle=False) for m in waiting))
+        await asyncio.sleep(0.3)
+        short = slack.mention(f"{QUESTION} (short)", channel="C0BUSY", user="U0SHORT")
+        await slack.send(short, settle=False)
+        await slack.adapter.settle()
+
+    posts = [c for c in fake_slack.ok_calls("chat.postMessage") if c.text_sent]
+    assert posts[0].args["thread_ts"] == short["ts"], [p.args["thread_ts"] for p in posts]
+    assert short_text in posts[0].text_sent and posts[0].args.get("blocks"), "posted whole, with its sources"
+    for mention in [*waiting, short]:
+        [message] = slack.thread(mention)
+        turn = next(t for t in slack.turns if t.inquiry.thread_key.endswith(mention["ts"]))
+        assert message.body == neutralise(turn.answer.text) and sources_text(message)
+    assert not [c for c in fake_slack.calls if c.status == 429]
+
+
+async def test_a_complete_answer_stuck_behind_a_busy_channel_takes_a_free_stream_instead(claude, fake_slack):
+    """The channel's chat.postMessage is spent for the next 20 s; no stream could start at the first
+    token, but a start and a stop are free a second later: the complete answer is streamed whole and
+    stopped with its sources then, not posted 20 s later."""
+    model, runtime = claude
+    model.responder = lambda req: Script("Grease the bearings every 4,000 operating hours [1].", tokens_per_second=100)
+    budget = busy_channel_budget(chat_startStream=Rate(60, burst=1))
+    budget.bucket(TEAM, "chat.startStream").try_acquire()
+    budget.bucket(f"{TEAM}:C0BUSY", "chat.postMessage").hold(20.0)
+    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+        mention = (await slack.send(slack.mention(channel="C0BUSY")))["event"]
+
+    [message] = slack.thread(mention)
+    assert message.body == neutralise(slack.only_turn().answer.text) and not message.streaming
+    assert [m for m, _ in message.changes] == ["chat.startStream", "chat.stopStream"]
+    assert message.blocks_of("context_actions") and sources_text(message)
+    assert not fake_slack.calls_to("chat.postMessage")
+
+
+async def test_reactions_follow_slack_s_rules_in_the_fake(fake_slack):
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    client = AsyncWebClient(token=fake_slack.token, base_url=fake_slack.base_url)
+    await client.reactions_add(channel="C1", timestamp="1.000100", name="eyes")
+    for bad, error in ((dict(name="eyes"), "already_reacted"), (dict(name=":eyes:"), "invalid_name"),
+                       (dict(name="eyes", timestamp=""), "no_item_specified")):
+        with pytest.raises(SlackApiError) as refused:
+            await client.reactions_add(**{"channel": "C1", "timestamp": "1.000100", **bad})
+        assert refused.value.response["error"] == error
+    await client.reactions_remove(channel="C1", timestamp="1.000100", name="eyes")
+    with pytest.raises(SlackApiError) as refused:
+        await client.reactions_remove(channel="C1", timestamp="1.000100", name="eyes")
+    assert refused.value.response["error"] == "no_reaction" and fake_slack.reactions[("C1", "1.000100")] == []
+    fake_slack.limit("reactions.add", calls=1, per_s=60.0)
+    await client.reactions_add(channel="C1", timestamp="2.000100", name="eyes")
+    with pytest.raises(SlackApiError) as limited:
+        await client.reactions_add(channel="C1", timestamp="3.000100", name="eyes")
+    assert limited.value.response.status_code == 429 and int(limited.value.response.headers["Retry-After"]) >= 59
+
+
+def test_an_acknowledging_reaction_must_be_an_emoji_name():
+    # A wrong one (":eyes:") is refused when the settings load: tests/test_settings.py.
+    assert SlackSettings(ack_reaction="white_check_mark").problems() == []
+    assert SlackSettings(ack_reaction="").problems() == []
+    with pytest.raises(ValueError, match="without colons"):
+        SlackSettings(ack_reaction=":eyes:")
 
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (scripts/services.sh start)")

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from bot.streaming import (
+    COMPLETES,
+    STARTS,
     Cadence,
     DeliveryFailed,
     Rate,
@@ -287,6 +289,45 @@ async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
     assert await waiter == pytest.approx(1.0)
     budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)})
     assert budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
+
+
+async def test_waiting_callers_get_tokens_by_priority_a_completing_call_first():
+    """One token a second, three callers waiting: the call that completes something goes before an
+    earlier caller's first text; among completing calls the fewest calls left, then the earliest ready;
+    a caller whose state changes while it waits (its answer completed) moves up at once."""
+    t = FakeTime()
+    bucket = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=t.sleep)
+    assert bucket.try_acquire()
+    order: list[str] = []
+    state = {"late": (STARTS, 0, 1.0)}
+
+    async def wait(name: str, priority) -> None:  # noqa: ANN001
+        await bucket.acquire(priority)
+        order.append(name)
+
+    tasks = [asyncio.create_task(wait("first text, asked first", (STARTS, 0, 0.0))),
+             asyncio.create_task(wait("final, 3 messages left", (COMPLETES, 3, 5.0))),
+             asyncio.create_task(wait("final, ready at 7", (COMPLETES, 1, 7.0))),
+             asyncio.create_task(wait("final, ready at 6", (COMPLETES, 1, 6.0))),
+             asyncio.create_task(wait("completes while waiting", lambda: state["late"]))]
+    await asyncio.sleep(0)
+    state["late"] = (COMPLETES, 1, 2.0)
+    await asyncio.gather(*tasks)
+    assert order == ["completes while waiting", "final, ready at 6", "final, ready at 7", "final, 3 messages left",
+                     "first text, asked first"]
+    assert t.now == pytest.approx(1005.0), "one token a second, none lost to the ordering"
+
+
+async def test_a_cancelled_waiter_takes_no_token():
+    t = FakeTime()
+    bucket = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=t.sleep)
+    assert bucket.try_acquire()
+    gone = asyncio.create_task(bucket.acquire((COMPLETES, 1, 0.0)))
+    stays = asyncio.create_task(bucket.acquire((STARTS, 0, 0.0)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    assert await stays == pytest.approx(1.0), "the token went to the caller still waiting"
+    assert bucket.waiting == 0 and bucket.try_acquire() is False
 
 
 async def test_try_acquire_all_takes_every_bucket_or_none():

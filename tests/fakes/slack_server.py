@@ -13,6 +13,7 @@ It can misbehave the ways Slack does::
         slack.expire_streams_after(2)                                   # message_not_in_streaming_state
         slack.fail("chat.update", error="internal_error")
         slack.limit("chat.update", calls=3, per_s=1.0)                  # a rate tier, enforced with 429s
+        slack.limit("reactions.add", calls=50, per_s=60.0)              # (any method, reactions and status too)
 
 Checks follow Slack's documented limits: ``markdown_text`` at most 12,000 characters and never with
 ``text``/``blocks``; at most 50 blocks; a ``markdown`` block at most 12,000 characters (12,000 in total per
@@ -168,6 +169,8 @@ class FakeSlack(LocalServer):
         self.responses: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: Messages posted with chat.postEphemeral, oldest first.
         self.ephemerals: list[Ephemeral] = []
+        #: (channel, message ts) -> the emoji names kbbot reacted with (reactions.add / reactions.remove).
+        self.reactions: dict[tuple[str, str], list[str]] = defaultdict(list)
 
     # ------------------------------------------------------------------ scripting
     def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
@@ -300,6 +303,8 @@ class FakeSlack(LocalServer):
             "chat.appendStream": self._append_stream,
             "chat.stopStream": self._stop_stream,
             "assistant.threads.setStatus": self._set_status,
+            "reactions.add": self._react,
+            "reactions.remove": self._unreact,
         }.get(method)
         if handler is None:
             raise SlackError("unknown_method")
@@ -476,4 +481,29 @@ class FakeSlack(LocalServer):
         if not channel or not thread_ts:
             raise SlackError("invalid_arguments")
         self.statuses[(str(channel), str(thread_ts))].append(str(args.get("status", "")))
+        return {}
+
+    @staticmethod
+    def _reaction_target(args: dict[str, Any]) -> tuple[tuple[str, str], str]:
+        channel, ts, name = (str(args.get(k) or "") for k in ("channel", "timestamp", "name"))
+        if not channel:
+            raise SlackError("channel_not_found")
+        if not ts:
+            raise SlackError("no_item_specified")
+        if not name or ":" in name:
+            raise SlackError("invalid_name")  # the name goes without colons: "eyes", not ":eyes:"
+        return (channel, ts), name
+
+    def _react(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        key, name = self._reaction_target(args)
+        if name in self.reactions[key]:
+            raise SlackError("already_reacted")
+        self.reactions[key].append(name)
+        return {}
+
+    def _unreact(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        key, name = self._reaction_target(args)
+        if name not in self.reactions[key]:
+            raise SlackError("no_reaction")
+        self.reactions[key].remove(name)
         return {}

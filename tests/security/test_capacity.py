@@ -64,6 +64,34 @@ async def test_a_flood_beyond_the_queue_is_told_busy_at_once_and_the_rest_is_ans
     assert answerer.gate.admitted == 0 and answerer.gate.running == 0
 
 
+class AcknowledgingReply(HeldReply):
+    """``Acknowledges``: records when the question was acknowledged."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        super().__init__(gate)
+        self.acknowledged = asyncio.Event()
+
+    async def acknowledge(self) -> None:
+        self.acknowledged.set()
+
+
+async def test_a_question_waiting_for_its_thread_is_acknowledged_at_once(kb_runtime):
+    answerer = kb_runtime.answerer
+    answerer.limiter = None
+    release = asyncio.Event()
+    first_reply = HeldReply(release)
+    first = asyncio.create_task(answerer.answer(ask("same"), first_reply))
+    await first_reply.reached_start.wait()  # the thread's lock is held by the first turn
+    waiting = AcknowledgingReply(asyncio.Event())
+    waiting.gate.set()
+    second = asyncio.create_task(answerer.answer(ask("same", text="And the HL-M300?"), waiting))
+    await asyncio.wait_for(waiting.acknowledged.wait(), 5)
+    assert not waiting.reached_start.is_set(), "acknowledged while its turn waits for the thread"
+    release.set()
+    assert (await first).outcome is Outcome.ANSWERED and (await second).outcome is Outcome.ANSWERED
+    assert waiting.reached_start.is_set()
+
+
 async def test_the_rate_limit_is_checked_before_the_turn_waits_for_its_thread(kb_runtime):
     answerer = kb_runtime.answerer
     answerer.limiter = MemoryRateLimiter(Limits(per_user=1, per_channel=0, window_s=60))
