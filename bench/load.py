@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -212,14 +213,18 @@ def main() -> None:
     parser.add_argument("--answer-timeout", type=float, default=90.0)
     parser.add_argument("--runs", nargs="+", default=["steady", "faults"], choices=["steady", "faults"])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the replicas' logs and data in DIR")
     args = parser.parse_args()
     if not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")):
         raise SystemExit("bench.load needs REDIS_URL and WEAVIATE_URL (make bench starts them)")
     random.seed(19)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="kbbot-load-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+        tmp = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbbot-load-")))
         for name in args.runs:
-            rows.append(asyncio.run(one_run(name, name == "faults", args, Path(tmp))))
+            rows.append(asyncio.run(one_run(name, name == "faults", args, tmp)))
     if args.json:
         for row in rows:
             print(json.dumps(row))
