@@ -690,8 +690,12 @@ def make_client(settings: SlackSettings) -> AsyncWebClient:
 
 
 def make_budget(settings: SlackSettings) -> RateBudget:
+    """This process's share of the app's Slack rates: the built-in tiers, ``slack.rate_limits``
+    over them, each divided among ``slack.replicas`` processes (bursts too, at least one call)."""
     rates = dict(DEFAULT_RATES)
     for method, per_minute in settings.rate_limits.items():
         burst = rates[method].burst if method in rates else 1
         rates[method] = Rate(float(per_minute), burst=burst)
-    return RateBudget(rates)
+    share = settings.replicas
+    return RateBudget({method: Rate(rate.per_minute / share, burst=max(1, rate.burst // share))
+                       for method, rate in rates.items()})

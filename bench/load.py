@@ -146,7 +146,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
             (kb / f).write_bytes((examples / f).read_bytes())
     folder = tmp / name
     config = write_config(folder / "config", kb, f"Load_{uuid.uuid4().hex[:8]}", f"kbbot:load:{uuid.uuid4().hex[:8]}:",
-                          lease_s=args.lease_s, refresh_every_s=600)
+                          lease_s=args.lease_s, refresh_every_s=600, replicas=args.replicas)
     answers = itertools.count(1)
     model_429s = 0
 

@@ -82,6 +82,10 @@ class SlackSettings(_Platform):
     retry_429: int = Field(1, ge=0)
     #: Calls per minute per workspace, by Web API method, overriding the built-in tier table.
     rate_limits: dict[str, Annotated[float, Field(gt=0)]] = {}
+    #: How many kbbot processes answer for this Slack app. Slack's limits are the app's per workspace
+    #: (and per channel), whichever process calls, so each takes this share of every rate: three
+    #: replicas each spending the whole chat.stopStream tier drew 429 storms until turns timed out.
+    replicas: int = Field(1, ge=1)
     #: Feedback buttons under each answer.
     feedback: StrictBool = True
     #: Web API base URL, e.g. an Enterprise proxy or a test server.

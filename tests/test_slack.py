@@ -597,6 +597,17 @@ async def test_reactions_follow_slack_s_rules_in_the_fake(fake_slack):
     assert limited.value.response.status_code == 429 and int(limited.value.response.headers["Retry-After"]) >= 59
 
 
+def test_replicas_split_the_apps_slack_rates_among_them():
+    # Slack limits the app per workspace and channel, whichever process calls: three replicas
+    # each spending the whole tier drew 429 storms in bench.load until turns timed out.
+    alone, shared = make_budget(SlackSettings()), make_budget(SlackSettings(replicas=3))
+    assert alone.rates["chat.stopStream"] == Rate(20, burst=10)
+    assert shared.rates["chat.stopStream"].per_minute == pytest.approx(20 / 3)
+    assert shared.rates["chat.stopStream"].burst == 3 and shared.rates["chat.postMessage"].burst == 1
+    custom = make_budget(SlackSettings(replicas=2, rate_limits={"chat.update": 100}))
+    assert custom.rates["chat.update"] == Rate(50, burst=2)
+
+
 def test_an_acknowledging_reaction_must_be_an_emoji_name():
     # A wrong one (":eyes:") is refused when the settings load: tests/test_settings.py.
     assert SlackSettings(ack_reaction="white_check_mark").problems() == []
