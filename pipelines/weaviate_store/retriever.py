@@ -181,13 +181,17 @@ class WeaviateHybridRetriever:
                 raise self._too_slow()
             return [f.result() for f in futures]
 
+    def _begin(self, query: str, query_embedding: list[float] | QueryVector | None,
+               top_k: int | None) -> tuple[int, str, list[float] | None, float]:
+        """What ``run`` and ``run_async`` start from: k, the query as the terms ``search_text``
+        holds (see QUERY_PROPERTIES), the vector as a list, and the deadline."""
+        return (top_k or self.candidates, " ".join(analyze(query)), as_list(query_embedding),
+                time.monotonic() + self.timeout_s)
+
     @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
     def run(self, query: str, query_embedding: list[float] | QueryVector | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
-        k = top_k or self.candidates
-        query_embedding = as_list(query_embedding)
-        deadline = time.monotonic() + self.timeout_s
-        query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
+        k, query, query_embedding, deadline = self._begin(query, query_embedding, top_k)
         languages = self.store.cached_languages()
         if languages is None:
             languages = self._call([(self.store.chunk_languages, {})], deadline)[0]
@@ -216,10 +220,7 @@ class WeaviateHybridRetriever:
     @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
     async def run_async(self, query: str, query_embedding: list[float] | QueryVector | None = None,
                         filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
-        k = top_k or self.candidates
-        query_embedding = as_list(query_embedding)
-        deadline = time.monotonic() + self.timeout_s
-        query = " ".join(analyze(query))  # the terms search_text holds (see QUERY_PROPERTIES)
+        k, query, query_embedding, deadline = self._begin(query, query_embedding, top_k)
         languages = self.store.cached_languages()
         if languages is None:
             languages = (await self._gather([asyncio.to_thread(self.store.chunk_languages)], deadline))[0]
