@@ -188,6 +188,27 @@ class WeaviateHybridRetriever:
         return (top_k or self.candidates, " ".join(analyze(query)), as_list(query_embedding),
                 time.monotonic() + self.timeout_s)
 
+    def _searches(self, collection: Any, query: str, query_embedding: list[float] | None,
+                  filters: dict[str, Any] | None, languages: tuple[str, ...], k: int,
+                  plan: tuple[bool, bool, bool]) -> list[tuple[Any, dict[str, Any]]]:
+        """A question's searches as (method of ``collection``, arguments): the sync and the async
+        client have the same query methods, so ``run`` calls them and ``run_async`` awaits them."""
+        run_keyword, explained, run_vector = plan
+        searches: list[tuple[Any, dict[str, Any]]] = []
+        if run_keyword:
+            search = collection.query.hybrid if self.mode == "hybrid" else collection.query.bm25
+            searches.append((search, self.keyword_query(query, query_embedding, weaviate_filters(filters), k,
+                                                        explained)))
+        if run_vector:
+            searches += self._near_vector(collection, query_embedding, filters, languages, k)
+        return searches
+
+    def _near_vector(self, collection: Any, query_embedding: list[float] | None, filters: dict[str, Any] | None,
+                     languages: tuple[str, ...], k: int) -> list[tuple[Any, dict[str, Any]]]:
+        assert query_embedding is not None
+        return [(collection.query.near_vector, kwargs)
+                for kwargs in self._vector_calls(query_embedding, filters, languages, k)]
+
     @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
     def run(self, query: str, query_embedding: list[float] | QueryVector | None = None,
             filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
@@ -195,26 +216,17 @@ class WeaviateHybridRetriever:
         languages = self.store.cached_languages()
         if languages is None:
             languages = self._call([(self.store.chunk_languages, {})], deadline)[0]
-        run_keyword, explained, run_vector = self._plan(query, query_embedding, languages)
+        plan = self._plan(query, query_embedding, languages)
+        run_keyword, explained, _ = plan
         collection = self.store.collection
-        calls: list[tuple[Any, dict[str, Any]]] = []
-        if run_keyword:
-            search = collection.query.hybrid if self.mode == "hybrid" else collection.query.bm25
-            calls.append((search, self.keyword_query(query, query_embedding, weaviate_filters(filters), k,
-                                                       explained)))
-        if run_vector:
-            assert query_embedding is not None
-            calls.extend((collection.query.near_vector, kwargs)
-                         for kwargs in self._vector_calls(query_embedding, filters, languages, k))
-        results = [r.objects for r in self._call(calls, deadline)]
+        searches = self._searches(collection, query, query_embedding, filters, languages, k, plan)
+        results = [r.objects for r in self._call(searches, deadline)]
         keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
-        if explained:
-            assert query_embedding is not None
+        if explained:  # the dense candidates come from the explanations, else from near-vector queries
             if (answer := self._from_explanations(keyword, k)) is not None:
                 return answer
-            vector_calls = self._vector_calls(query_embedding, filters, languages, k)
-            results = [r.objects for r in self._call([(collection.query.near_vector, kw) for kw in vector_calls],
-                                                      deadline)]
+            searches = self._near_vector(collection, query_embedding, filters, languages, k)
+            results = [r.objects for r in self._call(searches, deadline)]
         return self._finish(keyword, results, k)
 
     @component.output_types(documents=list[Document], dense_documents=DenseCandidates)
@@ -224,25 +236,17 @@ class WeaviateHybridRetriever:
         languages = self.store.cached_languages()
         if languages is None:
             languages = (await self._gather([asyncio.to_thread(self.store.chunk_languages)], deadline))[0]
-        run_keyword, explained, run_vector = self._plan(query, query_embedding, languages)
+        plan = self._plan(query, query_embedding, languages)
+        run_keyword, explained, _ = plan
         collection = await self.store.async_collection()
-        calls = []
-        if run_keyword:
-            kwargs = self.keyword_query(query, query_embedding, weaviate_filters(filters), k, explained)
-            calls.append((collection.query.hybrid if self.mode == "hybrid" else collection.query.bm25)(**kwargs))
-        if run_vector:
-            assert query_embedding is not None
-            calls.extend(collection.query.near_vector(**kwargs)
-                         for kwargs in self._vector_calls(query_embedding, filters, languages, k))
-        results = [r.objects for r in await self._gather(calls, deadline)]
+        searches = self._searches(collection, query, query_embedding, filters, languages, k, plan)
+        results = [r.objects for r in await self._gather([call(**kw) for call, kw in searches], deadline)]
         keyword = results.pop(0) if run_keyword else ([] if self.mode == "bm25" else None)
         if explained:
-            assert query_embedding is not None
             if (answer := self._from_explanations(keyword, k)) is not None:
                 return answer
-            vector_calls = self._vector_calls(query_embedding, filters, languages, k)
-            searches = [collection.query.near_vector(**kw) for kw in vector_calls]
-            results = [r.objects for r in await self._gather(searches, deadline)]
+            searches = self._near_vector(collection, query_embedding, filters, languages, k)
+            results = [r.objects for r in await self._gather([call(**kw) for call, kw in searches], deadline)]
         return self._finish(keyword, results, k)
 
     async def _gather(self, calls: list[Any], deadline: float) -> list[Any]:
