@@ -266,9 +266,7 @@ class SlackSink:
                     self._refund(method)  # granted just before the cancel
 
     def _refund(self, method: str) -> None:
-        bucket = self.budget.bucket(self._scope(method), method)
-        if bucket is not None:
-            bucket.refund()
+        self.budget.refund(self._scope(method), method)
 
     def _defer(self) -> None:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""

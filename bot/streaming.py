@@ -333,11 +333,11 @@ class TokenBucket:
             self._stamp = now
 
     def _delay(self, now: float) -> float:
-        """Seconds until a token is free (0: now)."""
-        if now < self._held_until:
-            return self._held_until - now + (0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s)
-        self._refill(now)
-        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s
+        """Seconds until a token is free (0: now): a hold after a 429 first, then the refill."""
+        held = max(0.0, self._held_until - now)
+        if not held:
+            self._refill(now)
+        return held + (0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s)
 
     def eta(self) -> float:
         """Seconds until a caller arriving now could take a token, if nobody else were waiting."""
@@ -452,6 +452,12 @@ class RateBudget:
         """Take a token of ``(scope, method)`` if one is free now, without waiting (True when unlimited)."""
         bucket = self.bucket(scope, method)
         return True if bucket is None else bucket.try_acquire()
+
+    def refund(self, scope: str, method: str) -> None:
+        """Give back a token of ``(scope, method)`` taken but not used."""
+        bucket = self.bucket(scope, method)
+        if bucket is not None:
+            bucket.refund()
 
     def eta(self, scope: str, method: str) -> float:
         """Seconds until a token of ``(scope, method)`` is free (0: now, or not limited)."""
