@@ -14,9 +14,9 @@ even when the other language fills the top of the list (see ``components/ranker.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from haystack import Document, component
@@ -24,6 +24,7 @@ from haystack.components.joiners import DocumentJoiner
 from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
 
 from pipelines.components.embedders import QueryVector
+from pipelines.components.shared import SharedSequence, passages
 
 if TYPE_CHECKING:  # the stores build these retrievers: importing them at run time would be a cycle
     from pipelines.store import KnowledgeStore
@@ -137,46 +138,19 @@ def fuse(keyword: list[Document], dense: list[Document], fusion: str = "relative
     return DocumentJoiner(join_mode=FUSIONS[fusion]).run(documents=[keyword, dense])["documents"]
 
 
-class DenseCandidates(Sequence[Document]):
+def retrieved(documents: Iterable[Document], dense: Iterable[Document]) -> dict[str, Any]:
+    """A retriever's outputs: ``documents`` in final order and the vector side's candidates, all
+    Passages (see ``Passage``); what every store's retriever returns."""
+    return {"documents": passages(documents), "dense_documents": DenseCandidates(passages(dense))}
+
+
+class DenseCandidates(SharedSequence[Document]):
     """The vector side's candidates of one search, raw cosine as ``score``, best first: what the
     ranker (each language's best, each chunk's similarity) and the grader (the best similarity) read.
+    Shared between components rather than copied (see ``SharedSequence``): ~60 candidates over three
+    hand-overs were ~9 ms of a turn's CPU."""
 
-    A read-only sequence rather than a ``list[Document]`` because Haystack deep-copies every
-    component input, a list element by element with a runtime-protocol check on each: ~60
-    candidates over three hand-overs were ~9 ms of a turn's CPU (``bench.turn``). Nothing
-    downstream changes a candidate (components make new Documents), so hand-overs share it.
-    """
-
-    __slots__ = ("_documents",)
-
-    def __init__(self, documents: Iterable[Document] = ()):
-        self._documents = tuple(documents)
-
-    @overload
-    def __getitem__(self, index: int) -> Document: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Document]: ...
-    def __getitem__(self, index: int | slice) -> Document | list[Document]:
-        """A candidate, or a slice as a new list (as a list of documents would give)."""
-        if isinstance(index, slice):
-            return list(self._documents[index])
-        return self._documents[index]
-
-    def __len__(self) -> int:
-        return len(self._documents)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, DenseCandidates):
-            return self._documents == other._documents
-        return isinstance(other, (list, tuple)) and list(self._documents) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # compares equal to lists, like a list
-
-    def __repr__(self) -> str:
-        return f"DenseCandidates({list(self._documents)!r})"
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> DenseCandidates:
-        return self
+    __slots__ = ()
 
 
 def merged_dense(per_language: dict[str, list[Document]]) -> DenseCandidates:
@@ -234,7 +208,7 @@ class InMemoryHybridRetriever:
                 for lang in self.languages()
             }
             dense = merged_dense(per_language)
-        return {"documents": fuse(keyword, list(dense), self.fusion, self.alpha)[:k], "dense_documents": dense}
+        return retrieved(fuse(keyword, list(dense), self.fusion, self.alpha)[:k], dense)
 
 
 @component

@@ -26,6 +26,7 @@ from pipelines.components.retrievers import (
     as_list,
     check_alpha,
     check_choice,
+    retrieved,
 )
 from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 from pipelines.weaviate_store.connection import WeaviateUnavailable
@@ -133,7 +134,7 @@ class WeaviateHybridRetriever:
         None (after a warning, once) when they explain no vector score: then near-vector queries follow."""
         found = hybrid_with_dense(keyword or [], reweigh=self.auto)
         if found is not None:
-            return {"documents": found[0][:k], "dense_documents": DenseCandidates(found[1])}
+            return retrieved(found[0][:k], found[1])
         self._unexplained("sending near-vector queries for the similarities instead (one more round trip per query)")
         return None
 
@@ -154,8 +155,8 @@ class WeaviateHybridRetriever:
     def _finish(self, keyword: list[Any] | None, per_language: list[list[Any]], k: int) -> dict[str, Any]:
         dense = merge_dense([dense_of(objs) for objs in per_language])
         if keyword is None:  # vector mode, or hybrid without query text
-            return {"documents": dense[:k], "dense_documents": DenseCandidates(dense)}
-        return {"documents": self._documents(keyword, dense)[:k], "dense_documents": DenseCandidates(dense)}
+            return retrieved(dense[:k], dense)
+        return retrieved(self._documents(keyword, dense)[:k], dense)
 
     def _too_slow(self) -> WeaviateUnavailable:
         # The client retries an unavailable server for about a minute; a question should not wait that long.
