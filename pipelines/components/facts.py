@@ -14,6 +14,7 @@ from typing import Any
 
 from haystack import component
 
+from pipelines.components.shared import FactLines
 from pipelines.store import DocRecord, KnowledgeStore
 from pipelines.text import identifiers, terms
 
@@ -114,31 +115,33 @@ class FactLookup:
     def __init__(self, store: KnowledgeStore, max_facts: int = 40):
         self.store = store
         self.max_facts = max_facts
-        self._index: tuple[int, list[tuple[DocRecord, list[str], set[str]]]] | None = None
+        self._index: tuple[int, list[tuple[DocRecord, list[str], set[str], set[str]]]] | None = None
 
-    def _facts(self) -> list[tuple[DocRecord, list[str], set[str]]]:
+    def _facts(self) -> list[tuple[DocRecord, list[str], set[str], set[str]]]:
+        """Each fact with its record, the keys that name its entity and its content terms, built
+        once per knowledge version."""
         version = self.store.knowledge_version
         if self._index is None or self._index[0] != version:
             entries = []
             for record in self.store.records().values():
                 for fact in record.facts:
                     keys = {k.lower() for k in identifiers(fact[0])} | {fact[0].lower()}
-                    entries.append((record, fact, keys))
+                    entries.append((record, fact, keys, set(terms(" ".join(fact)))))
             self._index = (version, entries)
         return self._index[1]
 
-    @component.output_types(facts=list[str])
+    @component.output_types(facts=FactLines)
     def run(self, query: str, spaces: list[str] | None = None) -> dict[str, Any]:
         text = query.lower()
         named = {k.lower() for k in identifiers(query)}
         query_terms = set(terms(query))
         scored = []
-        for record, fact, keys in self._facts():
+        for record, fact, keys, fact_terms in self._facts():
             if spaces and record.space not in spaces:
                 continue
             if not (keys & named or any(len(k) >= 4 and k in text for k in keys)):
                 continue
-            overlap = len(query_terms & set(terms(" ".join(fact))))
+            overlap = len(query_terms & fact_terms)
             scored.append((-overlap, len(scored), format_fact(fact, record.title)))
         scored.sort()
-        return {"facts": [line for _, _, line in scored[: self.max_facts]]}
+        return {"facts": FactLines(line for _, _, line in scored[: self.max_facts])}
