@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from haystack import Pipeline
-from haystack.components.builders import ChatPromptBuilder
 from haystack.components.joiners import BranchJoiner
 from haystack.dataclasses import ChatMessage
 
@@ -27,6 +26,7 @@ from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.facts import FactLookup
 from pipelines.components.grader import RelevanceGrader
 from pipelines.components.guard import TopicGuard
+from pipelines.components.prompt import compiled_chat_prompt_builder
 from pipelines.components.reformulate import QueryReformulator
 from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge
 from pipelines.components.rewrite import QueryRewriter
@@ -142,7 +142,7 @@ def build_query_pipeline(
         pipe.connect("clarify.query", "generate.question")
         pipe.connect("budget.sources", "generate.sources")
     else:
-        prompt = ChatPromptBuilder(
+        prompt = compiled_chat_prompt_builder(
             template=[ChatMessage.from_system(system_template), ChatMessage.from_user(user_template)],
             required_variables=list(PROMPT_VARIABLES),
         )
