@@ -102,7 +102,7 @@ def attach_missing_markers(text: str, sources: list[str]) -> str:
     ``[n]`` order."""
     if not sources:
         return text
-    source_terms = [set(terms(s)) for s in sources]
+    source_terms: list[set[str]] = []  # read only when a line cites nothing (most lines do cite)
     lines = []
     for line in text.split("\n"):
         if MARKER.search(line):  # a marked line: its markers cover its sentences
@@ -112,6 +112,7 @@ def attach_missing_markers(text: str, sources: list[str]) -> str:
         for sentence in split_sentences(line):
             end = line.find(sentence, position) + len(sentence)
             words = set(terms(sentence))
+            source_terms = source_terms or [set(terms(s)) for s in sources]
             best = max(range(len(sources)), key=lambda n: len(words & source_terms[n]))
             if len(words) >= 2 and len(words & source_terms[best]) / len(words) >= REPAIR_OVERLAP:
                 marker = f" [{best + 1}]"
