@@ -4,13 +4,18 @@
 
 Turns run through ``Answerer.answer`` on the indexed sample knowledge base (in-memory store) with
 Claude's wire format served by the fake Anthropic server *in another process*, so the model's side
-costs this process nothing but the HTTP client. CPU is this process's ``process_time`` over each
-turn; "outside the stores" subtracts the CPU of the stages that are the store and the local embedding
-model (``embed``, ``retrieve``), measured for each question by calling those two components alone
-after the turns (median of 7): their wall time inside a turn is inflated by a loaded machine. RSS is read from ``/proc/self/status``
-after one thread and after ``--threads`` threads with one turn each (their history kept).
-``--profile N`` runs the measured turns under cProfile (process CPU time, the event loop's thread)
-and prints the N functions with the most CPU of their own and the N with the most cumulative CPU.
+costs this process nothing but its client. CPU is this process's ``process_time`` over each turn.
+
+The turns run twice. First as they are (``cpu_ms_per_turn``), recording what the store stages
+(``embed``: the local embedding model, ``retrieve``: the store) return for each question; then again
+with those two stages replaying their recorded outputs, so the second pass's CPU is the turn's
+outside the stores, measured directly (``cpu_ms_outside_stores``). Of that, the CPU inside the
+model client's calls (the Anthropic SDK with its HTTP stack: the guard, grade and answer calls, the
+answer streamed) is measured around each call and reported apart (``cpu_ms_model_client``); the rest
+is Haystack's pipeline and kbbot's own code (``cpu_ms_outside_model_and_stores``). RSS is read from
+``/proc/self/status`` after one thread and after ``--threads`` threads with one turn each (their
+history kept). ``--profile N`` runs the replayed turns under cProfile (process CPU time) and prints
+the N functions with the most CPU of their own and the N with the most cumulative CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
 from bench.report import emit
@@ -88,26 +94,34 @@ async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
     answerer = runtime.answerer
     questions = ["How often should the bearings be greased?", "What grease should I use for HL-M300 bearings?",
                  "电机轴承多久加一次润滑脂？", "How much grease goes into each HL-M200 bearing?"]
+    stages = StoreStages(answerer.pipeline)
+    client = ModelClientCpu(answerer.pipeline)
     try:
         for q in questions:  # warm-up: models loaded, connections open
             await answerer.answer(Inquiry("bench", "t", "c", "bench:warm", "u", q), RecordingReply())
-        cpu_total, wall, asked = [], [], []
-        profiler = cProfile.Profile(time.process_time) if profile else None
-        if profiler is not None:
-            profiler.enable()
+        cpu_total, wall = [], []
         for i in range(turns):
             inquiry = Inquiry("bench", "t", "c", f"bench:cpu:{i}", "u", questions[i % len(questions)])
             c0, w0 = time.process_time(), time.perf_counter()
             await answerer.answer(inquiry, RecordingReply())
-            cpu = time.process_time() - c0
+            cpu_total.append((time.process_time() - c0) * 1000)
             wall.append((time.perf_counter() - w0) * 1000)
-            cpu_total.append(cpu * 1000)
-            asked.append(inquiry.text)
+        stages.replay = True
+        cpu_outside, cpu_client = [], []
+        profiler = cProfile.Profile(time.process_time) if profile else None
+        if profiler is not None:
+            profiler.enable()
+        for i in range(turns):
+            inquiry = Inquiry("bench", "t", "c", f"bench:replayed:{i}", "u", questions[i % len(questions)])
+            client.spent = 0.0
+            c0 = time.process_time()
+            await answerer.answer(inquiry, RecordingReply())
+            cpu_outside.append((time.process_time() - c0) * 1000)
+            cpu_client.append(client.spent * 1000)
         if profiler is not None:
             profiler.disable()
             print_profile(profiler, profile, turns)
-        store_cpu = {q: store_cpu_ms(answerer.pipeline, q) for q in questions}
-        cpu_outside = [max(0.0, cpu - store_cpu[q]) for cpu, q in zip(cpu_total, asked)]
+        stages.replay = False
         rss_one = rss_mb()
         for i in range(1, threads):
             inquiry = Inquiry("bench", "t", f"c{i}", f"bench:thread:{i}", f"u{i}", questions[i % len(questions)])
@@ -116,12 +130,13 @@ async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
     finally:
         await runtime.close()
         model.terminate()
+    rest = [outside - spent for outside, spent in zip(cpu_outside, cpu_client)]
     return {
         "turns": turns,
-        "cpu_ms_per_turn_p50": round(statistics.median(cpu_total), 1),
-        "cpu_ms_per_turn_p95": round(pct(cpu_total, 0.95), 1),
-        "cpu_ms_outside_model_and_stores_p50": round(statistics.median(cpu_outside), 1),
-        "cpu_ms_outside_model_and_stores_p95": round(pct(cpu_outside, 0.95), 1),
+        **figures("cpu_ms_per_turn", cpu_total),
+        **figures("cpu_ms_outside_stores", cpu_outside),
+        **figures("cpu_ms_model_client", cpu_client),
+        **figures("cpu_ms_outside_model_and_stores", rest),
         "wall_ms_per_turn_p50": round(statistics.median(wall), 1),
         "rss_mb_1_thread": round(rss_one, 1),
         f"rss_mb_{threads}_threads": round(rss_many, 1),
@@ -129,19 +144,69 @@ async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
     }
 
 
-def store_cpu_ms(pipeline: object, question: str, repeats: int = 7) -> float:
-    """The CPU of the store stages alone for ``question`` (median of ``repeats``): the query
-    embedded by the local model, then retrieval, called directly on the pipeline's own components.
-    Measured apart because a stage's time inside a turn is wall time, which a loaded machine inflates
-    well past its CPU (the figure went negative when subtracted)."""
-    embed, retrieve = pipeline.get_component("embed"), pipeline.get_component("retrieve")
-    costs = []
-    for _ in range(repeats):
-        c0 = time.process_time()
-        embedding = embed.run(text=question)["embedding"]
-        retrieve.run(query=question, query_embedding=embedding)
-        costs.append((time.process_time() - c0) * 1000)
-    return statistics.median(costs)
+def figures(name: str, values: list[float]) -> dict[str, float]:
+    return {f"{name}_p50": round(statistics.median(values), 1), f"{name}_p95": round(pct(values, 0.95), 1)}
+
+
+class StoreStages:
+    """The store stages of ``pipeline`` (``embed``, ``retrieve``), recording their outputs per input
+    and, once ``replay`` is set, returning the recorded outputs instead of running."""
+
+    NAMES = ("embed", "retrieve")
+
+    def __init__(self, pipeline: Any):
+        self.replay = False
+        self.recorded: dict[str, dict[str, Any]] = {}
+        for name in self.NAMES:
+            component = pipeline.get_component(name)
+            component.run = self._wrap(name, component.run)
+            if callable(getattr(component, "run_async", None)):
+                component.run_async = self._wrap_async(name, component.run_async)
+
+    def _key(self, name: str, kwargs: dict[str, Any]) -> str:
+        return f"{name}:{sorted((k, repr(v)[:300]) for k, v in kwargs.items())}"
+
+    def _wrap(self, name: str, run: Any) -> Any:
+        def wrapped(**kwargs: Any) -> dict[str, Any]:
+            key = self._key(name, kwargs)
+            if self.replay and key in self.recorded:
+                return self.recorded[key]
+            out = self.recorded[key] = run(**kwargs)
+            return out
+        return wrapped
+
+    def _wrap_async(self, name: str, run_async: Any) -> Any:
+        async def wrapped(**kwargs: Any) -> dict[str, Any]:
+            key = self._key(name, kwargs)
+            if self.replay and key in self.recorded:
+                return self.recorded[key]
+            out = self.recorded[key] = await run_async(**kwargs)
+            return out
+        return wrapped
+
+
+class ModelClientCpu:
+    """Adds up the process CPU spent inside the model client's calls (``spent``, seconds): the
+    answer generator of ``pipeline`` and the helper generator its guard and grade consult. Turns
+    run one at a time, and nothing else runs during a model call's CPU, so the sum is the client's."""
+
+    def __init__(self, pipeline: Any):
+        self.spent = 0.0
+        generators = {id(g): g for g in (pipeline.get_component("generate"),
+                                         getattr(pipeline.get_component("guard"), "generator", None),
+                                         getattr(pipeline.get_component("grade"), "generator", None))
+                      if g is not None}
+        for generator in generators.values():
+            generator.run_async = self._timed(generator.run_async)
+
+    def _timed(self, run_async: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.process_time()
+            try:
+                return await run_async(*args, **kwargs)
+            finally:
+                self.spent += time.process_time() - c0
+        return timed
 
 
 def print_profile(profiler: cProfile.Profile, top: int, turns: int) -> None:
