@@ -55,6 +55,7 @@ from bot.streaming import (
     RetryAfter,
     StreamWriter,
     cut_point,
+    in_background,
     split_message,
 )
 from bot.types import Answer
@@ -629,13 +630,8 @@ class SlackReply:
         if self.acknowledged != REACT:
             return
         self.acknowledged = None
-        task = asyncio.create_task(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)),
-                                   name=f"unreact {self.where.key}")
-        if self._background is not None:
-            self._background(task)
-        else:
-            _PENDING.add(task)
-            task.add_done_callback(_PENDING.discard)
+        in_background(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)), name=f"unreact {self.where.key}",
+                      track=self._background)
 
     # --- Reply ----------------------------------------------------------------------------------
     async def acknowledge(self) -> None:
@@ -669,10 +665,6 @@ class SlackReply:
         if self.acknowledged == STATUS or self._status_interrupted:
             await self._clear_status()
         self._take_back_reaction()
-
-
-#: Background calls of replies made without an owner to track them (kept referenced until done).
-_PENDING: set[asyncio.Task[Any]] = set()
 
 
 # --- client and budget -----------------------------------------------------------------------

@@ -46,7 +46,7 @@ from adapters.telegram_text import Rendered, answer_markup, final_parts, render_
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import STARTS, Cadence, Rate, RateBudget, RetryAfter, StreamWriter
+from bot.streaming import STARTS, Cadence, Rate, RateBudget, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
@@ -385,12 +385,7 @@ class TelegramReply:
     def _after_answer(self) -> None:
         self._stop_typing()
         if self.reacted is not None:
-            task = asyncio.create_task(self._take_back_reaction(), name=f"unreact {self.where.key}")
-            if self._background is not None:
-                self._background(task)
-            else:
-                _PENDING.add(task)
-                task.add_done_callback(_PENDING.discard)
+            in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
 
     # --- Reply ---------------------------------------------------------------------------------------
     async def acknowledge(self) -> None:
@@ -422,10 +417,6 @@ class TelegramReply:
         except Exception:
             log.exception("chat %s: could not show the failure message", self.where.chat_id)
         self._after_answer()
-
-
-#: Background calls of replies made without an owner to track them (kept referenced until done).
-_PENDING: set[asyncio.Task[Any]] = set()
 
 
 def make_budget(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:

@@ -25,15 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.metrics import METRICS
 from bot.rate_buckets import BucketStore, MemoryBuckets, Rate
 
 __all__ = ["COMPLETES", "STARTS", "Cadence", "DeliveryFailed", "Priority", "Rate", "RateBudget", "RetryAfter",
-           "Sink", "StreamWriter", "TokenBucket", "cut_point", "split_message"]
+           "Sink", "StreamWriter", "TokenBucket", "cut_point", "in_background", "split_message"]
 
 log = logging.getLogger("kbbot.streaming")
 
@@ -465,6 +465,23 @@ class RateBudget:
         bucket = self.bucket(scope, method)
         if bucket is not None:
             await bucket.hold(seconds)
+
+
+#: Background calls of replies made without an owner to track them (kept referenced until done).
+_PENDING: set[asyncio.Task[Any]] = set()
+
+
+def in_background(call: Coroutine[Any, Any, Any], *, name: str,
+                  track: Callable[[asyncio.Task[Any]], None] | None = None) -> asyncio.Task[Any]:
+    """``call`` in a task of its own that nothing awaits (a courtesy such as taking a reaction back):
+    ``track`` (the adapter's task set, which shutdown drains) keeps it, else this module does until done."""
+    task = asyncio.create_task(call, name=name)
+    if track is not None:
+        track(task)
+    else:
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
+    return task
 
 
 # --- long answers ---------------------------------------------------------------------------
