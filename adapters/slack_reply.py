@@ -250,14 +250,17 @@ class SlackSink:
         turn = asyncio.create_task(self.budget.acquire(self._scope(method), method, self.priority))
         stream_pair = ((self.where.team, "chat.startStream"), (self.where.team, "chat.stopStream"))
         try:
+            poll = 0.25  # a turn granted at once (a quiet channel) costs no look at the stream budgets
             while self.streams_allowed and not turn.done():
-                # Looked at again at least every second: the answer may complete while it waits.
-                poll = min(1.0, max(0.25, *[await self.budget.eta(*key) for key in stream_pair]))
                 await asyncio.wait({turn}, timeout=poll)
-                if not turn.done() and self._may_stream_final() and await self.budget.try_acquire_all(*stream_pair):
+                if turn.done():
+                    break
+                if self._may_stream_final() and await self.budget.try_acquire_all(*stream_pair):
                     self.native, self.diverged, self._stream_final = True, False, True
                     self._prepaid += ["chat.startStream", "chat.stopStream"]
                     return
+                # Looked at again at least every second: the answer may complete while it waits.
+                poll = min(1.0, max(0.25, *[await self.budget.eta(*key) for key in stream_pair]))
             await turn
             self._prepaid.append(method)
         finally:
