@@ -17,14 +17,15 @@ A bucket holds up to ``burst`` tokens and gains ``per_minute / 60`` a second. Bo
 
 Redis keys (``prefix`` names the platform and app, e.g. ``kbbot:rate:slack:``):
 
-============================  ====  ================================================================
-key                           type  contents and lifetime
-============================  ====  ================================================================
-``{prefix}{scope}:{method}``  hash  ``tokens``, ``stamp`` (ms, when ``tokens`` was counted), ``held``
-                                    (ms, end of a 429 hold); absent = full; expires once it would
-                                    be full again
-``{prefix}{scope}:{method}:w``  zset  stores waiting for the bucket (member: store id, score: until, ms)
-============================  ====  ================================================================
+==============================  ====  ==============================================================
+key                             type  contents and lifetime
+==============================  ====  ==============================================================
+``{prefix}{scope}:{method}``    hash  ``tokens``, ``stamp`` (ms, when ``tokens`` was counted), ``held``
+                                      (ms, end of a 429 hold); absent = full; expires once it would
+                                      be full again
+``{prefix}{scope}:{method}:w``  zset  stores waiting for the bucket (member: store id, score: until
+                                      when, ms); expires with the last wait
+==============================  ====  ==============================================================
 
 Every operation is one Lua script against Redis' own clock (no replica clock skew), as
 ``bot.limits`` does its windows. When Redis cannot be reached, ``RedisBuckets`` goes on with buckets of
@@ -41,6 +42,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("kbbot.rate")
 
@@ -237,11 +242,8 @@ return '0'
 """
 
 
-def _connection_trouble() -> tuple[type[BaseException], ...]:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    return RedisConnectionError, RedisTimeoutError, OSError
+#: Redis out of reach: down, cut off, timing out, or a primary demoted during a failover (read-only).
+OUT_OF_REACH: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 
 @dataclass
@@ -259,7 +261,6 @@ class RedisBuckets:
 
     def __post_init__(self) -> None:
         self._script = self.client.register_script(_SCRIPT)
-        self._trouble = _connection_trouble()
 
     async def _run(self, op: str, buckets: Sequence[tuple[str, Rate]], *, mark_s: float = 0.0,
                    hold_s: float = 0.0) -> str | None:
@@ -273,7 +274,7 @@ class RedisBuckets:
             args += [repr(rate.per_s / 1000.0), rate.burst]
         try:
             answer = await self._script(keys=keys, args=args)
-        except self._trouble as exc:
+        except OUT_OF_REACH as exc:
             if self._down_until == float("-inf"):
                 log.warning("rate budgets: Redis out of reach (%s); this process keeps to buckets of its own "
                             "at the full rates, retrying Redis every %g s", type(exc).__name__,

@@ -163,3 +163,30 @@ async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_r
     finally:
         await client.aclose()
 
+
+
+@needs_redis
+async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp_path):
+    """What ``kbbot serve`` builds on a runtime with Redis: Slack's budget keyed by app, Telegram's by bot."""
+    from adapters.server import build_adapters
+    from adapters.slack import SlackAdapter
+    from adapters.telegram import TelegramAdapter
+    from bot.runtime import build_runtime
+    from tests.conftest import make_settings
+
+    settings = make_settings(kb_data_dir, REDIS_URL=os.environ["REDIS_URL"], SLACK_BOT_TOKEN="xoxb-test",
+                             SLACK_SIGNING_SECRET="a-signing-secret", TELEGRAM_BOT_TOKEN="123456789:TEST-token_abc")
+    runtime = build_runtime(settings)
+    runtime.settings.data_dir = tmp_path
+    await runtime.start()
+    try:
+        adapters = build_adapters(runtime)
+        [slack] = [a for a in adapters if isinstance(a, SlackAdapter)]
+        [telegram] = [a for a in adapters if isinstance(a, TelegramAdapter)]
+        prefix = settings.redis_prefix
+        assert isinstance(slack.budget.store, RedisBuckets) and slack.budget.store.prefix == f"{prefix}rate:slack:"
+        assert isinstance(telegram.budget.store, RedisBuckets)
+        assert telegram.budget.store.prefix == f"{prefix}rate:telegram:123456789:"
+        await telegram.bot.session.close()  # never started: only its HTTP session to close
+    finally:
+        await runtime.close()
