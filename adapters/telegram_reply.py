@@ -46,7 +46,17 @@ from adapters.telegram_text import Rendered, answer_markup, final_parts, render_
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import STARTS, Cadence, Rate, RateBudget, RetryAfter, StreamWriter, in_background
+from bot.streaming import (
+    COMPLETES,
+    STARTS,
+    Cadence,
+    Priority,
+    Rate,
+    RateBudget,
+    RetryAfter,
+    StreamWriter,
+    in_background,
+)
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
@@ -328,16 +338,18 @@ class TelegramReply:
     def _budgets(self) -> tuple[tuple[str, str], tuple[str, str]]:
         return (str(self.where.chat_id), "send"), ("bot", BOT_SEND)
 
-    async def _courtesy(self, what: str, call: Callable[[], Awaitable[Any]], *, spare: bool) -> bool | None:
-        """One acknowledging call inside the chat's and the bot's budget: True when Telegram took it,
-        False when it refused it (not worth trying again), None when it was not made (no spare
-        budget, or flood control: the chat's bucket is then held for everyone)."""
-        if spare:
+    async def _courtesy(self, what: str, call: Callable[[], Awaitable[Any]], *,
+                        priority: Priority | None = None) -> bool | None:
+        """One acknowledging call inside the chat's and the bot's budget, waiting in ``priority`` order
+        (None: only with budget to spare). True when Telegram took it, False when it refused it (not
+        worth trying again), None when it was not made (no spare budget, or flood control: the chat's
+        bucket is then held for everyone)."""
+        if priority is None:
             if not await self.budget.try_acquire_all(*self._budgets()):
                 return None
         else:
             for scope, method in self._budgets():
-                await self.budget.acquire(scope, method, (STARTS, 0, self._taken_at))
+                await self.budget.acquire(scope, method, priority)
         try:
             await call()
             return True
@@ -352,16 +364,18 @@ class TelegramReply:
         """Typing at once, the reaction after it, then typing renewed until the first text."""
         typing = lambda: self.bot.send_chat_action(  # noqa: E731
             chat_id=self.where.chat_id, action=ChatAction.TYPING, message_thread_id=self.where.topic)
-        shown = await self._courtesy("typing", typing, spare=False)
+        # One call makes the question seen: it goes before the texts of questions already seen (a
+        # burst of new chats meets the bot's 30 a second), as the shortest job first.
+        shown = await self._courtesy("typing", typing, priority=(COMPLETES, 0, self._taken_at))
         emoji = self.settings.ack_reaction
         if emoji and self.where.question_id is not None:
             self.reacted = emoji  # set first: a reaction landing as this task is cancelled is taken back too
             if not await self._courtesy("reaction", self._reaction_call([ReactionTypeEmoji(emoji=emoji)]),
-                                        spare=False):
+                                        priority=(STARTS, 0, self._taken_at)):
                 self.reacted = None
         while shown is not False:
             await asyncio.sleep(self.TYPING_EVERY_S if shown else 1.0)
-            shown = await self._courtesy("typing", typing, spare=True)
+            shown = await self._courtesy("typing", typing)
 
     def _reaction_call(self, reaction: list[Any]) -> Callable[[], Awaitable[Any]]:
         assert self.where.question_id is not None
@@ -374,7 +388,8 @@ class TelegramReply:
             return
         self.reacted = None
         for _ in range(3):
-            if await self._courtesy("reaction removal", self._reaction_call([]), spare=False) is not None:
+            if await self._courtesy("reaction removal", self._reaction_call([]),
+                                    priority=(STARTS, 0, self._taken_at)) is not None:
                 return
 
     def _stop_typing(self) -> None:
