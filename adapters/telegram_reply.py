@@ -46,17 +46,7 @@ from adapters.telegram_text import Rendered, answer_markup, final_parts, render_
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import (
-    COMPLETES,
-    STARTS,
-    Cadence,
-    Priority,
-    Rate,
-    RateBudget,
-    RetryAfter,
-    StreamWriter,
-    in_background,
-)
+from bot.streaming import COMPLETES, STARTS, Cadence, Priority, Rate, RateBudget, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
