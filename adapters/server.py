@@ -32,7 +32,9 @@ from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
+from adapters.slack_reply import make_budget as make_slack_budget
 from adapters.telegram import TelegramAdapter
+from adapters.telegram_reply import make_budget as make_telegram_budget
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
@@ -100,14 +102,16 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Ad
     answers their admin commands."""
     conversations = runtime.conversations(admin=admin)
     adapters: list[Adapter] = []
+    # With Redis every replica draws from the same rate buckets: the platforms limit the app, not a process.
+    redis, prefix = runtime.redis, runtime.settings.redis_prefix
     slack = runtime.settings.slack
     if slack.enabled:
         slack.check_serving()
-        adapters.append(SlackAdapter(conversations, slack))
+        adapters.append(SlackAdapter(conversations, slack, budget=make_slack_budget(slack, redis, prefix)))
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.check_serving()
-        adapters.append(TelegramAdapter(conversations, telegram))
+        adapters.append(TelegramAdapter(conversations, telegram, budget=make_telegram_budget(telegram, redis, prefix)))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))
     return adapters

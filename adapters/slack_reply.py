@@ -43,6 +43,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack_text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
+from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
 from bot.streaming import (
     COMPLETES,
@@ -54,6 +55,7 @@ from bot.streaming import (
     RetryAfter,
     StreamWriter,
     cut_point,
+    in_background,
     split_message,
 )
 from bot.types import Answer
@@ -216,13 +218,13 @@ class SlackSink:
         if method in self._prepaid:
             return True
         if method == "chat.startStream":
-            if self.budget.try_acquire(self._scope(method), method):
+            if await self.budget.try_acquire(self._scope(method), method):
                 self._prepaid.append(method)
                 return True
             self._defer()
             method = self._next_method(final)
         elif not final and method != "chat.postMessage":
-            if not self.budget.try_acquire(self._scope(method), method):
+            if not await self.budget.try_acquire(self._scope(method), method):
                 return False
             self._prepaid.append(method)
             return True
@@ -248,14 +250,17 @@ class SlackSink:
         turn = asyncio.create_task(self.budget.acquire(self._scope(method), method, self.priority))
         stream_pair = ((self.where.team, "chat.startStream"), (self.where.team, "chat.stopStream"))
         try:
+            poll = 0.25  # a turn granted at once (a quiet channel) costs no look at the stream budgets
             while self.streams_allowed and not turn.done():
-                # Looked at again at least every second: the answer may complete while it waits.
-                poll = min(1.0, max(0.25, *(self.budget.eta(*key) for key in stream_pair)))
                 await asyncio.wait({turn}, timeout=poll)
-                if not turn.done() and self._may_stream_final() and self.budget.try_acquire_all(*stream_pair):
+                if turn.done():
+                    break
+                if self._may_stream_final() and await self.budget.try_acquire_all(*stream_pair):
                     self.native, self.diverged, self._stream_final = True, False, True
                     self._prepaid += ["chat.startStream", "chat.stopStream"]
                     return
+                # Looked at again at least every second: the answer may complete while it waits.
+                poll = min(1.0, max(0.25, *[await self.budget.eta(*key) for key in stream_pair]))
             await turn
             self._prepaid.append(method)
         finally:
@@ -263,10 +268,10 @@ class SlackSink:
                 turn.cancel()
                 await asyncio.wait({turn})
                 if not turn.cancelled():
-                    self._refund(method)  # granted just before the cancel
+                    await self._refund(method)  # granted just before the cancel
 
-    def _refund(self, method: str) -> None:
-        self.budget.refund(self._scope(method), method)
+    async def _refund(self, method: str) -> None:
+        await self.budget.refund(self._scope(method), method)
 
     def _defer(self) -> None:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""
@@ -358,7 +363,7 @@ class SlackSink:
         except SlackApiError as exc:
             if _is_rate_limited(exc):
                 seconds = retry_after_of(exc)
-                self.budget.hold(scope, method, seconds)
+                await self.budget.hold(scope, method, seconds)
                 raise RetryAfter(seconds, f"{method} rate limited") from exc
             raise
 
@@ -391,7 +396,7 @@ class SlackSink:
         self.fallback_reason = code
         for method in [m for m in self._prepaid if m in STREAM_METHODS]:
             self._prepaid.remove(method)
-            self._refund(method)
+            await self._refund(method)
         if self.stream is not None and self.stream.ts:
             self.ts = self.stream.ts
         self.stream = None
@@ -573,7 +578,7 @@ class SlackReply:
             kinds.remove(REACT)
         while kinds and not self.sink.visible:
             for method in list(kinds):
-                if not self.budget.try_acquire(team, method):
+                if not await self.budget.try_acquire(team, method):
                     continue
                 call = self._set_status_call(self.settings.status) if method == STATUS else self._reaction_call(REACT)
                 if await self._ack_call(method, call):
@@ -582,7 +587,7 @@ class SlackReply:
                 kinds.remove(method)  # refused for this question: the other kind
                 break
             else:
-                await asyncio.sleep(max(0.01, min(self.budget.eta(team, m) for m in kinds)))
+                await asyncio.sleep(max(0.01, min([await self.budget.eta(team, m) for m in kinds])))
 
     async def _ack_settled(self, timeout_s: float = 1.0) -> None:
         """Before the first message: an acknowledgement still waiting for its budget is dropped (the
@@ -628,13 +633,8 @@ class SlackReply:
         if self.acknowledged != REACT:
             return
         self.acknowledged = None
-        task = asyncio.create_task(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)),
-                                   name=f"unreact {self.where.key}")
-        if self._background is not None:
-            self._background(task)
-        else:
-            _PENDING.add(task)
-            task.add_done_callback(_PENDING.discard)
+        in_background(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)), name=f"unreact {self.where.key}",
+                      track=self._background)
 
     # --- Reply ----------------------------------------------------------------------------------
     async def acknowledge(self) -> None:
@@ -670,10 +670,6 @@ class SlackReply:
         self._take_back_reaction()
 
 
-#: Background calls of replies made without an owner to track them (kept referenced until done).
-_PENDING: set[asyncio.Task[Any]] = set()
-
-
 # --- client and budget -----------------------------------------------------------------------
 def make_client(settings: SlackSettings) -> AsyncWebClient:
     """The Web API client: ``SLACK_API_URL`` as base URL, 429s and 5xx retried (bolt copies the handlers)."""
@@ -687,13 +683,12 @@ def make_client(settings: SlackSettings) -> AsyncWebClient:
     return client
 
 
-def make_budget(settings: SlackSettings) -> RateBudget:
-    """This process's share of the app's Slack rates: the built-in tiers, ``slack.rate_limits``
-    over them, each divided among ``slack.replicas`` processes (bursts too, at least one call)."""
+def make_budget(settings: SlackSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:
+    """The app's Slack rates: the built-in tiers with ``slack.rate_limits`` over them, in buckets every
+    replica shares in ``redis`` (``{prefix}rate:slack:{scope}:{method}``), or this process's without it."""
     rates = dict(DEFAULT_RATES)
     for method, per_minute in settings.rate_limits.items():
         burst = rates[method].burst if method in rates else 1
         rates[method] = Rate(float(per_minute), burst=burst)
-    share = settings.replicas
-    return RateBudget({method: Rate(rate.per_minute / share, burst=max(1, rate.burst // share))
-                       for method, rate in rates.items()})
+    store = RedisBuckets(redis, prefix=f"{prefix}rate:slack:") if redis is not None else None
+    return RateBudget(rates, store=store)

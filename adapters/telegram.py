@@ -43,14 +43,12 @@ from aiogram.webhook.aiohttp_server import SimpleRequestHandler
 from aiohttp import web
 
 from adapters.telegram_reply import (
-    BOT_SEND,
-    DEFAULT_BOT_RATE,
-    DEFAULT_CHAT_RATE,
     TelegramChat,
     TelegramReply,
     TelegramSink,
     is_not_modified,
     make_bot,
+    make_budget,
 )
 from adapters.telegram_text import (
     APPROVE_PREFIX,
@@ -98,7 +96,7 @@ class TelegramAdapter:
                  budget: RateBudget | None = None):
         self.conversations = conversations
         self.settings = settings
-        self.budget = budget or RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE)
+        self.budget = budget or make_budget(settings)
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
         self.dp.include_router(self._router())
@@ -218,7 +216,8 @@ class TelegramAdapter:
         topic = message.message_thread_id if message.is_topic_message else None
         return TelegramChat(bot_id=self.bot_id, chat_id=message.chat.id,
                             user_id=message.from_user.id if message.from_user else 0, private=private,
-                            topic=topic, reply_to=None if private else message.message_id)
+                            topic=topic, reply_to=None if private else message.message_id,
+                            question_id=message.message_id)
 
     async def _gate(self, message: Message, update: Update | None) -> list[str] | None:
         """Claims for an update kbbot should handle, or ``None`` (ignored, refused or a duplicate)."""
@@ -347,7 +346,8 @@ class TelegramAdapter:
         review = self.conversations.answers is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         reply = TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
-                              on_drafts_unavailable=self._drafts_unavailable, review=review)
+                              on_drafts_unavailable=self._drafts_unavailable, review=review,
+                              background=self._tasks.track)
         await self.conversations.answer(inquiry, reply, claimed=claimed, crashed=text_for("crashed", language),
                                         event_id=str(event_update.update_id if event_update is not None else 0),
                                         kind="private" if where.private else "group")

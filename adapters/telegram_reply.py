@@ -3,7 +3,8 @@
 ``TelegramReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one question; its
 ``TelegramSink`` puts the text into the chat:
 
-- a typing action while retrieving;
+- the question acknowledged on receipt: "typing…" (renewed with spare budget until the first text) and,
+  when ``ack_reaction`` is set, a reaction on the question, taken back with the answer;
 - private chats: ``sendMessageDraft`` previews (one non-zero draft id per answer), paced by a
   ``StreamWriter``, then the final answer with ``sendMessage``; groups, ``stream_mode: edit``, or a
   chat that refuses drafts: one message sent and edited with ``editMessageText`` (``edit_interval_s``
@@ -38,12 +39,14 @@ from aiogram.exceptions import (
     TelegramNotFound,
     TelegramRetryAfter,
 )
-from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReplyParameters
+from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReactionTypeEmoji, ReplyParameters
+from aiogram.utils.token import extract_bot_id
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
 from bot.platform_settings import TelegramSettings
+from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import Cadence, Rate, RateBudget, RetryAfter, StreamWriter
+from bot.streaming import COMPLETES, STARTS, Cadence, Priority, Rate, RateBudget, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
@@ -64,6 +67,7 @@ class TelegramChat:
     private: bool
     topic: int | None = None  # message_thread_id of a forum topic
     reply_to: int | None = None  # the question's message id (groups: answers are replies)
+    question_id: int | None = None  # the question's message id (what an acknowledging reaction goes on)
 
     @property
     def key(self) -> str:
@@ -120,7 +124,7 @@ class TelegramSink:
         answer's first or final text."""
         if final or self._prepaid or not (self.posted or self.drafted):
             return True
-        self._prepaid = self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        self._prepaid = await self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
         return self._prepaid
 
     async def send(self, text: str, final: bool) -> bool:
@@ -204,7 +208,7 @@ class TelegramSink:
             return await call()
         except TelegramRetryAfter as exc:
             if budgeted:
-                self.budget.hold(scope, "send", exc.retry_after)
+                await self.budget.hold(scope, "send", exc.retry_after)
             raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
 
     async def _with_plain_fallback(self, method: str, part: Rendered,
@@ -281,18 +285,28 @@ def _reply_parameters(message_id: int) -> Any:
 
 
 class TelegramReply:
-    """``Reply`` for one Telegram answer: typing while retrieving, drafts or edits, the final messages."""
+    """``Reply`` for one Telegram answer: acknowledged on receipt, drafts or edits, the final messages.
+
+    The acknowledgement (``Acknowledges``): "typing…" as soon as the question is taken, before its turn
+    waits for the chat's lock or a free slot, and the ``ack_reaction`` on the question when one is set.
+    Both are calls with the chat's and the bot's budget: the first typing waits its turn like a first
+    text; a chat action shows for about 5 s, so it is renewed until the first text, but only with
+    budget to spare (a renewal never delays anyone's text). The reaction is taken back once the answer
+    is shown, in the background and after everything that completes an answer.
+    """
 
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
 
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
                  draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
-                 review: bool = False):
+                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.bot = bot
+        self._background = background
         self.language = language
         self.review = review  # show the approve / withdraw button (someone here may use it)
         self.where = where
         self.settings = settings
+        self.budget = budget
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
         self._on_drafts_unavailable = on_drafts_unavailable
@@ -301,6 +315,9 @@ class TelegramReply:
         self.sink.on_first_text = self._stop_typing
         self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
         self._typing: asyncio.Task[None] | None = None
+        self._taken_at = budget.clock()
+        #: The reaction put on the question (taken back with the answer), if any.
+        self.reacted: str | None = None
         self.failed: str | None = None
 
     def _drafts_refused(self, method_missing: bool) -> None:
@@ -308,27 +325,81 @@ class TelegramReply:
         if method_missing and self._on_drafts_unavailable is not None:
             self._on_drafts_unavailable()
 
-    async def _keep_typing(self) -> None:
-        while True:
-            try:
-                await self.bot.send_chat_action(chat_id=self.where.chat_id, action=ChatAction.TYPING,
-                                                message_thread_id=self.where.topic)
-            except TelegramRetryAfter as exc:
-                await asyncio.sleep(exc.retry_after)
-                continue
-            except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
-                log.debug("chat %s: typing action failed: %s", self.where.chat_id, exc)
+    def _budgets(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        return (str(self.where.chat_id), "send"), ("bot", BOT_SEND)
+
+    async def _courtesy(self, what: str, call: Callable[[], Awaitable[Any]], *,
+                        priority: Priority | None = None) -> bool | None:
+        """One acknowledging call inside the chat's and the bot's budget, waiting in ``priority`` order
+        (None: only with budget to spare). True when Telegram took it, False when it refused it (not
+        worth trying again), None when it was not made (no spare budget, or flood control: the chat's
+        bucket is then held for everyone)."""
+        if priority is None:
+            if not await self.budget.try_acquire_all(*self._budgets()):
+                return None
+        else:
+            for scope, method in self._budgets():
+                await self.budget.acquire(scope, method, priority)
+        try:
+            await call()
+            return True
+        except TelegramRetryAfter as exc:
+            await self.budget.hold(str(self.where.chat_id), "send", exc.retry_after)
+            return None
+        except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
+            log.info("chat %s: %s refused: %s", self.where.chat_id, what, exc)
+            return False
+
+    async def _acknowledge(self) -> None:
+        """Typing at once, the reaction after it, then typing renewed until the first text."""
+        typing = lambda: self.bot.send_chat_action(  # noqa: E731
+            chat_id=self.where.chat_id, action=ChatAction.TYPING, message_thread_id=self.where.topic)
+        # One call makes the question seen: it goes before the texts of questions already seen (a
+        # burst of new chats meets the bot's 30 a second), as the shortest job first.
+        shown = await self._courtesy("typing", typing, priority=(COMPLETES, 0, self._taken_at))
+        emoji = self.settings.ack_reaction
+        if emoji and self.where.question_id is not None:
+            self.reacted = emoji  # set first: a reaction landing as this task is cancelled is taken back too
+            if not await self._courtesy("reaction", self._reaction_call([ReactionTypeEmoji(emoji=emoji)]),
+                                        priority=(STARTS, 0, self._taken_at)):
+                self.reacted = None
+        while shown is not False:
+            await asyncio.sleep(self.TYPING_EVERY_S if shown else 1.0)
+            shown = await self._courtesy("typing", typing)
+
+    def _reaction_call(self, reaction: list[Any]) -> Callable[[], Awaitable[Any]]:
+        assert self.where.question_id is not None
+        return lambda: self.bot.set_message_reaction(chat_id=self.where.chat_id,
+                                                     message_id=self.where.question_id, reaction=reaction)
+
+    async def _take_back_reaction(self) -> None:
+        """The answer is shown: the reaction has done its job (a refused removal leaves it, logged)."""
+        if self.reacted is None:
+            return
+        self.reacted = None
+        for _ in range(3):
+            if await self._courtesy("reaction removal", self._reaction_call([]),
+                                    priority=(STARTS, 0, self._taken_at)) is not None:
                 return
-            await asyncio.sleep(self.TYPING_EVERY_S)
 
     def _stop_typing(self) -> None:
         if self._typing is not None:
             self._typing.cancel()
             self._typing = None
 
+    def _after_answer(self) -> None:
+        self._stop_typing()
+        if self.reacted is not None:
+            in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
+
     # --- Reply ---------------------------------------------------------------------------------------
+    async def acknowledge(self) -> None:
+        """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
+        if self._typing is None and not (self.sink.posted or self.sink.drafted):
+            self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
+
     async def start(self) -> None:
-        self._typing = asyncio.create_task(self._keep_typing(), name=f"typing {self.where.key}")
+        await self.acknowledge()  # already done when the Answerer acknowledged first
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)
@@ -340,7 +411,7 @@ class TelegramReply:
         try:
             await self.writer.finish(answer.text)
         finally:
-            self._stop_typing()
+            self._after_answer()
 
     async def fail(self, message: str) -> None:
         self.failed = message
@@ -350,6 +421,17 @@ class TelegramReply:
             await self.sink.show_failure(message)
         except Exception:
             log.exception("chat %s: could not show the failure message", self.where.chat_id)
+        self._after_answer()
+
+
+def make_budget(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:
+    """Every chat's budget and the bot-wide one, in buckets every replica of this bot shares in ``redis``
+    (``{prefix}rate:telegram:{bot id}:{scope}:{method}``), or this process's without it."""
+    store = None
+    if redis is not None:
+        bot_id = extract_bot_id(reveal(settings.token)) if settings.token is not None else 0
+        store = RedisBuckets(redis, prefix=f"{prefix}rate:telegram:{bot_id}:")
+    return RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, store=store)
 
 
 def make_bot(settings: TelegramSettings) -> Bot:

@@ -12,9 +12,10 @@ minute retries, shortened), at most three times, as Slack does. The fake model s
 answer at 60 tokens/s after 0.3 s.
 
 The fault run kills replica 0 (SIGKILL) at 40 % of the duration and starts it again at 60 %, and has
-the model answer every 15th answer request with a 429 (Retry-After 1 s). The fake Slack enforces the
-tiers bench.streaming uses, per workspace: chat.update 50/min, chat.startStream 50/min,
-chat.appendStream 100/min, chat.stopStream 20/min; chat.postMessage 5 per 5 s per channel.
+the model answer every 15th answer request with a 429 (Retry-After 1 s). The fake Slack enforces
+Slack's documented tiers, the ones bench.streaming uses (``tests.fakes.slack_server.DOCUMENTED_TIERS``),
+per workspace: chat.startStream and chat.stopStream 20/min, chat.appendStream 100/min, chat.update,
+reactions.add and the status 50/min, reactions.remove 20/min; chat.postMessage 5 per 5 s per channel.
 
 Reported per run: questions asked, answered once (delivered), never answered (lost), answered more
 than once (duplicated), first text and final text (ms from the mention's delivery, p50/p95), 429s
@@ -55,7 +56,6 @@ QUESTIONS = ["How often should the bearings be greased?", "What does fault code 
              "What should I inspect every month?", "Is the warranty longer for a service contract?"]
 ANSWER = ("Grease the bearings every 2,000 operating hours with the lithium grease named in the manual, "
           "and check the temperature at the bearing housing after greasing. ") * 4
-SLACK_TIERS = {"chat.update": 50, "chat.startStream": 50, "chat.appendStream": 100, "chat.stopStream": 20}
 
 
 @dataclass
@@ -146,7 +146,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
             (kb / f).write_bytes((examples / f).read_bytes())
     folder = tmp / name
     config = write_config(folder / "config", kb, f"Load_{uuid.uuid4().hex[:8]}", f"kbbot:load:{uuid.uuid4().hex[:8]}:",
-                          lease_s=args.lease_s, refresh_every_s=600, replicas=args.replicas)
+                          lease_s=args.lease_s, refresh_every_s=600)
     answers = itertools.count(1)
     model_429s = 0
 
@@ -162,9 +162,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
     run = Run(name)
     async with FakeAnthropic() as claude, FakeSlack(token="xoxb-load") as slack, aiohttp.ClientSession() as session:
         claude.responder = router
-        for method, per_minute in SLACK_TIERS.items():
-            slack.limit(method, calls=per_minute, per_s=60)
-        slack.limit("chat.postMessage", calls=5, per_s=5, per="channel")
+        slack.documented_tiers()
         env = serve_env(folder, config=config, slack=slack, model_url=claude.base_url)
         await refresh_once(env, folder / "admin")
         async with running(args.replicas, env, folder) as replicas:

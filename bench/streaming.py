@@ -1,21 +1,24 @@
 """Streaming N concurrent answers through the real adapters to the fake Slack and Telegram servers,
 against the naive strategy of editing after every N new characters, in the same run.
 
-    uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--json]
+    uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--redis] [--json]
 
-Each conversation asks one question at the same moment; the fake model (Anthropic's wire format)
-streams a ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake
-platforms enforce rate limits with 429 + Retry-After: Slack per workspace and method, at Slack's
-documented tiers (chat.update, reactions.add and assistant.threads.setStatus 50/min as Tier 3,
-chat.appendStream 100/min as Tier 4, chat.startStream, chat.stopStream and reactions.remove 20/min
-as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message or edit per second per
-chat and 30 per second per bot. On Slack the conversations are each in a channel of their own
-(``many``) or all in one busy channel (``one``), where chat.postMessage's per-channel limit is shared.
-Per platform, layout, strategy and N it reports, in ms: the first visible acknowledgement (a status,
-a reaction or text) after the question (p50/p95), first visible text minus the model's first token
-(p50/p95), final text visible minus the model's last token (p50/p95), API calls per answer, 429s
-received, and answers lost (the turn did not end with the model's answer shown in full, e.g. a naive
-answer still editing when the ``--turn-timeout`` budget ran out).
+Each conversation asks one question at the same moment; the fake model (Anthropic's wire format) streams a
+~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake platforms enforce
+rate limits with 429 + Retry-After: Slack per workspace and method, at Slack's documented tiers
+(``tests.fakes.slack_server.DOCUMENTED_TIERS``: chat.update, reactions.add and assistant.threads.setStatus
+50/min as Tier 3, chat.appendStream 100/min as Tier 4, chat.startStream, chat.stopStream and reactions.remove
+20/min as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message or edit per second per chat
+and 30 calls per second per bot. On Slack the conversations are each in a channel of their own (``many``) or
+all in one busy channel (``one``), where chat.postMessage's per-channel limit is shared. Per platform, layout,
+strategy and N it reports, in ms: the first visible acknowledgement after the question (p50/p95; Slack: a
+status, a reaction or text; Telegram: "typing", a reaction or text, from the moment the update is queued for
+getUpdates), first visible text minus the model's first token (p50/p95), final text visible minus the model's
+last token (p50/p95), API calls per answer, 429s received, and answers lost (the turn did not end with the
+model's answer shown in full, e.g. a naive answer still editing when the ``--turn-timeout`` budget ran out).
+
+With ``--redis`` the rate budgets are the ones replicas share in Redis (``REDIS_URL``: one Lua script per
+token), else this process's; the run also times one token of each (``bucket_cost``).
 
 ``kbbot`` is the adapters' own Reply (the shared ``StreamWriter`` and rate budget; Slack in its
 configured ``native`` stream mode, where answers that cannot start a stream at once post and edit;
@@ -47,12 +50,6 @@ ANSWER = " ".join(
     for i in range(1, 7))
 QUESTION = "How often should the bearings be greased"
 
-#: The fake Slack's limits, Slack's documented tiers: calls per minute per workspace (postMessage: per
-#: channel, 1/s with short bursts). assistant.threads.setStatus has "special" limits, not published:
-#: Tier 3 per workspace is assumed, the stricter reading.
-SLACK_TIERS = {"chat.update": 50, "chat.startStream": 20, "chat.appendStream": 100, "chat.stopStream": 20,
-               "assistant.threads.setStatus": 50, "reactions.add": 50, "reactions.remove": 20}
-SLACK_PER_CHANNEL = {"chat.postMessage": (5, 5.0)}  # calls within seconds, per channel
 #: The one channel every mention of the ``one`` layout is asked in.
 BUSY_CHANNEL = "C0BUSY"
 
@@ -69,9 +66,12 @@ def limited_telegram() -> Any:
     from tests.fakes.telegram_server import FakeTelegram
 
     class LimitedTelegram(FakeTelegram):
-        """One message/edit per second per chat, 30 per second per bot, like Telegram's flood control."""
+        """One message/edit per second per chat, 30 calls per second per bot (chat actions and reactions
+        included), like Telegram's flood control."""
 
         WRITES = ("sendMessage", "editMessageText", "sendMessageDraft")
+        #: Calls that post nothing but count against the bot's 30 a second all the same.
+        COURTESIES = ("sendChatAction", "setMessageReaction")
 
         def __init__(self) -> None:
             super().__init__()
@@ -80,19 +80,21 @@ def limited_telegram() -> Any:
 
         async def _handle(self, request):  # noqa: ANN001, ANN202
             method = request.match_info["method"]
-            if method in self.WRITES:
+            if method in self.WRITES + self.COURTESIES:
                 args = await self._args(request)
                 chat = str(args.get("chat_id"))
                 now = time.monotonic()
                 while self._global and self._global[0] <= now - 1:
                     self._global.popleft()
-                if now - self._per_chat.get(chat, -10) < 1.0 or len(self._global) >= 30:
+                per_chat = method in self.WRITES and now - self._per_chat.get(chat, -10) < 1.0
+                if per_chat or len(self._global) >= 30:
                     from tests.fakes.telegram_server import Call
 
                     call = Call(method=method, args=args, at=now)
                     self.calls.append(call)
                     return self._error(call, 429, "Too Many Requests: retry after 1", {"retry_after": 1})
-                self._per_chat[chat] = now
+                if method in self.WRITES:
+                    self._per_chat[chat] = now
                 self._global.append(now)
             return await super()._handle(request)
 
@@ -227,7 +229,7 @@ def acknowledged_at(calls: list[Any]) -> float | None:
 
 
 async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
-                    layout: str = "many") -> dict[str, Any]:
+                    layout: str = "many", redis: Any = None) -> dict[str, Any]:
     from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
     from slack_sdk.web.async_client import AsyncWebClient
 
@@ -236,10 +238,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 
     # The fakes serve from threads of their own: their work is not charged to the loop being measured.
     with FakeSlack(team_id="T0KBBOT", bot_user_id="UKBBOT", latency_s=0.01).run_in_thread() as fake:
-        for method, per_minute in SLACK_TIERS.items():
-            fake.limit(method, calls=per_minute, per_s=60.0)
-        for method, (calls, per_s) in SLACK_PER_CHANNEL.items():
-            fake.limit(method, calls=calls, per_s=per_s, per="channel")
+        fake.documented_tiers()
         answerer = runtime.answerer
         naive = None
         if strategy == "naive":
@@ -254,8 +253,12 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
         from bot.state import MemoryIdempotency
 
         asked: dict[str, float] = {}
+        from adapters.slack_reply import make_budget
+        from bot.platform_settings import SlackSettings
+
+        budget = make_budget(SlackSettings(), redis, prefix=fresh_prefix())
         async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
-                             edit_interval_s=1.2) as slack:
+                             edit_interval_s=1.2, budget=budget) as slack:
             events = [slack.mention(f"{QUESTION} (ticket {i})?", user=f"U{i:04d}",
                                     channel=BUSY_CHANNEL if layout == "one" else f"C{i:04d}")
                       for i in range(n)]
@@ -282,7 +285,10 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
         return tally.row("slack", strategy, n, len(answer_calls), fake.calls, layout=layout)
 
 
-async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int) -> dict[str, Any]:
+async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int,
+                       redis: Any = None) -> dict[str, Any]:
+    from adapters.telegram_reply import make_budget
+    from bot.platform_settings import TelegramSettings
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
 
@@ -300,13 +306,16 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
                 naive = NaiveAnswerer(runtime.answerer, make)
             from bot.state import MemoryIdempotency
 
+            budget = make_budget(TelegramSettings(token=fake.token), redis, prefix=fresh_prefix())
             tg = await stack.enter_async_context(telegram_bot(runtime, fake, idempotency=MemoryIdempotency(),
-                                                              answerer=naive, stream_mode="edit",
+                                                              answerer=naive, budget=budget, stream_mode="edit",
                                                               edit_interval_s=1.0))
             if strategy == "naive":
                 holder["bot"] = tg.adapter.bot
             chats = [8000 + i for i in range(n)]
+            asked: dict[int, float] = {}
             for i, chat in enumerate(chats):
+                asked[chat] = time.monotonic()
                 fake.push(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
             deadline = time.monotonic() + 600
             while len(tg.turns) < n and time.monotonic() < deadline:
@@ -321,7 +330,10 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
         turn = next((t for t in tg.turns if str(t.inquiry.channel) == str(chat)), None)
         shown = "".join("".join(m.text.split()) for m in fake.chat(chat))
         expected = turn.answer.text if answered(turn) else None
-        tally.add(i, [c.at for c in calls], expected is not None and _contains_words(shown, expected))
+        seen = [c.at for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
+                and c.method in ("sendChatAction", "setMessageReaction")] + [c.at for c in calls]
+        tally.add(i, [c.at for c in calls], expected is not None and _contains_words(shown, expected),
+                  acknowledged_after=min(seen) - asked[chat] if seen else None)
     answer_calls = [c for c in fake.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
     return tally.row("telegram", strategy, n, len(answer_calls), fake.calls)
 
@@ -375,9 +387,45 @@ class Tally:
                 "lost": self.lost}
 
 
+def fresh_prefix() -> str:
+    """Each run's buckets start full: a Redis prefix of its own."""
+    import uuid
+
+    return f"kbbot:bench:{uuid.uuid4().hex[:8]}:"
+
+
+async def bucket_cost(redis: Any, n: int = 2000) -> list[dict[str, Any]]:
+    """What one token costs the caller: ``RateBudget.acquire`` of a bucket that always has one, in this
+    process and in Redis (one Lua script per token), in µs."""
+    from bot.rate_buckets import RedisBuckets
+    from bot.streaming import Rate, RateBudget
+
+    rows = []
+    stores = {"memory": None, **({"redis": RedisBuckets(redis, fresh_prefix())} if redis is not None else {})}
+    for name, store in stores.items():
+        budget = RateBudget({"m": Rate(per_minute=1e9, burst=n + 1)}, store=store)
+        started = time.perf_counter()
+        # A burst of 64 at once opens the connections a long-running replica's pool holds: the first
+        # burst of a cold pool pays for opening them (reported as cold_burst_ms), later ones do not.
+        await asyncio.gather(*(budget.acquire("warm", "m") for _ in range(64)))
+        cold = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        await asyncio.gather(*(budget.acquire("warm", "m") for _ in range(64)))
+        warm = (time.perf_counter() - started) * 1000
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await budget.acquire("T", "m")
+            times.append((time.perf_counter() - started) * 1e6)
+        rows.append({"store": name, "acquires": n, "us_p50": pct(times, 0.5), "us_p95": pct(times, 0.95),
+                     "cold_burst_of_64_ms": round(cold, 1), "warm_burst_of_64_ms": round(warm, 1)})
+    return rows
+
+
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
               platforms: list[str], strategies: list[str] | None = None,
-              turn_timeout_s: float = 60.0, layouts: list[str] | None = None) -> dict[str, Any]:
+              turn_timeout_s: float = 60.0, layouts: list[str] | None = None, redis_url: str | None = None
+              ) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     layouts = layouts or ["many"]
     from bot.runtime import build_runtime
@@ -402,7 +450,13 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         runtime = build_runtime(settings)
         runtime.indexer.index([REPO / "examples" / "kb"])
         await runtime.start()
+        redis = None
+        if redis_url:
+            from bot.redis_state import connect_redis
+
+            redis = await connect_redis(redis_url)
         try:
+            cost = await bucket_cost(redis)
             for platform in platforms:
                 # Telegram chats have no shared per-channel budget: only Slack has a one-channel case.
                 for layout in layouts if platform == "slack" else ["many"]:
@@ -410,27 +464,34 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
                         for strategy in strategies:
                             fake.requests.clear()
                             if platform == "slack":
-                                row = await run_slack(runtime, fake, n, strategy, every, layout)
+                                row = await run_slack(runtime, fake, n, strategy, every, layout, redis)
                             else:
-                                row = await run_telegram(runtime, fake, n, strategy, every)
+                                row = await run_telegram(runtime, fake, n, strategy, every, redis)
+                            row["budget"] = "redis" if redis is not None else "memory"
                             rows.append(row)
                             print(json.dumps(row), flush=True, file=sys.stderr)
         finally:
+            if redis is not None:
+                await redis.aclose()
             await runtime.close()
     return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second, "turn_timeout_s": turn_timeout_s,
-            "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows}
+            "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows,
+            "bucket_cost": cost}
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
           f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
-    columns = ["platform", "channels", "strategy", "conversations", "acknowledged_after_question_ms_p50",
+    columns = ["platform", "channels", "budget", "strategy", "conversations", "acknowledged_after_question_ms_p50",
                "acknowledged_after_question_ms_p95", "first_visible_minus_first_token_ms_p50",
                "first_visible_minus_first_token_ms_p95", "final_visible_minus_last_token_ms_p50",
                "final_visible_minus_last_token_ms_p95", "api_calls_per_answer", "429s", "lost"]
-    print(table(result["rows"], columns, ["platform", "channels", "strategy", "N", "ack p50", "ack p95",
+    print(table(result["rows"], columns, ["platform", "channels", "budget", "strategy", "N", "ack p50", "ack p95",
                                           "first p50", "first p95", "final p50", "final p95", "calls/answer",
                                           "429s", "lost"]))
+    print("\nOne token (RateBudget.acquire of a bucket with tokens to spare), µs:")
+    print(table(result["bucket_cost"], ["store", "acquires", "us_p50", "us_p95", "cold_burst_of_64_ms", "warm_burst_of_64_ms"],
+                ["store", "acquires", "p50", "p95", "64 at once, cold pool (ms)", "64 at once, warm (ms)"]))
 
 
 def main() -> None:
@@ -445,10 +506,15 @@ def main() -> None:
     parser.add_argument("--first-token-delay", type=float, default=0.5)
     parser.add_argument("--turn-timeout", type=float, default=60.0,
                         help="the turn budget (s); a naive answer still editing at the end of it is lost")
+    parser.add_argument("--redis", action="store_true",
+                        help="rate budgets in Redis at REDIS_URL (as replicas share them), not in this process")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    redis_url = os.environ.get("REDIS_URL") if args.redis else None
+    if args.redis and not redis_url:
+        raise SystemExit("--redis needs REDIS_URL (scripts/services.sh start)")
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
-                             args.platforms, args.strategies, args.turn_timeout, args.channels))
+                             args.platforms, args.strategies, args.turn_timeout, args.channels, redis_url))
     if args.json:
         print(json.dumps(result))
     else:

@@ -82,10 +82,6 @@ class SlackSettings(_Platform):
     retry_429: int = Field(1, ge=0)
     #: Calls per minute per workspace, by Web API method, overriding the built-in tier table.
     rate_limits: dict[str, Annotated[float, Field(gt=0)]] = {}
-    #: How many kbbot processes answer for this Slack app. Slack's limits are the app's per workspace
-    #: (and per channel), whichever process calls, so each takes this share of every rate: three
-    #: replicas each spending the whole chat.stopStream tier drew 429 storms until turns timed out.
-    replicas: int = Field(1, ge=1)
     #: Feedback buttons under each answer.
     feedback: StrictBool = True
     #: Web API base URL, e.g. an Enterprise proxy or a test server.
@@ -116,6 +112,15 @@ class SlackSettings(_Platform):
             return as_ids(value)
         except ValueError:
             raise ValueError("must be a list of user ids, or a mapping team id -> list of user ids") from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_replica_share(cls, value: Any) -> Any:
+        # A setting that went away must not be kept in a file believing it still divides the rates.
+        if isinstance(value, dict) and "replicas" in value:
+            raise Problem("is no longer a setting: replicas share Slack's rate budgets in Redis (REDIS_URL) "
+                          "whatever their number; remove it", at=("replicas",))
+        return value
 
     @model_validator(mode="after")
     def _lease_within_dedupe(self) -> SlackSettings:
@@ -170,6 +175,10 @@ class TelegramSettings(_Platform):
     edit_interval_s: Seconds = 1.0
     #: Draft mode: minimum seconds between two sendMessageDraft of one answer.
     draft_interval_s: Seconds = 0.5
+    #: A reaction put on a private question as it is taken (next to "typing…", which lasts 5 s and is
+    #: renewed only with budget to spare), taken back when the answer is shown; "" never reacts.
+    #: Telegram accepts only its reaction emoji (👀 👍 🤔 …).
+    ack_reaction: str = Field("", max_length=8)
     #: Longest message in UTF-16 code units after entity parsing (Telegram: 4096); longer answers are split.
     max_message_units: int = Field(4096, ge=1, le=4096)
     #: How long a delivered update id is remembered.

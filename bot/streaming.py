@@ -8,9 +8,10 @@ Two pieces, neither of which knows a platform:
   (``RetryAfter``), the writer sleeps N s and then sends the *latest* text, so intermediate
   states are dropped but the final text never is. Sends never overlap and never reorder,
   unlike updates fired from a new task per delta.
-- ``RateBudget``: token buckets per ``(scope, method)``, shared by all answers in the process,
-  so that every concurrent answer of one workspace (the scope) stays inside a method's rate
-  tier together. A 429 on one answer ``hold``s the bucket for everyone. When callers wait for a
+- ``RateBudget``: token buckets per ``(scope, method)``, shared by all answers in the process and,
+  with ``REDIS_URL``, by every replica (``bot.rate_buckets``), so that every concurrent answer of
+  one workspace (the scope) stays inside a method's rate tier together. A 429 on one answer
+  ``hold``s the bucket for everyone, on every replica. When callers wait for a
   bucket, the one whose call completes something, and needs the fewest calls to do so, goes
   first (``Priority``): a busy budget is spent on finishing answers, not on showing more of
   unfinished ones.
@@ -24,11 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.metrics import METRICS
+from bot.rate_buckets import BucketStore, MemoryBuckets, Rate
+
+__all__ = ["COMPLETES", "STARTS", "Cadence", "DeliveryFailed", "Priority", "Rate", "RateBudget", "RetryAfter",
+           "Sink", "StreamWriter", "TokenBucket", "cut_point", "in_background", "split_message"]
 
 log = logging.getLogger("kbbot.streaming")
 
@@ -260,18 +265,6 @@ class StreamWriter:
 
 
 # --- rate budget ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rate:
-    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once."""
-
-    per_minute: float
-    burst: int = 1
-
-    def __post_init__(self) -> None:
-        if self.per_minute <= 0 or self.burst < 1:
-            raise ValueError(f"a rate needs per_minute > 0 and burst >= 1, got {self}")
-
-
 #: The order in which waiting callers get a bucket's tokens: the smallest key first, and among
 #: equal keys the earliest caller. A key is ``(rank, calls_left, since)``: ``rank`` is what the call
 #: is for (``COMPLETES``/``STARTS``), ``calls_left`` how many calls the caller still needs before
@@ -300,48 +293,41 @@ class _Waiter:
 
 
 class TokenBucket:
-    """``burst`` tokens refilled at ``per_minute / 60`` per second.
+    """One ``(scope, method)`` bucket of a ``BucketStore`` (``burst`` tokens refilled at
+    ``per_minute / 60`` per second) and this process's callers waiting for it.
 
     Waiting callers are served by ``Priority`` (see there), not by arrival alone: a final text
-    that could complete an answer takes the next token before an earlier caller's first text.
+    that could complete an answer takes the next token before an earlier caller's first text. The
+    queue is this process's: with buckets shared in Redis, each replica orders its own waiters, the
+    replicas' waiters take tokens as they come, and a spare-only call (``try_acquire``) anywhere
+    yields to a waiter anywhere (the store's "wanted" mark).
     """
 
-    def __init__(self, rate: Rate, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
+    def __init__(self, rate: Rate, *, store: BucketStore | None = None, key: str = "",
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
         self.rate = rate
-        self._per_s = rate.per_minute / 60.0
+        self.key = key
+        self.store: BucketStore = store if store is not None else MemoryBuckets(clock)
         self._clock = clock
         self._sleep = sleep
-        self._tokens = float(rate.burst)
-        self._stamp = clock()
-        self._held_until = float("-inf")
         self._waiters: list[_Waiter] = []
         self._seq = 0
         self._dispatcher: asyncio.Task[None] | None = None
 
     @property
-    def tokens(self) -> float:
-        self._refill(self._clock())
-        return self._tokens
+    def _one(self) -> list[tuple[str, Rate]]:
+        return [(self.key, self.rate)]
+
+    async def tokens(self) -> float:
+        return (await self.store.peek(self.key, self.rate))[0]
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def _refill(self, now: float) -> None:
-        if now > self._stamp:
-            self._tokens = min(float(self.rate.burst), self._tokens + (now - self._stamp) * self._per_s)
-            self._stamp = now
-
-    def _delay(self, now: float) -> float:
-        """Seconds until a token is free (0: now): a hold after a 429 first, then the refill."""
-        held = max(0.0, self._held_until - now)
-        if not held:
-            self._refill(now)
-        return held + (0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._per_s)
-
-    def eta(self) -> float:
+    async def eta(self) -> float:
         """Seconds until a caller arriving now could take a token, if nobody else were waiting."""
-        return self._delay(self._clock())
+        return (await self.store.peek(self.key, self.rate))[1]
 
     async def acquire(self, priority: Priority | Callable[[], Priority] | None = None) -> float:
         """Take one token, waiting as needed; returns the seconds waited.
@@ -350,8 +336,7 @@ class TokenBucket:
         callable is read again at every grant, so a waiting caller can move up.
         """
         started = self._clock()
-        if not self._waiters and self._delay(started) <= 0:
-            self._tokens -= 1.0
+        if not self._waiters and await self.store.take(self._one) <= 0:
             return 0.0
         self._seq += 1
         waiter = _Waiter(asyncio.get_running_loop().create_future(),
@@ -366,56 +351,53 @@ class TokenBucket:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
             elif waiter.future.done() and not waiter.future.cancelled():
-                self.refund()  # granted, but its caller is gone
+                await asyncio.shield(self.refund())  # granted, but its caller is gone
             raise
         return self._clock() - started
+
+    def _live_waiters(self) -> list[_Waiter]:
+        # Waiters gone, or left behind by an event loop that has ended, are dropped.
+        loop = asyncio.get_running_loop()
+        self._waiters = [w for w in self._waiters if not w.future.done() and w.future.get_loop() is loop]
+        return self._waiters
 
     async def _dispatch(self) -> None:
         """Hand out tokens as they come, each to the first waiter by priority at that moment.
         One sleeper per bucket: with a fake clock whose sleep advances it, time stays consistent."""
-        loop = asyncio.get_running_loop()
-        while self._waiters:
-            delay = self._delay(self._clock())
+        while self._live_waiters():
+            delay = await self.store.take(self._one, still_waiting=len(self._waiters) > 1)
             if delay > 0:
                 await self._sleep(delay)
                 continue
-            # Waiters gone, or left behind by an event loop that has ended, are dropped.
-            self._waiters = [w for w in self._waiters if not w.future.done() and w.future.get_loop() is loop]
-            if not self._waiters:
+            if not self._live_waiters():  # the last waiter left while the store answered
+                await self.refund()
                 break
             first = min(self._waiters, key=_Waiter.key)
             self._waiters.remove(first)
-            self._tokens -= 1.0
             first.future.set_result(None)
             # Let the granted caller run before the next grant re-reads the priorities.
             await asyncio.sleep(0)
 
-    def try_acquire(self) -> bool:
+    async def try_acquire(self) -> bool:
         """Take a token only if one is free now and nobody is waiting for one (waiters go first)."""
         if self._waiters:
             return False
-        if self._delay(self._clock()) > 0:
-            return False
-        self._tokens -= 1.0
-        return True
+        return await self.store.take(self._one, spare=True) <= 0
 
-    def refund(self) -> None:
+    async def refund(self) -> None:
         """Give back a token taken but not used (its call was not made)."""
-        self._tokens = min(float(self.rate.burst), self._tokens + 1.0)
+        await self.store.give_back(self.key, self.rate)
 
-    def hold(self, seconds: float) -> None:
+    async def hold(self, seconds: float) -> None:
         """Let nothing through for ``seconds`` (the platform answered 429 with this Retry-After);
         afterwards one call may go at once and the rest follow at the normal rate."""
-        now = self._clock()
-        self._held_until = max(self._held_until, now + seconds)
-        self._refill(now)
-        self._tokens = min(self._tokens, 1.0)
-        self._stamp = max(self._stamp, self._held_until)  # nothing accrues while held
+        await self.store.hold(self.key, self.rate, seconds)
 
 
 @dataclass
 class RateBudget:
-    """Token buckets by ``(scope, method)``: every answer with the same scope shares them.
+    """Token buckets by ``(scope, method)``: every answer with the same scope shares them, in this
+    process (``MemoryBuckets``, the default) or across replicas (``bot.rate_buckets.RedisBuckets``).
 
     ``rates`` maps a method name to its allowance; methods without one use ``default``, or are
     not limited when ``default`` is ``None``.
@@ -425,7 +407,12 @@ class RateBudget:
     default: Rate | None = None
     clock: Clock = time.monotonic
     sleep: Sleep = asyncio.sleep
+    store: BucketStore | None = None
     _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.store is None:
+            self.store = MemoryBuckets(self.clock)
 
     def bucket(self, scope: str, method: str) -> TokenBucket | None:
         key = (scope, method)
@@ -434,7 +421,8 @@ class RateBudget:
             rate = self.rates.get(method, self.default)
             if rate is None:
                 return None
-            found = self._buckets[key] = TokenBucket(rate, clock=self.clock, sleep=self.sleep)
+            found = self._buckets[key] = TokenBucket(rate, store=self.store, key=f"{scope}:{method}",
+                                                     clock=self.clock, sleep=self.sleep)
         return found
 
     async def acquire(self, scope: str, method: str,
@@ -448,40 +436,52 @@ class RateBudget:
             log.debug("rate budget: %s %s waited %.2f s", scope, method, waited)
         return waited
 
-    def try_acquire(self, scope: str, method: str) -> bool:
+    async def try_acquire(self, scope: str, method: str) -> bool:
         """Take a token of ``(scope, method)`` if one is free now, without waiting (True when unlimited)."""
         bucket = self.bucket(scope, method)
-        return True if bucket is None else bucket.try_acquire()
+        return True if bucket is None else await bucket.try_acquire()
 
-    def refund(self, scope: str, method: str) -> None:
+    async def refund(self, scope: str, method: str) -> None:
         """Give back a token of ``(scope, method)`` taken but not used."""
         bucket = self.bucket(scope, method)
         if bucket is not None:
-            bucket.refund()
+            await bucket.refund()
 
-    def eta(self, scope: str, method: str) -> float:
+    async def eta(self, scope: str, method: str) -> float:
         """Seconds until a token of ``(scope, method)`` is free (0: now, or not limited)."""
         bucket = self.bucket(scope, method)
-        return 0.0 if bucket is None else bucket.eta()
+        return 0.0 if bucket is None else await bucket.eta()
 
-    def try_acquire_all(self, *keys: tuple[str, str]) -> bool:
-        """``try_acquire`` of several ``(scope, method)`` buckets: all of them, or none (refunded)."""
-        taken: list[TokenBucket] = []
-        for scope, method in keys:
-            bucket = self.bucket(scope, method)
-            if bucket is None:
-                continue
-            if not bucket.try_acquire():
-                for other in taken:
-                    other.refund()
-                return False
-            taken.append(bucket)
-        return True
+    async def try_acquire_all(self, *keys: tuple[str, str]) -> bool:
+        """``try_acquire`` of several ``(scope, method)`` buckets: all of them, or none (one atomic
+        take in the store: nothing is taken from one bucket when another has nothing to spare)."""
+        buckets = [b for b in (self.bucket(scope, method) for scope, method in keys) if b is not None]
+        if any(b.waiting for b in buckets):
+            return False
+        assert self.store is not None
+        return await self.store.take([(b.key, b.rate) for b in buckets], spare=True) <= 0
 
-    def hold(self, scope: str, method: str, seconds: float) -> None:
+    async def hold(self, scope: str, method: str, seconds: float) -> None:
         bucket = self.bucket(scope, method)
         if bucket is not None:
-            bucket.hold(seconds)
+            await bucket.hold(seconds)
+
+
+#: Background calls of replies made without an owner to track them (kept referenced until done).
+_PENDING: set[asyncio.Task[Any]] = set()
+
+
+def in_background(call: Coroutine[Any, Any, Any], *, name: str,
+                  track: Callable[[asyncio.Task[Any]], None] | None = None) -> asyncio.Task[Any]:
+    """``call`` in a task of its own that nothing awaits (a courtesy such as taking a reaction back):
+    ``track`` (the adapter's task set, which shutdown drains) keeps it, else this module does until done."""
+    task = asyncio.create_task(call, name=name)
+    if track is not None:
+        track(task)
+    else:
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
+    return task
 
 
 # --- long answers ---------------------------------------------------------------------------

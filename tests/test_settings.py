@@ -115,7 +115,7 @@ def test_a_misspelt_moved_or_secret_key_is_named_with_the_fix(tmp_path: Path, te
     ("slack:\n  claim_lease_s: 7200\n", {}, "slack.claim_lease_s must be at most slack.dedupe_ttl_s"),
     ("slack:\n  ack_reaction: ':eyes:'\n", {}, "slack.ack_reaction must be an emoji name without colons, e.g. eyes"),
     ("telegram:\n  claim_lease_s: 90000\n", {}, "telegram.claim_lease_s must be at most telegram.dedupe_ttl_s"),
-    ("slack:\n  replicas: 0\n", {}, "slack.replicas must be at least 1, got 0"),
+    ("slack:\n  replicas: 3\n", {}, "slack.replicas is no longer a setting: replicas share Slack's rate budgets"),
     ("telegram:\n  polling_timeout_s: 90\n", {}, "telegram.polling_timeout_s must be at most 50, got 90"),
     ("ranker:\n  kind: rerank_http\n", {}, "ranker.url is required with kind rerank_http"),
     ("refresh:\n  timezone: Mars/Olympus\n", {}, "refresh.timezone 'Mars/Olympus' is not a known time zone"),

@@ -258,7 +258,7 @@ async def test_token_bucket_allows_the_burst_then_the_rate():
 async def test_hold_blocks_everyone_for_retry_after():
     t = FakeTime()
     bucket = TokenBucket(Rate(per_minute=60, burst=5), clock=t.clock, sleep=t.sleep)
-    bucket.hold(7.0)
+    await bucket.hold(7.0)
     assert await bucket.acquire() == pytest.approx(7.0), "one call right after the hold"
     assert await bucket.acquire() == pytest.approx(1.0), "then the normal rate, no burst saved up while held"
 
@@ -266,12 +266,12 @@ async def test_hold_blocks_everyone_for_retry_after():
 async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
     t = FakeTime()
     bucket = TokenBucket(Rate(per_minute=60, burst=2), clock=t.clock, sleep=t.sleep)
-    assert [bucket.try_acquire(), bucket.try_acquire(), bucket.try_acquire()] == [True, True, False]
+    assert [await bucket.try_acquire(), await bucket.try_acquire(), await bucket.try_acquire()] == [True, True, False]
     t.now += 1.0
-    assert bucket.try_acquire() is True, "refilled at the rate"
-    bucket.hold(5.0)
+    assert await bucket.try_acquire() is True, "refilled at the rate"
+    await bucket.hold(5.0)
     t.now += 2.0
-    assert bucket.try_acquire() is False, "held after a 429"
+    assert await bucket.try_acquire() is False, "held after a 429"
 
     woken = asyncio.Event()
 
@@ -280,15 +280,15 @@ async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
         await woken.wait()
 
     queued = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=slow_sleep)
-    assert queued.try_acquire() is True
+    assert await queued.try_acquire() is True
     waiter = asyncio.create_task(queued.acquire())
     await asyncio.sleep(0.01)
-    assert queued.tokens >= 1.0, "a token is due"
-    assert queued.try_acquire() is False, "but a caller (a final) waits for it: spare-only callers get nothing"
+    assert await queued.tokens() >= 1.0, "a token is due"
+    assert await queued.try_acquire() is False, "but a caller (a final) waits for it: spare-only callers get nothing"
     woken.set()
     assert await waiter == pytest.approx(1.0)
     budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)})
-    assert budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
+    assert await budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
 
 
 async def test_waiting_callers_get_tokens_by_priority_a_completing_call_first():
@@ -297,7 +297,7 @@ async def test_waiting_callers_get_tokens_by_priority_a_completing_call_first():
     a caller whose state changes while it waits (its answer completed) moves up at once."""
     t = FakeTime()
     bucket = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=t.sleep)
-    assert bucket.try_acquire()
+    assert await bucket.try_acquire()
     order: list[str] = []
     state = {"late": (STARTS, 0, 1.0)}
 
@@ -321,23 +321,23 @@ async def test_waiting_callers_get_tokens_by_priority_a_completing_call_first():
 async def test_a_cancelled_waiter_takes_no_token():
     t = FakeTime()
     bucket = TokenBucket(Rate(per_minute=60, burst=1), clock=t.clock, sleep=t.sleep)
-    assert bucket.try_acquire()
+    assert await bucket.try_acquire()
     gone = asyncio.create_task(bucket.acquire((COMPLETES, 1, 0.0)))
     stays = asyncio.create_task(bucket.acquire((STARTS, 0, 0.0)))
     await asyncio.sleep(0)
     gone.cancel()
     assert await stays == pytest.approx(1.0), "the token went to the caller still waiting"
-    assert bucket.waiting == 0 and bucket.try_acquire() is False
+    assert bucket.waiting == 0 and await bucket.try_acquire() is False
 
 
 async def test_try_acquire_all_takes_every_bucket_or_none():
     t = FakeTime()
     budget = RateBudget({"send": Rate(per_minute=60, burst=2), "bot": Rate(per_minute=60, burst=1)},
                         clock=t.clock, sleep=t.sleep)
-    assert budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
-    assert budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
-    assert budget.bucket("chat1", "send").tokens == pytest.approx(1.0), "the chat's token was given back"
-    assert budget.try_acquire_all(("chat1", "send"), ("all", "unlimited")) is True
+    assert await budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
+    assert await budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
+    assert await budget.bucket("chat1", "send").tokens() == pytest.approx(1.0), "the chat's token was not taken"
+    assert await budget.try_acquire_all(("chat1", "send"), ("all", "unlimited")) is True
 
 
 async def test_budget_is_shared_per_scope_and_method():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import time
@@ -59,7 +60,7 @@ class Tg:
 
 @contextlib.asynccontextmanager
 async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None, admin: Any = None,
-                       answerer: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
+                       answerer: Any = None, budget: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
     options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                **overrides}
     settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
@@ -67,7 +68,7 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
-    adapter = TelegramAdapter(conversations, settings)
+    adapter = TelegramAdapter(conversations, settings, budget=budget)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)
@@ -208,6 +209,51 @@ async def test_a_9000_character_answer_arrives_whole_split_at_paragraphs(claude,
     assert all(m.text.endswith("[1].") for m in messages[:-1]), "split at a paragraph boundary"
     assert not any(m.buttons() for m in messages[:-1]) and messages[-1].buttons()
     assert "[2] " in messages[-1].text.split("Sources", 1)[1]
+
+
+async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_text(claude, fake_tg):
+    """Typing and 👀 as soon as each question is taken, before its turn waits: the chat's second
+    question, queued behind the first (one turn per chat at a time), is acknowledged while the first is
+    still being answered; typing is renewed (it shows for 5 s) until text appears, then stops, and the
+    reaction is taken back once the answer is shown."""
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60, first_token_delay=5.5)
+    async with telegram_bot(runtime, fake_tg, ack_reaction="👀", stream_mode="edit") as tg:
+        asked = time.monotonic()
+        first = fake_tg.push(message_update(QUESTION))
+        second = fake_tg.push(message_update("And what grease should I use?"))
+        deadline = time.monotonic() + 60
+        while len(tg.turns) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await tg.adapter.settle()
+    assert [t.answer.outcome for t in tg.turns] == [Outcome.ANSWERED, Outcome.ANSWERED]
+    texts = sorted(c.at for c in fake_tg.ok_calls("sendMessage"))
+    typing = [c.at for c in fake_tg.ok_calls("sendChatAction")]
+    assert all(c.args["action"] == "typing" for c in fake_tg.ok_calls("sendChatAction"))
+    reactions = [(int(c.args["message_id"]), c.at, json.loads(c.args["reaction"]))
+                 for c in fake_tg.ok_calls("setMessageReaction")]
+    ids = [first["message"]["message_id"], second["message"]["message_id"]]
+    put = {mid: at for mid, at, reaction in reactions if reaction}
+    assert set(put) == set(ids), reactions
+    assert put[ids[1]] - asked < 1.0 and put[ids[1]] < texts[0], "the queued question was acknowledged at once"
+    assert typing[0] < put[ids[0]] and typing[0] - asked < 1.0
+    before_text = [t for t in typing if t < texts[0]]
+    assert len(before_text) >= 2, "typing renewed while the first answer waited for the model (5.5 s)"
+    assert max(b - a for a, b in itertools.pairwise(before_text)) < 5.0, "never a gap in which typing lapsed"
+    taken_back = {mid for mid, _, reaction in reactions if not reaction}
+    assert taken_back == set(ids) and fake_tg.reactions == {(7001, ids[0]): [], (7001, ids[1]): []}
+    assert all(c.status != 429 for c in fake_tg.calls)
+
+
+async def test_a_refused_reaction_costs_the_answer_nothing(claude, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=120)
+    async with telegram_bot(runtime, fake_tg, ack_reaction="🦄") as tg:  # not one of Telegram's reactions
+        await tg.send(message_update(QUESTION))
+    assert tg.only_turn().answer.outcome is Outcome.ANSWERED
+    [refused] = fake_tg.calls_to("setMessageReaction")
+    assert refused.status == 400 and "REACTION_INVALID" in refused.description
+    assert fake_tg.ok_calls("sendChatAction") and len(fake_tg.chat(7001)) == 1
 
 
 async def test_new_drops_the_thread_history(kb_runtime, fake_tg):

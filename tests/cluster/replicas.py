@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_s: float,
-                 refresh_every_s: int, replicas: int = 1) -> Path:
+                 refresh_every_s: int) -> Path:
     """The repository's settings, with this run's collection, Redis prefix, source and Slack lease."""
     shutil.copytree(REPO / "config", folder)
     path = folder / "kbbot.yaml"
@@ -45,7 +45,7 @@ def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_
     raw["store"]["collection"] = collection
     raw["redis_prefix"] = prefix
     raw["sources"] = [{"name": "kb", "path": str(kb), "interval": f"{refresh_every_s}s"}]
-    raw["slack"].update(claim_lease_s=lease_s, stream_interval_s=0.2, edit_interval_s=0.2, replicas=replicas)
+    raw["slack"].update(claim_lease_s=lease_s, stream_interval_s=0.2, edit_interval_s=0.2)
     path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
     return path
 

@@ -14,6 +14,7 @@ It can misbehave the ways Slack does::
         slack.fail("chat.update", error="internal_error")
         slack.limit("chat.update", calls=3, per_s=1.0)                  # a rate tier, enforced with 429s
         slack.limit("reactions.add", calls=50, per_s=60.0)              # (any method, reactions and status too)
+        slack.documented_tiers()                                        # Slack's published tiers, all of them
 
 Checks follow Slack's documented limits: ``markdown_text`` at most 12,000 characters and never with
 ``text``/``blocks``; at most 50 blocks; a ``markdown`` block at most 12,000 characters (12,000 in total per
@@ -42,6 +43,14 @@ STREAM_METHODS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
 MARKDOWN_LIMIT = 12000
 MAX_BLOCKS = 50
 SECTION_LIMIT = 3000
+#: Slack's documented rate tiers, calls per minute per workspace (and app): chat.startStream and
+#: chat.stopStream 20 (Tier 2), chat.appendStream 100 (Tier 4), chat.update and reactions.add 50 (Tier 3),
+#: reactions.remove 20 (Tier 2). assistant.threads.setStatus has "special" limits, not published: Tier 3
+#: is assumed, the stricter reading.
+DOCUMENTED_TIERS = {"chat.startStream": 20, "chat.stopStream": 20, "chat.appendStream": 100, "chat.update": 50,
+                    "assistant.threads.setStatus": 50, "reactions.add": 50, "reactions.remove": 20}
+#: Limits per channel: chat.postMessage about one a second, with short bursts (calls within seconds).
+PER_CHANNEL = {"chat.postMessage": (5, 5.0)}
 
 
 @dataclass
@@ -194,6 +203,14 @@ class FakeSlack(LocalServer):
         """Enforce a rate tier: more than ``calls`` successful calls within ``per_s`` seconds get 429;
         ``per``: counted separately for each value of that argument (``"channel"`` for postMessage)."""
         self._limits[method] = (calls, per_s, per)
+
+    def documented_tiers(self) -> None:
+        """Enforce Slack's documented limits (``DOCUMENTED_TIERS`` per workspace, ``PER_CHANNEL`` per
+        channel): what bench.streaming and bench.load run against."""
+        for method, per_minute in DOCUMENTED_TIERS.items():
+            self.limit(method, calls=per_minute, per_s=60.0)
+        for method, (calls, per_s) in PER_CHANNEL.items():
+            self.limit(method, calls=calls, per_s=per_s, per="channel")
 
     # ------------------------------------------------------------------ queries
     def calls_to(self, *methods: str) -> list[Call]:

@@ -20,6 +20,11 @@ from aiohttp import web
 from tests.fakes.local_server import LocalServer
 
 JSON = dict[str, Any]
+#: Bot API ``sendChatAction`` actions.
+CHAT_ACTIONS = {"typing", "upload_photo", "record_video", "upload_video", "record_voice", "upload_voice",
+                "upload_document", "choose_sticker", "find_location", "record_video_note", "upload_video_note"}
+#: Some of the emoji Telegram accepts as reactions (``ReactionTypeEmoji``); others are REACTION_INVALID.
+REACTION_EMOJI = {"👍", "👎", "❤", "🔥", "🤔", "👀", "🙏", "👌", "✍", "🫡", "⚡", "🎉"}
 
 
 def utf16_len(text: str) -> int:
@@ -70,6 +75,8 @@ class FakeTelegram(LocalServer):
         self.calls: list[Call] = []
         self.messages: dict[int, list[Message]] = {}
         self.drafts: list[tuple[int, int, str]] = []
+        #: (chat id, message id) -> the bot's reaction emoji on that message now.
+        self.reactions: dict[tuple[int, int], list[str]] = {}
         self.chat_types: dict[int, str] = {}
         self.webhook: JSON | None = None
         self._updates: list[JSON] = []
@@ -306,6 +313,21 @@ class FakeTelegram(LocalServer):
         return True
 
     async def _m_sendChatAction(self, args: JSON) -> Any:
+        if args.get("action") not in CHAT_ACTIONS:
+            raise _ApiError(400, "Bad Request: wrong parameter action in request")
+        int(args["chat_id"])
+        return True
+
+    async def _m_setMessageReaction(self, args: JSON) -> Any:
+        """The bot's reaction on a message (a list of at most one emoji; empty takes it back)."""
+        reaction = self._json(args.get("reaction")) or []
+        if len(reaction) > 1:
+            raise _ApiError(400, "Bad Request: REACTIONS_TOO_MANY")
+        for item in reaction:
+            if item.get("type") != "emoji" or item.get("emoji") not in REACTION_EMOJI:
+                raise _ApiError(400, "Bad Request: REACTION_INVALID")
+        key = (int(args["chat_id"]), int(args["message_id"]))
+        self.reactions[key] = [item["emoji"] for item in reaction]
         return True
 
     async def _m_answerCallbackQuery(self, args: JSON) -> Any:
