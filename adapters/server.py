@@ -33,9 +33,11 @@ from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
+from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
+from bot.pending import RecoveryLoop
 from bot.scheduler import KnowledgeAdmin
 
 log = logging.getLogger("kbbot.server")
@@ -95,10 +97,11 @@ def instrument(adapter: Any) -> aiohttp.ClientSession | None:
     return None
 
 
-def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Adapter]:
+def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
+                   conversations: Conversations | None = None) -> list[Adapter]:
     """The configured adapters on one conversation service, on a started runtime; ``admin``
     answers their admin commands."""
-    conversations = runtime.conversations(admin=admin)
+    conversations = conversations or runtime.conversations(admin=admin)
     adapters: list[Adapter] = []
     slack = runtime.settings.slack
     if slack.enabled:
@@ -200,7 +203,10 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     await runtime.start()
     knowledge = runtime.knowledge_admin(schedule=schedule)
     scheduler = knowledge.scheduler
-    adapters = build_adapters(runtime, admin=knowledge)
+    conversations = runtime.conversations(admin=knowledge)
+    adapters = build_adapters(runtime, conversations=conversations)
+    # Turns of replicas that died (and of this process's turns cut short) are answered here too.
+    recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
@@ -221,6 +227,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
             await adapter.start()
         if scheduler is not None:
             await scheduler.start()
+        recovery.start()
         digest = start_digest(runtime, adapters)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -229,6 +236,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         await stop.wait()
         log.info("stopping: finishing the turns in progress (up to %.0f s)", drain_s)
     finally:
+        await recovery.stop()
+        await conversations.recovering.drain(drain_s)
         if digest is not None:
             digest.stop()
         if admin_site is not None:
