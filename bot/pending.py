@@ -18,8 +18,9 @@ One answer per question:
   recorded the entry again as its own, so the old owner's next renewal stops it): it drops the entry;
 - an owner that is slow but alive stops writing before anyone can take over: its turn is cancelled
   when a renewal finds the entry owned by another, and also when it could not renew for 2/3 of the
-  lease (its own clock: the lease is measured from before the renewal was sent), and the final
-  message checks the lease once more (``LeasedReply``), which covers an event loop that stalled;
+  lease (its own clock: the lease is measured from before the renewal was sent) and a last try
+  failed; the final message checks the lease once more (``LeasedReply``: after an event loop stall
+  it renews first, and the store says whether another replica took the turn meanwhile);
 - the one window left is a replica dying between posting a final answer and keeping its claims
   (one Redis round trip): the question is then answered twice. Exactly once is not possible across
   a side effect on another system; at most twice in that window is the guarantee.
@@ -202,6 +203,7 @@ class TurnLease:
         self._valid_until = 0.0
         self._task: asyncio.Task[Any] | None = None
         self._keeper: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def start(self) -> None:
         began = time.monotonic()
@@ -215,6 +217,13 @@ class TurnLease:
     def valid(self) -> bool:
         """Renewed recently enough that no one else can have taken the turn over."""
         return not self.lost and time.monotonic() < self._valid_until
+
+    async def confirm(self) -> bool:
+        """Whether this replica may still write: valid, or renewed now (after a stall: the store says
+        whether another replica took the turn meanwhile)."""
+        if not self.valid and not self.lost:
+            await self._renew_now(None)
+        return self.valid
 
     def watch(self, task: asyncio.Task[Any]) -> None:
         self._task = task
@@ -236,28 +245,39 @@ class TurnLease:
             await self.claims.renew()
         self._valid_until = began + self.turn.lease_s * 2 / 3
 
+    async def _renew_now(self, messages: list[str] | None) -> bool:
+        """One renewal, bounded (a store that hangs must not hold the turn past its lease); a failure once
+        the lease is no longer valid loses the turn: the entry may be taken over from then on."""
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                await self._renew(messages)
+        except Exception:  # a hiccup: tried again next tick, while the lease is valid
+            if not self.valid:
+                self._lose(f"the lease could not be renewed for {self.turn.lease_s * 2 / 3:.1f} s")
+            else:
+                log.warning("could not renew the lease of turn %s", self.turn.id, exc_info=True)
+            return False
+        return not self.lost
+
     async def _keep(self) -> None:
+        # Ticks of at most a sixth of the lease: a last renewal tried once the lease stopped being
+        # valid (2/3) fails, bounded by a third, before the entry can expire (4/3).
         every = self.turn.lease_s / 3
         last_renewal = time.monotonic()
         recorded: list[str] = []
-        while not self.lost:
-            await asyncio.sleep(min(WATCH_S, every))
-            if time.monotonic() >= self._valid_until:
-                self._lose(f"the lease could not be renewed for {self.turn.lease_s * 2 / 3:.1f} s")
-                return
+        # The flag, not only the cancellation: a cancellation that meets a renewal's timeout can be
+        # turned into a TimeoutError (Python 3.11), which the loop would take for a hiccup.
+        while not self.lost and not self._stopped:
+            await asyncio.sleep(min(WATCH_S, every / 2))
             current = list(self.messages()) if self.messages is not None else recorded
-            if current == recorded and time.monotonic() - last_renewal < every:
+            if current == recorded and self.valid and time.monotonic() - last_renewal < every:
                 continue
-            try:  # bounded: a store that hangs must not keep this loop from noticing the lease run out
-                async with asyncio.timeout(max(0.01, self._valid_until - time.monotonic())):
-                    await self._renew(current if current != recorded else None)
-            except Exception:  # a hiccup: tried again next tick, until the lease is no longer valid
-                log.warning("could not renew the lease of turn %s", self.turn.id, exc_info=True)
-                continue
-            recorded, last_renewal = current, time.monotonic()
+            if await self._renew_now(current if current != recorded else None):
+                recorded, last_renewal = current, time.monotonic()
 
     async def stop(self) -> None:
         """Stop renewing; the entry stays (a turn cut short, e.g. at shutdown, is taken over later)."""
+        self._stopped = True
         task, self._keeper = self._keeper, None
         if task is not None and not task.done():
             task.cancel()
@@ -293,9 +313,9 @@ class LeasedReply:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reply, name)
 
-    def _check(self) -> None:
-        if not self._lease.valid:
-            self._lease._lose("the lease expired before the final message")
+    async def _check(self) -> None:
+        if not await self._lease.confirm():
+            self._lease._lose("the turn was taken over before its final message")
             raise asyncio.CancelledError(f"turn {self._lease.turn.id}: lease lost")
 
     async def start(self) -> None:
@@ -305,11 +325,11 @@ class LeasedReply:
         await self._reply.push(delta)
 
     async def finish(self, answer: Answer) -> None:
-        self._check()
+        await self._check()
         await self._reply.finish(answer)
 
     async def fail(self, message: str) -> None:
-        self._check()
+        await self._check()
         await self._reply.fail(message)
 
 

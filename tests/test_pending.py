@@ -5,11 +5,14 @@ replicas; "killing" one cancels its turn's task with nothing more written, as SI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
 from bot.redis_state import RedisIdempotency, RedisPendingTurns
 from bot.state import Idempotency, MemoryIdempotency
 from bot.types import Answer, Inquiry, Outcome, Reply
-from tests.replies import RecordingReply
+from tests.replies import RecordingReply, Stuck
 
 REDIS_URL = os.environ.get("REDIS_URL")
 LEASE = 0.6
@@ -34,18 +37,30 @@ QUESTION = "How often should the bearings be greased?"
 class Stores:
     pending: PendingTurns
     idempotency: Idempotency
+    #: The same pending turns seen from another event loop (another process, as far as the test goes).
+    elsewhere: Callable[[], AbstractAsyncContextManager[PendingTurns]]
 
 
 @pytest.fixture(params=["memory", "redis"])
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     if request.param == "memory":
-        yield Stores(MemoryPendingTurns(), MemoryIdempotency())
+        pending = MemoryPendingTurns()
+
+        @contextlib.asynccontextmanager
+        async def same() -> AsyncIterator[PendingTurns]:
+            yield pending  # thread-safe: one process's store
+        yield Stores(pending, MemoryIdempotency(), same)
         return
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set")
     client = Redis.from_url(REDIS_URL)
     prefix = f"kbbot:test:{uuid.uuid4().hex[:8]}:"
-    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix))
+
+    @contextlib.asynccontextmanager
+    async def connected() -> AsyncIterator[PendingTurns]:
+        async with Redis.from_url(REDIS_URL) as other:
+            yield RedisPendingTurns(other, prefix)
+    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected)
     await client.aclose()
 
 
@@ -118,30 +133,6 @@ class Platform:
 
     def message_ids(self, reply: Any) -> list[str]:
         return list(reply.posted)
-
-
-class Stuck:
-    """An Answerer that shows part of an answer and then never ends (the replica is about to die)."""
-
-    def __init__(self, *, block_s: float = 0.0) -> None:
-        self.block_s = block_s
-        self.writing = asyncio.Event()
-        self.cancelled_at: float | None = None
-
-    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
-        await reply.start()
-        await reply.push("Grease the bearings ")
-        self.writing.set()
-        if self.block_s:  # an event loop that stalls (a blocking call) past the lease, then finishes
-            time.sleep(self.block_s)
-            await reply.finish(Answer("Grease the bearings every 2,000 hours.", Outcome.ANSWERED))
-            return Answer("", Outcome.ANSWERED)
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            self.cancelled_at = time.monotonic()
-            raise
-        raise AssertionError("unreachable")
 
 
 class Answers:
@@ -223,17 +214,37 @@ async def test_a_slow_owner_that_cannot_renew_stops_before_another_takes_over(tm
     assert resumed.final is not None and reply.final is None and reply.failure is None
 
 
-async def test_an_owner_whose_event_loop_stalled_past_the_lease_does_not_post_its_answer(tmp_path: Path,
-                                                                                        stores: Stores):
-    stuck = Stuck(block_s=EXPIRED)
+async def test_an_owner_whose_event_loop_stalled_while_another_took_over_does_not_post_its_answer(
+        tmp_path: Path, stores: Stores):
+    stuck = Stuck(block_s=EXPIRED + 0.6)  # a blocking call: not even the lease's renewals run meanwhile
     a, _ = replica(tmp_path, stores, "A", stuck)
     b, platform = replica(tmp_path, stores, "B")
+    taken: list[PendingTurn] = []
+
+    async def take_over() -> None:  # B, in another process, while A's event loop is stuck
+        await asyncio.sleep(EXPIRED + 0.1)
+        async with stores.elsewhere() as pending:
+            taken.extend(await pending.take_expired("B", ["slack"], 10))
+
+    elsewhere = threading.Thread(target=asyncio.run, args=(take_over(),))
     handler = await accept(a, 3, reply := Posting())
+    elsewhere.start()
     assert await handler is None
-    assert reply.final is None and reply.failure is None, "the final message checks the lease first"
-    assert await recover(b) == 1
+    elsewhere.join()
+    assert len(taken) == 1 and reply.final is None and reply.failure is None, \
+        "the final message asked the store first, which said B has the turn"
+    await b.resume(taken[0])
     [(_, resumed)] = platform.resumed
     assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
+
+
+async def test_an_owner_whose_event_loop_stalled_but_kept_its_turn_answers_it(tmp_path: Path, stores: Stores):
+    a, _ = replica(tmp_path, stores, "A", Stuck(block_s=EXPIRED))
+    b, _ = replica(tmp_path, stores, "B")
+    handler = await accept(a, 7, reply := Posting())
+    answer = await handler
+    assert answer is not None and reply.final is not None, "nobody took the turn: A's answer stands"
+    assert await recover(b) == 0
 
 
 async def test_a_question_that_keeps_killing_replicas_is_given_up_with_a_message(tmp_path: Path, stores: Stores):
