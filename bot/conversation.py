@@ -3,9 +3,12 @@
 An adapter translates its platform's events into calls here and renders what comes back; it holds
 no flow of its own. ``Conversations`` owns:
 
-- a turn: the dedupe claim (``claim``), then ``answer``: the Answerer (rate limits, capacity, the
-  thread's lock, the pipeline, history), a friendly message when the turn crashes, the claim
-  released when the turn failed (so a redelivery may try again), the log line and ``on_turn``;
+- a turn: the dedupe claim (``claim``), then ``answer``: the turn recorded as pending while it runs
+  (``bot/pending.py``), the Answerer (rate limits, capacity, the thread's lock, the pipeline,
+  history), a friendly message when the turn crashes, the claim released when the turn failed (so a
+  redelivery may try again), the log line and ``on_turn``;
+- the turns of a replica that died: ``recover`` takes over those whose lease expired and ``resume``
+  answers each through its platform's adapter (a ``Resumer``);
 - feedback clicks (👍 / 👎) and review clicks (approve / withdraw an answer, reviewers only);
 - admin commands (status, refresh a source) and memory commands (prefs, remember, forget, and
   starting a thread afresh).
