@@ -181,10 +181,6 @@ class MemoryPendingTurns:
         return taken
 
 
-class LeaseLost(RuntimeError):
-    """Another replica took the turn over (or this one could not renew in time): stop writing."""
-
-
 class TurnLease:
     """One turn's entry and claims, renewed together while the turn runs (entry first: see the module).
 
