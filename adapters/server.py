@@ -205,7 +205,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
     adapters = build_adapters(runtime, conversations=conversations)
-    # Turns of replicas that died (and of this process's turns cut short) are answered here too.
+    # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
     recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]
     if not adapters:
