@@ -124,7 +124,6 @@ class SlackAdapter:
         self._no_streaming: dict[str, float] = {}  # team -> until when streaming is known refused
         self._socket: Any = None
         self._session: aiohttp.ClientSession | None = None
-        conversations.resumers[self.name] = self
 
     # --- serving ------------------------------------------------------------------------------
     def mount(self, web_app: web.Application, path: str = "/slack/events") -> None:

@@ -110,7 +110,6 @@ class TelegramAdapter:
         self._tasks = TaskSet()
         self._no_drafts_until = 0.0
         self._polling: asyncio.Task[None] | None = None
-        conversations.resumers[self.name] = self
 
     @property
     def bot_id(self) -> int:
