@@ -35,9 +35,11 @@ from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_budget as make_slack_budget
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_reply import make_budget as make_telegram_budget
+from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
+from bot.pending import RecoveryLoop, Resumer
 from bot.scheduler import KnowledgeAdmin
 
 log = logging.getLogger("kbbot.server")
@@ -97,10 +99,11 @@ def instrument(adapter: Any) -> aiohttp.ClientSession | None:
     return None
 
 
-def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Adapter]:
+def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
+                   conversations: Conversations | None = None) -> list[Adapter]:
     """The configured adapters on one conversation service, on a started runtime; ``admin``
     answers their admin commands."""
-    conversations = runtime.conversations(admin=admin)
+    conversations = conversations or runtime.conversations(admin=admin)
     adapters: list[Adapter] = []
     # With Redis every replica draws from the same rate buckets: the platforms limit the app, not a process.
     redis, prefix = runtime.redis, runtime.settings.redis_prefix
@@ -114,6 +117,9 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None) -> list[Ad
         adapters.append(TelegramAdapter(conversations, telegram, budget=make_telegram_budget(telegram, redis, prefix)))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))
+    for adapter in adapters:  # they rebuild the replies of turns taken over from a replica that died
+        if isinstance(adapter, Resumer):
+            conversations.resumers[adapter.name] = adapter
     return adapters
 
 
@@ -204,7 +210,10 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     await runtime.start()
     knowledge = runtime.knowledge_admin(schedule=schedule)
     scheduler = knowledge.scheduler
-    adapters = build_adapters(runtime, admin=knowledge)
+    conversations = runtime.conversations(admin=knowledge)
+    adapters = build_adapters(runtime, conversations=conversations)
+    # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
+    recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
@@ -225,6 +234,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
             await adapter.start()
         if scheduler is not None:
             await scheduler.start()
+        recovery.start()
         digest = start_digest(runtime, adapters)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -233,6 +243,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         await stop.wait()
         log.info("stopping: finishing the turns in progress (up to %.0f s)", drain_s)
     finally:
+        await recovery.stop()
+        await conversations.recovering.drain(drain_s)
         if digest is not None:
             digest.stop()
         if admin_site is not None:

@@ -28,6 +28,7 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,7 @@ from adapters.slack_text import (
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
+from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
 from bot.settings_base import reveal
 from bot.state import TaskSet
@@ -75,6 +77,8 @@ NOT_AVAILABLE = "Knowledge refresh is not available in this kbbot process."
 ADMIN_FAILED = {"status": "Sorry, the status could not be read. The logs have the details.",
                 "refresh": "Sorry, the refresh failed. The logs have the details."}
 NOT_ALLOWED = "Sorry, kbbot does not answer in this workspace."
+#: What a half-written answer of a replica that died says when Slack will not let it be deleted.
+INTERRUPTED = "_This answer was interrupted; it continues below._"
 
 #: Errors meaning this workspace or token cannot stream at all (remembered, so later answers edit directly).
 WORKSPACE_STREAM_REFUSALS = frozenset({
@@ -381,8 +385,46 @@ class SlackAdapter:
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
-        reply = SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(team),
-                           on_stream_refused=lambda code: self._stream_refused(team, code),
-                           background=self._tasks.track)
         self._remember_thread(where.key)
-        await self.conversations.answer(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind)
+        await self.conversations.answer(inquiry, self._reply(client, where), claimed=claimed, event_id=event_id,
+                                        kind=kind, target=dataclasses.asdict(where))
+
+    def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
+        return SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(where.team),
+                          on_stream_refused=lambda code: self._stream_refused(where.team, code),
+                          background=self._tasks.track)
+
+    # --- turns taken over from a replica that died (bot.pending.Resumer) ---------------------------
+    async def resume(self, turn: PendingTurn) -> SlackReply:
+        where = SlackThread(**turn.target)
+        for ts in turn.messages:
+            await self._retire(where, ts)
+        self._remember_thread(where.key)
+        return self._reply(self.client, where)
+
+    async def _retire(self, where: SlackThread, ts: str) -> None:
+        """A message the dead replica left half-written (a stream never stopped, or a message it was still
+        editing) is deleted, so the thread ends with one whole answer; where Slack refuses, it is edited
+        to say the answer continues below."""
+        try:
+            await self.budget.acquire(where.team, "chat.delete")
+            await self.client.chat_delete(channel=where.channel, ts=ts)
+            return
+        except SlackApiError as exc:
+            if error_code(exc) == "message_not_found":
+                return
+            log.info("thread %s: could not delete the interrupted message %s (%s); marking it", where.key, ts,
+                     error_code(exc))
+        try:
+            await self.budget.acquire(where.team, "chat.update")
+            await self.client.chat_update(channel=where.channel, ts=ts, text=INTERRUPTED)
+        except SlackApiError as exc:
+            log.warning("thread %s: the interrupted message %s stays as it was (%s)", where.key, ts, error_code(exc))
+
+    def message_ids(self, reply: SlackReply) -> list[str]:
+        sink = reply.sink
+        ids = [posted.ts for posted in sink.posted]
+        for ts in (sink.ts, sink.stream.ts if sink.stream is not None else None):
+            if ts and ts not in ids:
+                ids.append(ts)
+        return ids

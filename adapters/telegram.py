@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import time
@@ -64,6 +65,7 @@ from adapters.telegram_text import (
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
+from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
 from bot.settings_base import reveal
 from bot.state import TaskSet
@@ -83,6 +85,8 @@ UPDATES = ["message", "callback_query"]
 REVIEW_TEXTS = {ReviewStatus.NOT_REVIEWER: "not_reviewer", ReviewStatus.DISABLED: "approvals_off",
                 ReviewStatus.EXPIRED: "expired", ReviewStatus.NOTHING_TO_WITHDRAW: "nothing_to_withdraw",
                 ReviewStatus.FAILED: "review_failed"}
+#: What a half-written answer of a process that died says when Telegram will not let it be deleted.
+INTERRUPTED = {"en": "(This answer was interrupted; it continues below.)", "zh": "（此回答已中断，完整回答见下方。）"}
 ADMIN_TEXTS = {AdminStatus.NOT_ADMIN: "not_admin", AdminStatus.UNAVAILABLE: "no_admin",
                AdminStatus.FAILED: "admin_failed"}
 
@@ -338,19 +342,49 @@ class TelegramAdapter:
         language = user_language(user.language_code if user else None, question)
         if detect_language(question) == "zh":
             language = "zh"
-        draft = where.private and self.settings.stream_mode == "draft" and time.monotonic() >= self._no_drafts_until
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
                           spaces=self.settings.spaces_for(str(where.chat_id)))
+        await self.conversations.answer(inquiry, self._reply(where, language), claimed=claimed,
+                                        crashed=text_for("crashed", language),
+                                        event_id=str(event_update.update_id if event_update is not None else 0),
+                                        kind="private" if where.private else "group",
+                                        target={"chat": dataclasses.asdict(where), "language": language})
+
+    def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
+        draft = where.private and self.settings.stream_mode == "draft" and time.monotonic() >= self._no_drafts_until
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
         review = self.conversations.answers is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
-        reply = TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
-                              on_drafts_unavailable=self._drafts_unavailable, review=review,
-                              background=self._tasks.track)
-        await self.conversations.answer(inquiry, reply, claimed=claimed, crashed=text_for("crashed", language),
-                                        event_id=str(event_update.update_id if event_update is not None else 0),
-                                        kind="private" if where.private else "group")
+        return TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
+                             on_drafts_unavailable=self._drafts_unavailable, review=review,
+                             background=self._tasks.track)
+
+    # --- turns taken over from a process that died (bot.pending.Resumer) ------------------------------
+    async def resume(self, turn: PendingTurn) -> TelegramReply:
+        where = TelegramChat(**turn.target["chat"])
+        language = str(turn.target.get("language") or "en")
+        for message_id in turn.messages:
+            await self._retire(where, int(message_id), language)
+        return self._reply(where, language)
+
+    async def _retire(self, where: TelegramChat, message_id: int, language: str) -> None:
+        """A message the dead process left half-written is deleted, so the chat ends with one whole answer;
+        where Telegram refuses (e.g. older than 48 h), it is edited to say the answer continues below."""
+        try:
+            await self.bot.delete_message(chat_id=where.chat_id, message_id=message_id)
+            return
+        except TelegramAPIError as exc:
+            log.info("chat %s: could not delete the interrupted message %s (%s); marking it", where.chat_id,
+                     message_id, exc)
+        try:
+            await self.bot.edit_message_text(text=INTERRUPTED.get(language, INTERRUPTED["en"]), chat_id=where.chat_id,
+                                             message_id=message_id)
+        except TelegramAPIError as exc:
+            log.warning("chat %s: the interrupted message %s stays as it was (%s)", where.chat_id, message_id, exc)
+
+    def message_ids(self, reply: TelegramReply) -> list[str]:
+        return [str(posted.message_id) for posted in reply.sink.posted]
 
     def _drafts_unavailable(self) -> None:
         log.warning("this Bot API server has no sendMessageDraft; editing messages for %.0f min",

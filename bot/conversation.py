@@ -3,9 +3,12 @@
 An adapter translates its platform's events into calls here and renders what comes back; it holds
 no flow of its own. ``Conversations`` owns:
 
-- a turn: the dedupe claim (``claim``), then ``answer``: the Answerer (rate limits, capacity, the
-  thread's lock, the pipeline, history), a friendly message when the turn crashes, the claim
-  released when the turn failed (so a redelivery may try again), the log line and ``on_turn``;
+- a turn: the dedupe claim (``claim``), then ``answer``: the turn recorded as pending while it runs
+  (``bot/pending.py``), the Answerer (rate limits, capacity, the thread's lock, the pipeline,
+  history), a friendly message when the turn crashes, the claim released when the turn failed (so a
+  redelivery may try again), the log line and ``on_turn``;
+- the turns of a replica that died: ``recover`` takes over those whose lease expired and ``resume``
+  answers each through its platform's adapter (a ``Resumer``);
 - feedback clicks (👍 / 👎) and review clicks (approve / withdraw an answer, reviewers only);
 - admin commands (status, refresh a source) and memory commands (prefs, remember, forget, and
   starting a thread afresh).
@@ -16,6 +19,7 @@ in its platform's format and the user's language.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,9 +32,10 @@ from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.memory_commands import run_command
+from bot.pending import LeasedReply, PendingTurn, PendingTurns, Resumer, TurnLease, replica_id
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import HeldClaims, Idempotency, ThreadLocks, claim_all, hold_claims, release_all
+from bot.state import HeldClaims, Idempotency, TaskSet, ThreadLocks, claim_all, hold_claims, release_all
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -94,6 +99,17 @@ class Conversations:
     turns: TurnRecorder | None = None
     admin: KnowledgeAdmin | None = None
     on_turn: Callable[[TurnRecord], None] | None = None
+    #: Accepted questions recorded until answered (``bot.pending``); None: not recorded.
+    pending: PendingTurns | None = None
+    #: This process among the replicas (the owner of its pending turns).
+    replica: str = field(default_factory=replica_id)
+    #: Platform name -> its adapter, which rebuilds the replies of turns taken over.
+    resumers: dict[str, Resumer] = field(default_factory=dict)
+    #: Take-overs of one question before it is given up (``recovery.max_attempts``).
+    max_attempts: int = 3
+    #: Turns taken over per recovery round.
+    recovery_batch: int = 20
+    recovering: TaskSet = field(default_factory=TaskSet, init=False, repr=False)
 
     # --- a turn -------------------------------------------------------------------------------------
     async def claim(self, keys: list[str], ttl_s: float, *, lease_s: float | None = None) -> list[str] | None:
@@ -108,26 +124,110 @@ class Conversations:
         await release_all(self.idempotency, keys)
 
     async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: list[str], event_id: str, kind: str,
-                     crashed: str = CRASHED) -> Answer | None:
-        """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks."""
+                     crashed: str = CRASHED, target: dict[str, Any] | None = None) -> Answer | None:
+        """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks. With
+        ``target`` (where the reply goes, as the platform's ``Resumer`` rebuilds it) and claims held on a
+        lease, the turn is recorded as pending until it ends: another replica answers it if this one dies."""
+        lease = None
+        if target is not None and self.pending is not None and isinstance(claimed, HeldClaims) and claimed:
+            turn = PendingTurn(id=claimed[-1], inquiry=inquiry, target=target, claim_keys=list(claimed),
+                               event_id=event_id, kind=kind, crashed=crashed, lease_s=claimed.lease_s,
+                               dedupe_ttl_s=claimed.ttl_s)
+            lease = await self._lease(turn, claimed, reply)
+        return await self._turn(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind, crashed=crashed,
+                                lease=lease)
+
+    async def _lease(self, turn: PendingTurn, claims: HeldClaims, reply: Reply) -> TurnLease | None:
+        assert self.pending is not None
+        resumer = self.resumers.get(turn.platform)
+        lease = TurnLease(self.pending, turn, self.replica, claims=claims,
+                          messages=(lambda: resumer.message_ids(reply)) if resumer is not None else None)
+        try:
+            await lease.start()
+        except Exception:  # the claims keep their own renewal: answered, only not recoverable
+            log.exception("%s %s: could not record the pending turn; a replica dying now would lose it",
+                          turn.platform, turn.event_id)
+            return None
+        return lease
+
+    async def _turn(self, inquiry: Inquiry, reply: Reply, *, claimed: list[str], event_id: str, kind: str,
+                    crashed: str, lease: TurnLease | None) -> Answer | None:
         answer: Answer | None = None
-        try:  # the Answerer runs one turn per thread at a time (its thread locks)
-            answer = await self.answerer.answer(inquiry, reply)
-        except Exception:
-            # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
-            log.exception("%s %s: the turn crashed", inquiry.platform, event_id)
-            await reply.fail(crashed)
-        answered = answer is not None and answer.outcome is not Outcome.ERROR
-        if isinstance(claimed, HeldClaims):  # kept for the dedupe TTL after an answer, else released
-            await claimed.finish(answered=answered)
-        elif not answered:
-            await self.release(claimed)  # a redelivery may try again
+        shown = reply if lease is None else LeasedReply(reply, lease)
+        # A task of its own, so that a lost lease can stop the turn (the Answerer lets cancellation through).
+        task = asyncio.create_task(self.answerer.answer(inquiry, shown), name=f"turn {event_id}")
+        try:
+            if lease is not None:
+                lease.watch(task)
+            try:  # the Answerer runs one turn per thread at a time (its thread locks)
+                answer = await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if lease is None or not lease.lost or (current is not None and current.cancelling()):
+                    raise
+                return None  # another replica has the turn: nothing more is written here
+            except Exception:
+                # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
+                log.exception("%s %s: the turn crashed", inquiry.platform, event_id)
+                await shown.fail(crashed)
+            answered = answer is not None and answer.outcome is not Outcome.ERROR
+            if lease is not None:
+                await lease.end(answered=answered)
+            elif isinstance(claimed, HeldClaims):  # kept for the dedupe TTL after an answer, else released
+                await claimed.finish(answered=answered)
+            elif not answered:
+                await self.release(claimed)  # a redelivery may try again
+        finally:
+            if lease is not None:
+                await lease.stop()  # cut short (shutdown): the entry stays for another replica
         if answer is not None:
             log.info("%s %s %s in %s -> turn %s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
                      answer.trace.turn_id, answer.outcome.value)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
+
+    # --- turns of replicas that died ------------------------------------------------------------
+    async def recover(self) -> int:
+        """Takes over the pending turns whose lease expired (of the platforms this process serves) and
+        answers them in the background (``recovering``); returns how many it took."""
+        if self.pending is None or not self.resumers:
+            return 0
+        turns = await self.pending.take_expired(self.replica, sorted(self.resumers), self.recovery_batch)
+        for turn in turns:
+            self.recovering.track(asyncio.create_task(self.resume(turn), name=f"resume {turn.id}"))
+        return len(turns)
+
+    async def resume(self, turn: PendingTurn) -> Answer | None:
+        """Answers a turn taken over from a replica that stopped renewing it (``recover``)."""
+        assert self.pending is not None
+        claims = await hold_claims(self.idempotency, turn.claim_keys, ttl_s=turn.dedupe_ttl_s, lease_s=turn.lease_s)
+        if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
+            log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
+                     turn.event_id, turn.id)
+            await self.pending.remove(turn.id, self.replica)
+            return None
+        try:
+            reply = await self.resumers[turn.platform].resume(turn)
+        except Exception:  # the entry expires again and is retried, within max_attempts
+            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
+                          turn.id)
+            await claims.finish(answered=False)
+            return None
+        if turn.attempts > self.max_attempts:
+            log.error("%s %s: pending turn %s was taken over %d times; giving up and telling the user",
+                      turn.platform, turn.event_id, turn.id, turn.attempts - 1)
+            try:
+                await reply.fail(turn.crashed)
+            finally:
+                await claims.finish(answered=True)  # the user was told: a redelivery starts no new round
+                await self.pending.remove(turn.id, self.replica)
+            return None
+        log.warning("%s %s: taking over pending turn %s (attempt %d, %d message(s) left by the previous owner)",
+                    turn.platform, turn.event_id, turn.id, turn.attempts, len(turn.messages))
+        lease = await self._lease(turn, claims, reply)
+        return await self._turn(turn.inquiry, reply, claimed=claims, event_id=turn.event_id, kind=turn.kind,
+                                crashed=turn.crashed, lease=lease)
 
     async def answered_before(self, thread_key: str) -> bool:
         """Whether the thread has history (a follow-up there is meant for kbbot)."""

@@ -12,6 +12,11 @@ key                                type    contents and lifetime
                                            ``ttl_s`` given to ``claim`` (deleted by ``release``)
 ``{prefix}lock:{name}``            string  the holder's random token; expires ``ttl_s`` after the
                                            last renewal (renewed every ``ttl_s / 3``)
+``{prefix}pending``                zset    pending turn id -> its lease's deadline (ms, Redis
+                                           ``TIME``); removed when the turn ends
+``{prefix}pending:{id}``           hash    the turn (``payload``), ``owner``, ``attempts``,
+                                           ``lease_ms``, ``platform``, posted ``messages``;
+                                           expires after the event's dedupe TTL at the latest
 =================================  ======  =====================================================
 
 The client comes from ``connect_redis``: bounded socket timeouts (a dead server is an error,
@@ -42,6 +47,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import LockError, RedisError
 
 from bot.history import cap_messages
+from bot.pending import PendingTurn
 from bot.state import RenewingLock
 from pipelines.errors import StateUnavailable
 from pipelines.redact import redact_url, scrub
@@ -281,3 +287,96 @@ class RedisLock(RenewingLock):
     async def locked(self) -> bool:
         """Someone (anyone) holds the lock right now."""
         return await self._lock.locked()
+
+
+# Pending turns: a sorted set of lease deadlines and a hash per turn, changed only by these scripts.
+# Not a stream with a consumer group: the platform, not the queue, hands an event to a replica, so
+# the replica that accepted it must own its entry at once (XREADGROUP gives new entries to whichever
+# consumer reads next), an owner must be checked on every renewal (XCLAIM takes over regardless of
+# who holds an entry) and the posted message ids change as the answer is written (stream entries
+# are immutable). The deadlines are Redis's clock (TIME), so replicas' clocks never disagree on
+# them. The take-over script touches hashes it finds in the set: one Redis (or Sentinel) only.
+_NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
+
+_PENDING_ADD = _NOW_MS + """
+redis.call('HSET', KEYS[2], 'owner', ARGV[2], 'payload', ARGV[3], 'attempts', ARGV[4], 'lease_ms', ARGV[5],
+           'platform', ARGV[6], 'messages', '[]')
+redis.call('PEXPIRE', KEYS[2], ARGV[7])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
+"""
+
+_PENDING_RENEW = _NOW_MS + """
+if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(redis.call('HGET', KEYS[2], 'lease_ms')), ARGV[1])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'messages', ARGV[3]) end
+return 1
+"""
+
+_PENDING_REMOVE = """
+if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+"""
+
+_PENDING_TAKE = _NOW_MS + """
+local platforms = {}
+for i = 4, #ARGV do platforms[ARGV[i]] = true end
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))) do
+  local key = ARGV[3] .. id
+  local f = redis.call('HMGET', key, 'payload', 'lease_ms', 'platform', 'messages')
+  if not f[1] then
+    redis.call('ZREM', KEYS[1], id)  -- its hash expired: nothing left to answer
+  elseif platforms[f[3]] then
+    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'owner', ARGV[1])
+    redis.call('ZADD', KEYS[1], now + tonumber(f[2]), id)
+    table.insert(out, f[1]) table.insert(out, attempts) table.insert(out, f[4])
+  end
+end
+return out
+"""
+
+
+class RedisPendingTurns:
+    """``PendingTurns`` shared by replicas (see the scripts above for why a sorted set)."""
+
+    def __init__(self, client: Redis, prefix: str = DEFAULT_PREFIX, *, replica_acks: int = 0):
+        self.client = client
+        self.replica_acks = replica_acks
+        self.index = f"{prefix}pending"
+        self.entry_prefix = f"{prefix}pending:"
+        self._add = client.register_script(_PENDING_ADD)
+        self._renew = client.register_script(_PENDING_RENEW)
+        self._remove = client.register_script(_PENDING_REMOVE)
+        self._take = client.register_script(_PENDING_TAKE)
+
+    def _keys(self, turn_id: str) -> list[str]:
+        return [self.index, self.entry_prefix + turn_id]
+
+    async def add(self, turn: PendingTurn, owner: str) -> None:
+        args = [turn.id, owner, turn.payload(), turn.attempts, max(1, int(turn.entry_lease_s * 1000)), turn.platform,
+                max(1, int(turn.dedupe_ttl_s * 1000))]
+        async with self.client.client() as conn:  # WAIT counts the writes of its own connection
+            await self._add(keys=self._keys(turn.id), args=args, client=conn)
+            await replicated(conn, self.replica_acks, f"the pending turn {turn.id!r}")
+
+    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
+        recorded = "" if messages is None else json.dumps(messages)
+        return bool(await self._renew(keys=self._keys(turn_id), args=[turn_id, owner, recorded]))
+
+    async def remove(self, turn_id: str, owner: str) -> bool:
+        return bool(await self._remove(keys=self._keys(turn_id), args=[turn_id, owner]))
+
+    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
+        if not platforms:
+            return []
+        raw = await self._take(keys=[self.index], args=[owner, limit, self.entry_prefix, *platforms])
+        turns = []
+        for payload, attempts, messages in zip(raw[::3], raw[1::3], raw[2::3]):
+            try:
+                turns.append(PendingTurn.from_payload(payload, attempts=int(attempts), messages=messages))
+            except (ValueError, TypeError, KeyError) as error:  # owned by us now: it expires again, logged each time
+                logger.error("skipping an unreadable pending turn: %s", error)
+        return turns

@@ -20,8 +20,9 @@ from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
+from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
-from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, connect_redis
+from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis
 from bot.refresh import Refresher, knowledge_status, run_log
 from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
@@ -121,6 +122,9 @@ class Runtime:
     _limiter: Any = field(default=None, init=False, repr=False)
     _thread_locks: ThreadLocks = field(default_factory=ThreadLocks, init=False, repr=False)
     _turns: TurnRecorder | None = field(default=None, init=False, repr=False)
+    _pending: PendingTurns | None = field(default=None, init=False, repr=False)
+    #: This process among the replicas: the owner of the turns it accepts (``bot/pending.py``).
+    replica: str = field(default_factory=replica_id, init=False)
 
     def __post_init__(self) -> None:
         if self.settings.generator_kind == "local":
@@ -189,6 +193,7 @@ class Runtime:
                                          max_chars=h.max_chars, ttl_days=h.ttl_days,
                                          replica_acks=self.settings.redis_replica_acks)
             self._idempotency = RedisIdempotency(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
+            self._pending = RedisPendingTurns(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
             self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
                                              knowledge_version=self._knowledge_version)
             self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
@@ -197,6 +202,7 @@ class Runtime:
             self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
+            self._pending = MemoryPendingTurns()
             self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400,
                                               knowledge_version=self._knowledge_version)
             self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
@@ -309,9 +315,12 @@ class Runtime:
     def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
                       on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:
         """The conversation service every adapter uses, on this started runtime."""
+        r = self.settings.recovery
         return Conversations(self.answerer, self.idempotency, self.history, thread_locks=self._thread_locks,
                              feedback=feedback if feedback is not None else self.feedback, answers=self._answers,
-                             preferences=self._preferences, turns=self._turns, admin=admin, on_turn=on_turn)
+                             preferences=self._preferences, turns=self._turns, admin=admin, on_turn=on_turn,
+                             pending=self._pending, replica=self.replica, max_attempts=r.max_attempts,
+                             recovery_batch=r.batch)
 
     @property
     def idempotency(self) -> Idempotency:

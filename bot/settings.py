@@ -218,6 +218,18 @@ class HistorySettings(Section):
     ttl_days: Positive = 30
 
 
+class RecoverySettings(Section):
+    """Questions a replica accepted and then died holding (``bot/pending.py``); the lease is the
+    platform's ``claim_lease_s``."""
+
+    #: Seconds between two looks for turns whose lease expired (each replica, jittered by 20 %).
+    interval_s: Positive = 5
+    #: Replicas that may try one question; after that the user is told it could not be answered.
+    max_attempts: int = Field(3, ge=1)
+    #: Turns one replica takes over per look.
+    batch: int = Field(20, ge=1)
+
+
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _INTERVAL = re.compile(r"^(?:\d+[smhd])+$")
 _INTERVAL_PART = re.compile(r"(\d+)([smhd])")
@@ -407,6 +419,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     insights: InsightsSettings = Field(default_factory=InsightsSettings)

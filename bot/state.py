@@ -358,21 +358,28 @@ class HeldClaims(list[str]):
         self.lease_s = lease_s
         self._renewal = asyncio.create_task(self._renew(), name="renew claims") if keys else None
 
+    async def renew(self) -> None:
+        """Extend every claim by ``lease_s`` once (a ``TurnLease`` renews them with its entry)."""
+        for key in self:
+            await self.idempotency.extend(key, self.lease_s)
+
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                for key in self:
-                    await self.idempotency.extend(key, self.lease_s)
+                await self.renew()
             except Exception:  # the next round tries again; the lease covers two misses
                 logger.exception("could not renew the claims %s", list(self))
 
-    async def finish(self, answered: bool) -> None:
+    async def stop_renewing(self) -> None:
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewal
             self._renewal = None
+
+    async def finish(self, answered: bool) -> None:
+        await self.stop_renewing()
         if not answered:
             await release_all(self.idempotency, list(self))
             return

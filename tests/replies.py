@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bot.types import Answer
+import asyncio
+import time
+
+from bot.types import Answer, Inquiry, Outcome, Reply
 
 
 class RecordingReply:
@@ -27,3 +30,29 @@ class RecordingReply:
     @property
     def streamed(self) -> str:
         return "".join(self.deltas)
+
+
+class Stuck:
+    """An Answerer that shows part of an answer and then never ends: its replica is about to die.
+    With ``block_s`` it blocks its event loop that long instead (a stall), then finishes."""
+
+    def __init__(self, text: str = "Grease the bearings ", *, block_s: float = 0.0) -> None:
+        self.text = text
+        self.block_s = block_s
+        self.writing = asyncio.Event()
+        self.cancelled_at: float | None = None
+
+    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        await reply.start()
+        await reply.push(self.text)
+        self.writing.set()
+        if self.block_s:
+            time.sleep(self.block_s)
+            await reply.finish(Answer("Grease the bearings every 2,000 hours.", Outcome.ANSWERED))
+            return Answer("", Outcome.ANSWERED)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled_at = time.monotonic()
+            raise
+        raise AssertionError("unreachable")

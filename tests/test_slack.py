@@ -116,14 +116,14 @@ class Slack:
 
 @contextlib.asynccontextmanager
 async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | None = None,
-                    idempotency: Any = None, admin: Any = None, answerer: Any = None,
+                    idempotency: Any = None, admin: Any = None, answerer: Any = None, replica: str | None = None,
                     **overrides: Any) -> AsyncIterator[Slack]:
     options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
-                            answerer=answerer or conversations.answerer)
+                            answerer=answerer or conversations.answerer, replica=replica or conversations.replica)
     adapter = SlackAdapter(conversations, settings, budget=budget)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()

@@ -37,8 +37,9 @@ def free_port() -> int:
 
 
 def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_s: float,
-                 refresh_every_s: int) -> Path:
-    """The repository's settings, with this run's collection, Redis prefix, source and Slack lease."""
+                 refresh_every_s: int, recovery_interval_s: float | None = None) -> Path:
+    """The repository's settings, with this run's collection, Redis prefix, source, Slack lease and
+    (if given) how often each replica looks for the turns of a replica that died."""
     shutil.copytree(REPO / "config", folder)
     path = folder / "kbbot.yaml"
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -46,6 +47,8 @@ def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_
     raw["redis_prefix"] = prefix
     raw["sources"] = [{"name": "kb", "path": str(kb), "interval": f"{refresh_every_s}s"}]
     raw["slack"].update(claim_lease_s=lease_s, stream_interval_s=0.2, edit_interval_s=0.2)
+    if recovery_interval_s is not None:
+        raw["recovery"]["interval_s"] = recovery_interval_s
     path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
     return path
 

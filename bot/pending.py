@@ -1,0 +1,371 @@
+"""Pending turns: a question a replica accepted stays recorded, on a lease, until its turn ends.
+
+A platform does not resend what was acknowledged (Slack's 200 or Socket Mode ack, Telegram's
+webhook 200 or advanced polling offset), so a replica that dies holding a question would lose it.
+The replica that claims an event records the turn here (``PendingTurn``: the ``Inquiry``, where the
+reply goes, the claim keys, the ids of messages already posted for the answer) owned by it on a
+lease (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and
+removes it when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
+are taken over (owner changed, attempt counted, in one atomic step), re-claimed, rebuilt through
+the platform adapter (``Resumer``) and answered by ``Conversations.resume``.
+
+One answer per question:
+
+- each renewal moves the entry on first and then, only if the entry is still this replica's, the
+  claims; the entry's lease is a third longer than the claims' (``entry_lease_s``), so when an entry
+  has expired the claims its owner renewed have too. A recovery that cannot claim them finds the
+  question answered (claims kept after an answer) or in the live turn of a redelivery (which
+  recorded the entry again as its own, so the old owner's next renewal stops it): it drops the entry;
+- an owner that is slow but alive stops writing before anyone can take over: its turn is cancelled
+  when a renewal finds the entry owned by another, and also when it could not renew for 2/3 of the
+  lease (its own clock: the lease is measured from before the renewal was sent) and a last try
+  failed; the final message checks the lease once more (``LeasedReply``: after an event loop stall
+  it renews first, and the store says whether another replica took the turn meanwhile);
+- the one window left is a replica dying between posting a final answer and keeping its claims
+  (one Redis round trip): the question is then answered twice. Exactly once is not possible across
+  a side effect on another system; at most twice in that window is the guarantee.
+
+Turns taken over more than ``max_attempts`` times (a question that kills every replica it reaches)
+are given up: the user sees the turn's failure message. A turn that ended with the Answerer's error
+outcome already showed the user its message and is not retried.
+
+``MemoryPendingTurns`` is the embedded default (one process); ``bot.redis_state.RedisPendingTurns``
+is shared by replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from bot.state import Clock, HeldClaims
+from bot.types import Answer, Inquiry, Reply
+
+log = logging.getLogger("kbbot.pending")
+
+#: How often a lease looks at the reply for new messages (recorded at once, so a replica dying
+#: right after posting still leaves their ids for the one taking over).
+WATCH_S = 0.25
+
+
+def replica_id() -> str:
+    """This process among the replicas: readable in logs, unique across restarts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class PendingTurn:
+    """Everything another replica needs to answer an accepted question."""
+
+    id: str  # the question's message claim key: one entry per question, whichever delivery recorded it
+    inquiry: Inquiry
+    #: The platform adapter's description of where the reply goes (``Resumer.resume`` reads it).
+    target: dict[str, Any]
+    claim_keys: list[str]
+    event_id: str
+    kind: str
+    crashed: str  # what the user sees if the turn breaks (or is given up), in their language
+    lease_s: float
+    dedupe_ttl_s: float
+    attempts: int = 1
+    #: Ids of messages already posted for the answer (the adapter's ``message_ids`` of the reply).
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def platform(self) -> str:
+        return self.inquiry.platform
+
+    @property
+    def entry_lease_s(self) -> float:
+        """The entry outlives the claims renewed with it (``lease_s``) by a third of a lease."""
+        return self.lease_s * 4 / 3
+
+    def payload(self) -> str:
+        """The fixed part, as JSON (attempts and messages change while the entry lives)."""
+        data = dataclasses.asdict(self)
+        del data["attempts"], data["messages"]
+        return json.dumps(data, ensure_ascii=False)
+
+    @classmethod
+    def from_payload(cls, payload: str | bytes, *, attempts: int, messages: str | bytes | None) -> PendingTurn:
+        data = json.loads(payload)
+        inquiry = data.pop("inquiry")
+        inquiry["spaces"] = tuple(inquiry.get("spaces") or ("default",))
+        return cls(inquiry=Inquiry(**inquiry), **data, attempts=attempts,
+                   messages=[str(m) for m in json.loads(messages or "[]")])
+
+
+@runtime_checkable
+class PendingTurns(Protocol):
+    """The pending turns of every replica; deadlines are the store's own clock (Redis: ``TIME``)."""
+
+    async def add(self, turn: PendingTurn, owner: str) -> None:
+        """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` (replacing an entry of the same id)."""
+
+    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
+        """Move the lease on (and store ``messages``) if ``owner`` still owns it; False otherwise."""
+
+    async def remove(self, turn_id: str, owner: str) -> bool:
+        """Forget the entry if ``owner`` owns it."""
+
+    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
+        """Entries of ``platforms`` whose lease expired, now owned by ``owner`` on a new lease, each
+        with its attempts counted (one atomic step: two replicas never take the same entry)."""
+
+
+@dataclass
+class _Entry:
+    owner: str
+    turn: PendingTurn
+    deadline: float
+
+
+class MemoryPendingTurns:
+    """``PendingTurns`` of one process (embedded defaults): a dict with deadlines on ``clock``."""
+
+    def __init__(self, *, clock: Clock = time.monotonic):
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._mutex = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def add(self, turn: PendingTurn, owner: str) -> None:
+        with self._mutex:
+            stored = dataclasses.replace(turn, messages=[])
+            self._entries[turn.id] = _Entry(owner, stored, self._clock() + turn.entry_lease_s)
+
+    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn_id)
+            if entry is None or entry.owner != owner:
+                return False
+            entry.deadline = self._clock() + entry.turn.entry_lease_s
+            if messages is not None:
+                entry.turn.messages = list(messages)
+            return True
+
+    async def remove(self, turn_id: str, owner: str) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn_id)
+            if entry is None or entry.owner != owner:
+                return False
+            del self._entries[turn_id]
+            return True
+
+    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
+        now = self._clock()
+        taken = []
+        with self._mutex:
+            for entry in sorted(self._entries.values(), key=lambda e: e.deadline):
+                if len(taken) >= limit or entry.deadline > now:
+                    break
+                if entry.turn.platform not in platforms:
+                    continue
+                entry.owner, entry.deadline = owner, now + entry.turn.entry_lease_s
+                entry.turn.attempts += 1
+                taken.append(dataclasses.replace(entry.turn, messages=list(entry.turn.messages)))
+        return taken
+
+
+class TurnLease:
+    """One turn's entry and claims, renewed together while the turn runs (entry first: see the module).
+
+    ``watch(task)`` cancels the turn's task when the lease is lost. ``messages`` (the reply's posted
+    message ids) is read every ``WATCH_S`` and stored as soon as it changes.
+    """
+
+    def __init__(self, store: PendingTurns, turn: PendingTurn, owner: str, *, claims: HeldClaims | None,
+                 messages: Callable[[], list[str]] | None = None):
+        self.store = store
+        self.turn = turn
+        self.owner = owner
+        self.claims = claims
+        self.messages = messages
+        self.lost = False
+        self._valid_until = 0.0
+        self._task: asyncio.Task[Any] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        began = time.monotonic()
+        await self.store.add(self.turn, self.owner)
+        self._valid_until = began + self.turn.lease_s * 2 / 3
+        if self.claims is not None:
+            await self.claims.stop_renewing()  # renewed here from now on, always before the entry
+        self._keeper = asyncio.create_task(self._keep(), name=f"lease {self.turn.id}")
+
+    @property
+    def valid(self) -> bool:
+        """Renewed recently enough that no one else can have taken the turn over."""
+        return not self.lost and time.monotonic() < self._valid_until
+
+    async def confirm(self) -> bool:
+        """Whether this replica may still write: valid, or renewed now (after a stall: the store says
+        whether another replica took the turn meanwhile)."""
+        if not self.valid and not self.lost:
+            await self._renew_now(None)
+        return self.valid
+
+    def watch(self, task: asyncio.Task[Any]) -> None:
+        self._task = task
+
+    def _lose(self, why: str) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        log.warning("turn %s (%s): %s; stopping it, another replica answers it", self.turn.id, self.turn.event_id, why)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _renew(self, messages: list[str] | None) -> None:
+        began = time.monotonic()
+        if not await self.store.renew(self.turn.id, self.owner, messages):
+            self._lose("its pending entry is owned by another replica")
+            return
+        if self.claims is not None:
+            await self.claims.renew()
+        self._valid_until = began + self.turn.lease_s * 2 / 3
+
+    async def _renew_now(self, messages: list[str] | None) -> bool:
+        """One renewal, bounded (a store that hangs must not hold the turn past its lease); a failure once
+        the lease is no longer valid loses the turn: the entry may be taken over from then on."""
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                await self._renew(messages)
+        except Exception:  # a hiccup: tried again next tick, while the lease is valid
+            if not self.valid:
+                self._lose(f"the lease could not be renewed for {self.turn.lease_s * 2 / 3:.1f} s")
+            else:
+                log.warning("could not renew the lease of turn %s", self.turn.id, exc_info=True)
+            return False
+        return not self.lost
+
+    async def _keep(self) -> None:
+        # Ticks of at most a sixth of the lease: a last renewal tried once the lease stopped being
+        # valid (2/3) fails, bounded by a third, before the entry can expire (4/3).
+        every = self.turn.lease_s / 3
+        last_renewal = time.monotonic()
+        recorded: list[str] = []
+        # The flag, not only the cancellation: a cancellation that meets a renewal's timeout can be
+        # turned into a TimeoutError (Python 3.11), which the loop would take for a hiccup.
+        while not self.lost and not self._stopped:
+            await asyncio.sleep(min(WATCH_S, every / 2))
+            current = list(self.messages()) if self.messages is not None else recorded
+            if current == recorded and self.valid and time.monotonic() - last_renewal < every:
+                continue
+            if await self._renew_now(current if current != recorded else None):
+                recorded, last_renewal = current, time.monotonic()
+
+    async def stop(self) -> None:
+        """Stop renewing; the entry stays (a turn cut short, e.g. at shutdown, is taken over later)."""
+        self._stopped = True
+        task, self._keeper = self._keeper, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def end(self, answered: bool) -> None:
+        """The turn is over: claims kept (answered) or released, then the entry removed. In this order a
+        death in between leaves an entry whose claims tell the recovery the question was answered."""
+        await self.stop()
+        if self.lost:
+            return
+        if self.claims is not None:
+            await self.claims.finish(answered=answered)
+        try:
+            await self.store.remove(self.turn.id, self.owner)
+        except Exception:
+            log.exception("could not remove the pending turn %s; its claims keep it from being answered again",
+                          self.turn.id)
+
+
+class LeasedReply:
+    """A ``Reply`` whose final message (answer or failure) is shown only while its turn's lease is valid.
+
+    Other attributes (``acknowledge``, ``progress``, the adapter's own) are the wrapped reply's, so the
+    Answerer sees the same capabilities.
+    """
+
+    def __init__(self, reply: Reply, lease: TurnLease):
+        self._reply = reply
+        self._lease = lease
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reply, name)
+
+    async def _check(self) -> None:
+        if not await self._lease.confirm():
+            self._lease._lose("the turn was taken over before its final message")
+            raise asyncio.CancelledError(f"turn {self._lease.turn.id}: lease lost")
+
+    async def start(self) -> None:
+        await self._reply.start()
+
+    async def push(self, delta: str) -> None:
+        await self._reply.push(delta)
+
+    async def finish(self, answer: Answer) -> None:
+        await self._check()
+        await self._reply.finish(answer)
+
+    async def fail(self, message: str) -> None:
+        await self._check()
+        await self._reply.fail(message)
+
+
+@runtime_checkable
+class Resumer(Protocol):
+    """What a platform adapter offers for turns taken over from another replica."""
+
+    name: str
+
+    async def resume(self, turn: PendingTurn) -> Reply:
+        """The reply of ``turn`` rebuilt from ``turn.target``, with the messages a dead replica left
+        half-written (``turn.messages``) dealt with, so the new answer is the one the user reads."""
+
+    def message_ids(self, reply: Reply) -> list[str]:
+        """Ids of the messages ``reply`` has posted so far (recorded in the pending entry)."""
+
+
+class RecoveryLoop:
+    """Every ``interval_s`` (± 20 %, so replicas do not poll in step), ``recover`` takes over expired turns."""
+
+    def __init__(self, recover: Callable[[], Any], interval_s: float):
+        self.recover = recover
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="recover pending turns")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s * random.uniform(0.8, 1.2))
+            try:
+                await self.recover()
+            except Exception:
+                log.exception("recovering pending turns failed; trying again in %.0f s", self.interval_s)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

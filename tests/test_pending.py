@@ -1,0 +1,307 @@
+"""Pending turns (``bot/pending.py``): a question a replica accepted is answered by another when the first
+dies holding it, once, in process and in Redis alike. Two ``Conversations`` on one store play two
+replicas; "killing" one cancels its turn's task with nothing more written, as SIGKILL leaves it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from bot.conversation import Conversations
+from bot.history import SqliteHistory
+from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
+from bot.redis_state import RedisIdempotency, RedisPendingTurns
+from bot.state import Idempotency, MemoryIdempotency
+from bot.types import Answer, Inquiry, Outcome, Reply
+from tests.replies import RecordingReply, Stuck
+
+REDIS_URL = os.environ.get("REDIS_URL")
+LEASE = 0.6
+EXPIRED = LEASE * 1.6  # an entry outlives its claims' lease by a third
+QUESTION = "How often should the bearings be greased?"
+
+
+@dataclasses.dataclass
+class Stores:
+    pending: PendingTurns
+    idempotency: Idempotency
+    #: The same pending turns seen from another event loop (another process, as far as the test goes).
+    elsewhere: Callable[[], AbstractAsyncContextManager[PendingTurns]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    if request.param == "memory":
+        pending = MemoryPendingTurns()
+
+        @contextlib.asynccontextmanager
+        async def same() -> AsyncIterator[PendingTurns]:
+            yield pending  # thread-safe: one process's store
+        yield Stores(pending, MemoryIdempotency(), same)
+        return
+    if not REDIS_URL:
+        pytest.skip("REDIS_URL is not set")
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"kbbot:test:{uuid.uuid4().hex[:8]}:"
+
+    @contextlib.asynccontextmanager
+    async def connected() -> AsyncIterator[PendingTurns]:
+        async with Redis.from_url(REDIS_URL) as other:
+            yield RedisPendingTurns(other, prefix)
+    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected)
+    await client.aclose()
+
+
+def pending_turn(n: int = 1, *, platform: str = "slack", lease_s: float = LEASE) -> PendingTurn:
+    inquiry = Inquiry(platform, "T1", "C1", f"{platform}:T1:C1:{n}", "U1", f"question {n} 问题",
+                      received_at=1000.0 + n, spaces=("default", "drives"))
+    return PendingTurn(id=f"{platform}:message:{n}", inquiry=inquiry, target={"channel": "C1", "n": n},
+                       claim_keys=[f"{platform}:event:{n}", f"{platform}:message:{n}"], event_id=f"Ev{n}",
+                       kind="mention", crashed="Something went wrong.", lease_s=lease_s, dedupe_ttl_s=60)
+
+
+# --- the store ---------------------------------------------------------------------------------------
+async def test_an_entry_is_its_owners_until_its_lease_expires_then_one_other_takes_it(stores: Stores):
+    store = stores.pending
+    turn = pending_turn()
+    await store.add(turn, "A")
+    assert await store.renew(turn.id, "A", ["m1", "m2"])
+    assert not await store.renew(turn.id, "B"), "only the owner renews"
+    assert await store.take_expired("B", ["slack"], 10) == []
+    await asyncio.sleep(EXPIRED)
+
+    taken = await asyncio.gather(store.take_expired("B", ["slack"], 10), store.take_expired("C", ["slack"], 10))
+    assert sorted(len(t) for t in taken) == [0, 1], "two replicas never take the same entry"
+    [got] = taken[0] or taken[1]
+    assert got == dataclasses.replace(turn, attempts=2, messages=["m1", "m2"])  # the whole turn, rebuilt
+    new_owner = "B" if taken[0] else "C"
+    assert not await store.renew(turn.id, "A"), "the old owner learns it lost the turn"
+    assert not await store.remove(turn.id, "A")
+    assert await store.take_expired("A", ["slack"], 10) == [], "taken on a new lease"
+    assert await store.remove(turn.id, new_owner)
+    await asyncio.sleep(EXPIRED)
+    assert await store.take_expired("A", ["slack"], 10) == []
+
+
+async def test_a_replica_takes_only_the_platforms_it_serves(stores: Stores):
+    await stores.pending.add(pending_turn(1, platform="telegram"), "A")
+    await stores.pending.add(pending_turn(2, platform="slack"), "A")
+    await asyncio.sleep(EXPIRED)
+    assert [t.platform for t in await stores.pending.take_expired("B", ["slack"], 10)] == ["slack"]
+    assert [t.platform for t in await stores.pending.take_expired("B", ["telegram"], 10)] == ["telegram"]
+
+
+# --- replicas ----------------------------------------------------------------------------------------
+class Posting(RecordingReply):
+    """A reply that has posted messages (ids ``m1``…) as it was written, as the platforms' do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posted: list[str] = []
+
+    async def push(self, delta: str) -> None:
+        await super().push(delta)
+        self.posted.append(f"m{len(self.posted) + 1}")
+
+
+class Platform:
+    """A ``Resumer``: the replies it rebuilt and the half-written messages it retired."""
+
+    name = "slack"
+
+    def __init__(self) -> None:
+        self.resumed: list[tuple[PendingTurn, Posting]] = []
+        self.retired: list[str] = []
+
+    async def resume(self, turn: PendingTurn) -> Reply:
+        self.retired += turn.messages
+        reply = Posting()
+        self.resumed.append((turn, reply))
+        return reply
+
+    def message_ids(self, reply: Any) -> list[str]:
+        return list(reply.posted)
+
+
+class Answers:
+    """An Answerer that answers at once, through the reply as the real one does (or fails, showing why)."""
+
+    def __init__(self, outcome: Outcome = Outcome.ANSWERED):
+        self.outcome = outcome
+
+    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        await reply.start()
+        if self.outcome is Outcome.ERROR:
+            await reply.fail("Please ask a question.")
+            return Answer("Please ask a question.", Outcome.ERROR)
+        await reply.push("Every 2,000 hours.")
+        answer = Answer("Every 2,000 operating hours.", Outcome.ANSWERED)
+        await reply.finish(answer)
+        return answer
+
+
+def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, **options: Any) -> tuple[Conversations, Platform]:
+    platform = Platform()
+    options = {"pending": stores.pending, "replica": name, "resumers": {"slack": platform}, **options}
+    conversations = Conversations(answerer or Answers(), stores.idempotency, SqliteHistory(tmp / f"{name}.sqlite3"),
+                                  **options)
+    return conversations, platform
+
+
+async def accept(conversations: Conversations, n: int, reply: Reply) -> asyncio.Task[Answer | None]:
+    """What an adapter does with an event: claim it, then answer it (in the handler's task)."""
+    keys = [f"slack:event:{n}", f"slack:message:{n}"]
+    claimed = await conversations.claim(keys, 60, lease_s=LEASE)
+    assert claimed is not None
+    inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", QUESTION)
+    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=claimed, event_id=f"Ev{n}",
+                                                    kind="mention", target={"n": n}))
+
+
+async def recover(conversations: Conversations) -> int:
+    taken = await conversations.recover()
+    await conversations.recovering.settle(0.05)
+    return taken
+
+
+async def test_a_turn_whose_replica_died_is_answered_by_another_once(tmp_path: Path, stores: Stores):
+    stuck = Stuck()
+    a, _ = replica(tmp_path, stores, "A", stuck)
+    b, platform = replica(tmp_path, stores, "B")
+    handler = await accept(a, 1, reply := Posting())
+    await stuck.writing.wait()
+    await asyncio.sleep(0.4)  # the lease records the posted message
+    handler.cancel()  # SIGKILL: no more writes, no renewals, nothing removed
+    await asyncio.gather(handler, return_exceptions=True)
+
+    assert await recover(b) == 0, "taken over only once the lease expired"
+    await asyncio.sleep(EXPIRED)
+    assert await recover(b) == 1
+    [(turn, resumed)] = platform.resumed
+    assert (turn.event_id, turn.attempts, turn.inquiry.text) == ("Ev1", 2, QUESTION)
+    assert platform.retired == reply.posted == ["m1"], "the half-written message is handed to the adapter"
+    assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED and reply.final is None
+    assert await b.claim(["slack:event:1"], 60) is None, "a redelivery is not answered again"
+    await asyncio.sleep(EXPIRED)
+    assert await recover(b) == 0 and await stores.pending.take_expired("C", ["slack"], 10) == [], "entry removed"
+
+
+async def test_a_slow_owner_that_cannot_renew_stops_before_another_takes_over(tmp_path: Path, stores: Stores):
+    stuck = Stuck()
+    a, _ = replica(tmp_path, stores, "A", stuck, pending=(cut_off := Partitionable(stores.pending)))
+    b, platform = replica(tmp_path, stores, "B")
+    handler = await accept(a, 2, reply := Posting())
+    await stuck.writing.wait()
+    cut_off.partitioned = True  # A alone loses the store: its renewals hang, B's calls go through
+    while await recover(b) == 0:
+        await asyncio.sleep(0.05)
+    taken_at = time.monotonic()
+    assert await handler is None, "A gave the turn up"
+    assert stuck.cancelled_at is not None and stuck.cancelled_at < taken_at, "A stopped before B took over"
+    [(_, resumed)] = platform.resumed
+    assert resumed.final is not None and reply.final is None and reply.failure is None
+
+
+async def test_an_owner_whose_event_loop_stalled_while_another_took_over_does_not_post_its_answer(
+        tmp_path: Path, stores: Stores):
+    stuck = Stuck(block_s=EXPIRED + 0.6)  # a blocking call: not even the lease's renewals run meanwhile
+    a, _ = replica(tmp_path, stores, "A", stuck)
+    b, platform = replica(tmp_path, stores, "B")
+    taken: list[PendingTurn] = []
+
+    async def take_over() -> None:  # B, in another process, while A's event loop is stuck
+        await asyncio.sleep(EXPIRED + 0.1)
+        async with stores.elsewhere() as pending:
+            taken.extend(await pending.take_expired("B", ["slack"], 10))
+
+    elsewhere = threading.Thread(target=asyncio.run, args=(take_over(),))
+    handler = await accept(a, 3, reply := Posting())
+    elsewhere.start()
+    assert await handler is None
+    elsewhere.join()
+    assert len(taken) == 1 and reply.final is None and reply.failure is None, \
+        "the final message asked the store first, which said B has the turn"
+    await b.resume(taken[0])
+    [(_, resumed)] = platform.resumed
+    assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
+
+
+async def test_an_owner_whose_event_loop_stalled_but_kept_its_turn_answers_it(tmp_path: Path, stores: Stores):
+    a, _ = replica(tmp_path, stores, "A", Stuck(block_s=EXPIRED))
+    b, _ = replica(tmp_path, stores, "B")
+    handler = await accept(a, 7, reply := Posting())
+    answer = await handler
+    assert answer is not None and reply.final is not None, "nobody took the turn: A's answer stands"
+    assert await recover(b) == 0
+
+
+async def test_a_question_that_keeps_killing_replicas_is_given_up_with_a_message(tmp_path: Path, stores: Stores):
+    stuck = Stuck()
+    a, _ = replica(tmp_path, stores, "A", stuck)
+    handler = await accept(a, 4, Posting())
+    await stuck.writing.wait()
+    handler.cancel()
+    b, b_platform = replica(tmp_path, stores, "B", stuck := Stuck(), max_attempts=2)
+    await asyncio.sleep(EXPIRED)
+    assert await b.recover() == 1  # attempt 2: dies too
+    await stuck.writing.wait()
+    for task in list(b.recovering._tasks):
+        task.cancel()
+    c, c_platform = replica(tmp_path, stores, "C", max_attempts=2)
+    await asyncio.sleep(EXPIRED)
+    assert await recover(c) == 1  # attempt 3 of at most 2
+    [(turn, told)] = c_platform.resumed
+    assert turn.attempts == 3 and told.failure == "Something went wrong while answering. Please try again."
+    assert told.final is None and not told.deltas, "not answered a third time"
+    await asyncio.sleep(EXPIRED)
+    assert await recover(c) == 0
+    assert await c.claim(["slack:message:4"], 60) is None
+
+
+async def test_a_turn_that_failed_is_over_and_a_turn_left_behind_after_its_answer_is_dropped(tmp_path: Path,
+                                                                                             stores: Stores):
+    a, _ = replica(tmp_path, stores, "A", Answers(Outcome.ERROR))
+    b, platform = replica(tmp_path, stores, "B")
+    failed = Posting()
+    keys = ["slack:event:5", "slack:message:5"]
+    claimed = await a.claim(keys, 60, lease_s=LEASE)
+    answer = await a.answer(Inquiry("slack", "T1", "C1", "slack:T1:C1:5", "U1", "   "), failed, claimed=claimed or [],
+                            event_id="Ev5", kind="mention", target={})
+    assert answer is not None and answer.outcome is Outcome.ERROR and failed.failure
+    # The user saw the Answerer's message: not retried. A replica that died after keeping an answered
+    # turn's claims but before removing its entry leaves an entry the recovery drops unanswered.
+    left = pending_turn(6)
+    assert await stores.idempotency.claim(left.claim_keys[0], 60)
+    await stores.pending.add(left, "A")
+    await asyncio.sleep(EXPIRED)
+    assert await recover(b) == 1 and platform.resumed == []
+    await asyncio.sleep(EXPIRED)
+    assert await recover(b) == 0
+
+
+class Partitionable:
+    """One replica's view of the shared store, which it may lose: then every renewal hangs."""
+
+    def __init__(self, store: PendingTurns):
+        self.store = store
+        self.partitioned = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def renew(self, *args: Any) -> bool:
+        if self.partitioned:
+            await asyncio.sleep(3600)
+        return await self.store.renew(*args)
