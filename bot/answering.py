@@ -30,7 +30,7 @@ from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.store import space_filter
-from pipelines.text import detect_language, link_host, restrict_links
+from pipelines.text import detect_language, link_host
 from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
 
@@ -63,11 +63,6 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
 
     cleaned = _MARKER.sub(keep, text)
     return cleaned, [cited[n] for n in sorted(cited)]
-
-
-def _source_of(doc: Document) -> str:
-    source = str((doc.meta or {}).get("source") or "")
-    return source if source.startswith(("http://", "https://")) else ""
 
 
 class Answerer:
@@ -200,7 +195,7 @@ class Answerer:
     async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
                    on_chunk: Any, preferences: str = "") -> dict[str, Any]:
         spaces = list(inquiry.spaces)
-        data = query_inputs(question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
+        data = query_inputs(self.pipeline, question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
                             history=history, preferences=preferences, streaming_callback=on_chunk)
         return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
 
@@ -224,12 +219,14 @@ class Answerer:
         usage = (replies[0].meta or {}).get("usage")
         if usage:
             trace.usage = dict(usage)
-        sources = result["budget"]["sources"]
-        text, removed = restrict_links(text.strip(), {h for d in sources if (h := link_host(_source_of(d)))})
-        if removed:
+        # The text is what the sentence gate let through, as it was streamed: every sentence supported
+        # by what it cites, links only to the sources' hosts (pipelines/grounding.py).
+        meta = replies[0].meta or {}
+        trace.left_out = int((meta.get("check") or {}).get("left_out") or 0)
+        if removed := meta.get("links_removed"):
             log.warning("turn %s: removed %d links to hosts none of the sources is on: %s", trace.turn_id,
                         len(removed), ", ".join(sorted({link_host(u) or u for u in removed})))
-        text, citations = resolve_citations(text, sources)
+        text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
         return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
 
     def _answer_calls(self, result: dict[str, Any]) -> int:

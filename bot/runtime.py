@@ -29,15 +29,16 @@ from bot.settings import Settings
 from bot.settings_base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from pipelines.components.converter import OcrOptions
-from pipelines.components.embedders import make_embedders
+from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
+from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.errors import ServiceUnavailable
 from pipelines.generators import make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
-from pipelines.query import build_query_pipeline, build_retrieval_pipeline
+from pipelines.query import Decisions, Models, Prompting, Retrieval, build_query_pipeline, build_retrieval_pipeline
 from pipelines.store import KnowledgeStore, open_store
 
 
@@ -71,6 +72,7 @@ class Generators:
     helper: Any | None
     budget_chars: int
     turn_timeout_s: float
+    judge: Any | None = None  # the answerability judgement by token probabilities (kind local)
 
 
 def make_generators(settings: Settings, *, temperature: float | None = None,
@@ -97,7 +99,11 @@ def make_generators(settings: Settings, *, temperature: float | None = None,
         helper = make_generator(kind, model=path.name, max_tokens=local.helper_max_tokens,
                                 timeout_s=local.helper_timeout_s, max_retries=0, base_url=base_url,
                                 temperature=temperature) if local.helpers else None
-        return Generators(answer, helper, local.budget_chars, local.turn_timeout_s)
+        # One token and its alternatives; the prompt is the answer's own, so its time is the answer's.
+        judge = make_generator(kind, model=path.name, max_tokens=1, timeout_s=local.turn_timeout_s, max_retries=0,
+                               base_url=base_url, temperature=0, logprobs=JUDGE_ALTERNATIVES) \
+            if local.judge_threshold > 0 else None
+        return Generators(answer, helper, local.budget_chars, local.turn_timeout_s, judge)
     answer = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
                             max_retries=g.max_retries, base_url=g.base_url, temperature=temperature)
     # Rewrite, guard, grade and reformulate: short calls to the same model.
@@ -336,18 +342,20 @@ class Runtime:
 
     def _query_pipeline(self, text_embedder: Any, generators: Generators, topics: Any, *, clarify: bool | None = None,
                         mode: str | None = None) -> Any:
-        s, a = self.settings, self.settings.answering
-        return build_query_pipeline(
-            self.store, text_embedder, make_ranker(s), generators.answer,
-            system_template=s.template("system_template"), user_template=s.template("user_template"),
-            mode=mode or s.retrieval.mode, candidates=s.retrieval.candidates, fusion=s.retrieval.fusion, alpha=s.retrieval.alpha,
-            budget_chars=generators.budget_chars, min_similarity=s.retrieval.min_similarity,
-            helper_generator=generators.helper, topics=topics, guard_min_confidence=a.guard_min_confidence,
+        s, a, r = self.settings, self.settings.answering, self.settings.retrieval
+        models = Models(generators.answer, generators.helper, generators.judge, SentenceVectors(*self._make_embedders()))
+        decisions = Decisions(
+            min_similarity=r.min_similarity, off_topic_similarity=a.off_topic_similarity,
+            off_topic_similarity_zh=a.off_topic_similarity_zh, guard_min_confidence=a.guard_min_confidence,
             # Self-hosted models are often small: their "off-topic" alone does not end a turn.
             guard_weighs_retrieval=s.generator_kind in ("openai", "local"),
-            off_topic_similarity=a.off_topic_similarity, off_topic_similarity_zh=a.off_topic_similarity_zh,
-            clarify=a.clarify if clarify is None else clarify,
-        )
+            # Where a model grades the passages its verdict decides; where none does, the signals do.
+            evidence=a.evidence_margin if generators.helper is None else None,
+            judge=s.generator.local.judge_threshold, clarify=a.clarify if clarify is None else clarify)
+        return build_query_pipeline(
+            self.store, text_embedder, make_ranker(s), models, topics=topics, decisions=decisions,
+            prompting=Prompting(s.template("system_template"), s.template("user_template"), generators.budget_chars),
+            retrieval=Retrieval(mode or r.mode, r.candidates, r.fusion, r.alpha))
 
     @cached_property
     def answerer(self) -> Answerer:
@@ -357,8 +365,9 @@ class Runtime:
         generators = make_generators(s, similarity=self.sentence_similarity)
         model_name = generators.answer.model if kind != "extractive" else "extractive"
         if kind != "extractive":  # model calls share one process-wide cap (extractive answers make none)
-            generators = replace(generators, answer=Throttled(generators.answer, self.model_calls),
-                                 helper=Throttled(generators.helper, self.model_calls) if generators.helper else None)
+            throttled = lambda g: Throttled(g, self.model_calls) if g is not None else None  # noqa: E731
+            generators = replace(generators, answer=throttled(generators.answer), helper=throttled(generators.helper),
+                                 judge=throttled(generators.judge))
         helper = generators.helper
         topics = s.topics()
         pipeline = self._query_pipeline(self.text_embedder, generators, topics)

@@ -164,6 +164,9 @@ class LocalModelSettings(Section):
     helper_max_tokens: int = Field(60, ge=1)
     helper_timeout_s: Positive = 60
     turn_timeout_s: Positive = 300            # replaces answering.turn_timeout_s
+    #: The model's P(yes) that the sources answer the question, below which the turn ends not_found
+    #: (pipelines/components/judge.py; 0: no judgement). One extra request sharing the answer's prompt.
+    judge_threshold: Fraction = 0.5
 
 
 class GeneratorSettings(Section):
@@ -190,6 +193,11 @@ class AnsweringSettings(Section):
     helper_max_tokens: int = Field(300, ge=1)
     helper_timeout_s: Positive = 30
     max_question_chars: int = Field(4000, ge=1)
+    #: When no model grades the passages (extractive, local without helpers): how weak the evidence
+    #: that they answer may be (pipelines/components/answerability.py): 0 is the 5th percentile of
+    #: answerable development questions, 1 their median, on both the closest chunk's similarity and
+    #: the share of the question's content it holds; below it the turn ends not_found. null: no check.
+    evidence_margin: float | None = Field(-0.2, ge=-2, le=1)
     #: Language code (en, zh) -> a line of text; config/kbbot.yaml has them.
     handoff: dict[str, str] = {}
 

@@ -110,6 +110,7 @@ class Trace:
     model_calls: int = 0  # helper calls and answers, regeneration included
     regenerated: bool = False  # a cited document changed while the answer was written
     ranked: list[dict[str, Any]] = field(default_factory=list)  # the ranked chunks and scores (turn records)
+    left_out: int = 0  # sentences the sentence gate kept from the user: no source they cite holds them
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +122,7 @@ class Trace:
             "steps": self.steps,
             "model_calls": self.model_calls,
             "regenerated": self.regenerated,
+            "left_out": self.left_out,
         }
 
 

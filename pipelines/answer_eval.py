@@ -41,10 +41,11 @@ from haystack import Document, Pipeline
 from pipelines.citations import MARKER, attach_missing_markers, cited_numbers, normalize_markers, sentence_citations
 from pipelines.components.extractive import HEADINGS
 from pipelines.components.turn import TurnBudget
-from pipelines.evaluation import read_jsonl
+from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, read_jsonl
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.text import detect_language, split_sentences, terms
 
+JUDGE_SWEEP = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 LEXICAL_SUPPORT = 0.6
 SEMANTIC_SUPPORT = 0.9
 ABSTAINED = ("not_found", "off_topic")
@@ -85,6 +86,17 @@ class TurnRecord:
     language_match: bool | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    # The answerability decision (its score and whether the turn passed it; None: not reached) and
+    # the model's own text before the sentence check, scored the same way ("what the model wrote").
+    evidence: float | None = None
+    evidence_passed: bool | None = None
+    judge: float | None = None
+    judge_passed: bool | None = None
+    left_out: int = 0
+    draft: str = ""
+    draft_sentences: int = 0
+    draft_supported: int = 0
+    draft_cited_gold: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,7 +183,7 @@ def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudg
     turn = budget()
     started = time.perf_counter()
     try:
-        result = pipeline.run(query_inputs(case.text, budget=turn), include_outputs_from=OUTCOME_COMPONENTS)
+        result = pipeline.run(query_inputs(pipeline, case.text, budget=turn), include_outputs_from=OUTCOME_COMPONENTS)
     except Exception as exc:  # noqa: BLE001 - a failed turn is a result of the eval, not its end
         return TurnRecord(case.id, case.set, case.text, "error", seconds=time.perf_counter() - started,
                           steps=list(turn.steps), error=f"{type(exc).__name__}: {exc}"[:300])
@@ -182,9 +194,26 @@ def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudg
     text = (replies[0].text or "").strip() if replies and outcome == "answered" else ""
     record = TurnRecord(case.id, case.set, case.text, outcome, text=text, seconds=round(seconds, 2),
                         shown=[str((d.meta or {}).get("doc_id")) for d in sources], steps=list(turn.steps))
+    _decisions(record)
     if outcome == "answered":
         score_answer(record, case, sources, embed)
+    draft = (result.get("generate", {}).get("draft") or "").strip()
+    if draft:
+        written = TurnRecord(case.id, case.set, case.text, "answered", text=draft)
+        score_answer(written, case, sources, embed)
+        record.draft, record.draft_sentences, record.draft_supported = written.text, written.sentences, written.supported
+        record.draft_cited_gold = written.cited_gold
     return record
+
+
+def _decisions(record: TurnRecord) -> None:
+    for noted in record.steps:
+        if noted.get("step") == "answerable":
+            record.evidence, record.evidence_passed = noted.get("score"), noted.get("answerable")
+        elif noted.get("step") == "judge" and "p_yes" in noted:
+            record.judge, record.judge_passed = noted.get("p_yes"), noted.get("answerable")
+        elif noted.get("step") == "check":
+            record.left_out = int(noted.get("left_out") or 0)
 
 
 def _share(values: list[bool]) -> float | None:
@@ -202,6 +231,8 @@ def summarize(records: list[TurnRecord]) -> dict[str, Any]:
     invalid = sum(r.invalid_markers for r in answered)
     sentences = sum(r.sentences for r in answered)
     seconds = sorted(r.seconds for r in records)
+    drafted = [r for r in records if r.draft]
+    draft_sentences = sum(r.draft_sentences for r in drafted)
     return {
         "n": len(records),
         "answered": _share([r.outcome == "answered" for r in records]),
@@ -215,6 +246,12 @@ def summarize(records: list[TurnRecord]) -> dict[str, Any]:
         "reference_f1": _mean([r.reference_f1 for r in answered if r.reference_f1 is not None]),
         "reference_recall": _mean([r.reference_recall for r in answered if r.reference_recall is not None]),
         "language_match": _share([r.language_match for r in answered if r.language_match is not None]),
+        "left_out": sum(r.left_out for r in answered),
+        # What the model wrote, before the sentence check: its answers' grounding and gold citations.
+        "drafted": len(drafted),
+        "draft_groundedness": round(sum(r.draft_supported for r in drafted) / draft_sentences, 4)
+        if draft_sentences else None,
+        "draft_cited_gold": _share([r.draft_cited_gold for r in drafted if r.draft_cited_gold is not None]),
         "seconds_per_turn": _mean([r.seconds for r in records]),
         "p95_seconds": seconds[min(len(seconds) - 1, round(0.95 * (len(seconds) - 1)))] if seconds else None,
     }
@@ -231,4 +268,30 @@ def evaluate_answers(pipeline: Pipeline, cases: list[AnswerCase], *, budget: Cal
             on_turn(record)
     sets = {name: summarize([r for r in records if r.set == name]) for name in ("answerable", "unanswerable")
             if any(r.set == name for r in records)}
-    return {"sets": sets, "overall": summarize(records)}
+    return {"sets": sets, "overall": summarize(records), "decisions": decisions(records)}
+
+
+def decisions(records: list[TurnRecord]) -> dict[str, Any]:
+    """The answerability decision over these turns: precision and recall of declining (recall: the
+    unanswerable questions declined; precision: of all declined, the share that were unanswerable;
+    with no unanswerable questions, only the answerable ones kept), and sweeps of its thresholds
+    (``decision_sweep``): the knowledge base's signals, and the model's yes/no where it ran."""
+    def turn(r: TurnRecord, score: float | None, passed: bool | None) -> Decided:
+        return r.outcome, score, bool(passed)
+
+    answerable = [r for r in records if r.set == "answerable"]
+    unanswerable = [r for r in records if r.set == "unanswerable"]
+    declined_u = sum(r.outcome in ABSTAINED for r in unanswerable)
+    declined = declined_u + sum(r.outcome in ABSTAINED for r in answerable)
+    out: dict[str, Any] = {
+        "recall": round(declined_u / len(unanswerable), 4) if unanswerable else None,
+        "precision": round(declined_u / declined, 4) if unanswerable and declined else None,
+        "kept": _share([r.outcome not in ABSTAINED for r in answerable]),
+        "evidence_sweep": decision_sweep([turn(r, r.evidence, r.evidence_passed) for r in answerable],
+                                         [turn(r, r.evidence, r.evidence_passed) for r in unanswerable],
+                                         EVIDENCE_SWEEP),
+    }
+    if any(r.judge is not None for r in records):
+        out["judge_sweep"] = decision_sweep([turn(r, r.judge, r.judge_passed) for r in answerable],
+                                            [turn(r, r.judge, r.judge_passed) for r in unanswerable], JUDGE_SWEEP)
+    return out

@@ -181,42 +181,102 @@ def cited_passages(result: dict[str, Any]) -> set[str]:
     return {str(sources[n - 1].meta.get("doc_id")) for n in numbers if 1 <= n <= len(sources)}
 
 
+EVIDENCE_SWEEP = (-0.6, -0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2)
+
+
+def step_value(steps: list[dict[str, Any]], step: str, key: str) -> float | None:
+    """``key`` of the last ``step`` the turn noted (its trace), if any."""
+    for noted in reversed(steps):
+        if noted.get("step") == step and key in noted:
+            return noted[key]
+    return None
+
+
+Decided = tuple[str, float | None, bool]  # outcome, the decision's score (None: not reached), passed it
+
+
+def decided(outcome: str, steps: list[dict[str, Any]], step: str = "answerable", key: str = "score",
+            verdict: str = "answerable") -> Decided:
+    """A turn as ``decision_sweep`` reads it, from its trace."""
+    passed = step_value(steps, step, verdict)
+    return outcome, step_value(steps, step, key), bool(passed)
+
+
+def decision_sweep(answerable: list[Decided], unanswerable: list[Decided],
+                   thresholds: tuple[float, ...]) -> list[dict[str, Any]]:
+    """What the answerability decision would do at each threshold, from each turn's outcome, score
+    and whether it passed at the threshold it ran with: a turn that ended before the decision keeps
+    its outcome; one that passed and was declined later (the sentence check, the judge) stays
+    declined; otherwise the score decides. ``abstained``: unanswerable questions declined (the
+    decision's recall); ``answered``: answerable ones kept; ``precision``: of all declined, the share
+    that were unanswerable. A turn declined by the decision is counted as answered below its score,
+    though a later step might still have declined it: the sweep can overstate ``answered`` there."""
+    def declines(turn: Decided, t: float) -> bool:
+        outcome, score, passed = turn
+        if score is None or passed:
+            return outcome in ABSTAINED
+        return score < t
+
+    rows = []
+    for t in thresholds:
+        kept = sum(not declines(turn, t) for turn in answerable)
+        declined = sum(declines(turn, t) for turn in unanswerable)
+        wrongly = len(answerable) - kept
+        rows.append({"threshold": t, "abstained": round(declined / (len(unanswerable) or 1), 4),
+                     "answered": round(kept / (len(answerable) or 1), 4),
+                     "precision": round(declined / (declined + wrongly), 4) if declined + wrongly else None})
+    return rows
+
+
 def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswerable: list[EvalQuery], *,
-                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.79, 0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86)) -> dict[str, Any]:
+                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.79, 0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86),
+                        evidence_sweep: tuple[float, ...] = EVIDENCE_SWEEP) -> dict[str, Any]:
     """Runs the whole answering pipeline on both sets.
 
     ``abstained``: share of unanswerable questions that end not_found or off_topic (the higher the
     better); ``answered`` / ``answered_cited_gold``: share of answerable questions that get an
-    answer / an answer citing a gold passage (the recall that abstention costs). ``sweep``: the
-    same two shares if the not-found threshold were each of the given values, from the best dense
-    similarity of each question's first retrieval (how the thresholds were chosen).
+    answer / an answer citing a gold passage (the recall that abstention costs); ``precision``: of
+    the questions that did not get an answer, the share that were unanswerable. ``sweep``: the same
+    two shares if the not-found threshold were each of the given values, from the best dense
+    similarity of each question's first retrieval (how the thresholds were chosen);
+    ``evidence_sweep``: the same for the answerability decision's threshold (``decision_sweep``).
     ``budget`` makes a fresh per-turn ``TurnBudget``.
     """
-    def run(q: EvalQuery) -> tuple[str, set[str], float]:
-        result = pipeline.run(query_inputs(q.text, budget=budget()), include_outputs_from=OUTCOME_COMPONENTS | {"current"})
+    def run(q: EvalQuery) -> tuple[str, set[str], float, Decided]:
+        turn = budget()
+        result = pipeline.run(query_inputs(pipeline, q.text, budget=turn),
+                              include_outputs_from=OUTCOME_COMPONENTS | {"current"})
         dense = result.get("current", {}).get("dense_documents") or []
         best = max((d.score for d in dense if d.score is not None), default=0.0)
-        return turn_outcome(result), cited_passages(result), best
+        outcome = turn_outcome(result)
+        return outcome, cited_passages(result), best, decided(outcome, turn.steps)
 
     answered = cited_gold = abstained = 0
     best_answerable, best_unanswerable = [], []
+    decided_answerable: list[Decided] = []
+    decided_unanswerable: list[Decided] = []
     outcomes: dict[str, int] = {}
     for q in answerable:
-        outcome, cited, best = run(q)
+        outcome, cited, best, turn = run(q)
         outcomes[f"answerable:{outcome}"] = outcomes.get(f"answerable:{outcome}", 0) + 1
         answered += outcome == "answered"
         cited_gold += outcome == "answered" and bool(cited & set(q.gold_ids))
         best_answerable.append(best)
+        decided_answerable.append(turn)
     for q in unanswerable:
-        outcome, _, best = run(q)
+        outcome, _, best, turn = run(q)
         outcomes[f"unanswerable:{outcome}"] = outcomes.get(f"unanswerable:{outcome}", 0) + 1
         abstained += outcome in ABSTAINED
         best_unanswerable.append(best)
+        decided_unanswerable.append(turn)
     n_a, n_u = len(answerable) or 1, len(unanswerable) or 1
+    declined = abstained + (len(answerable) - answered)
     return {
         "answerable": len(answerable), "unanswerable": len(unanswerable),
         "abstained": round(abstained / n_u, 4), "answered": round(answered / n_a, 4),
-        "answered_cited_gold": round(cited_gold / n_a, 4), "outcomes": outcomes,
+        "answered_cited_gold": round(cited_gold / n_a, 4),
+        "precision": round(abstained / declined, 4) if declined else None, "outcomes": outcomes,
         "sweep": [{"min_similarity": t, "abstained": round(sum(b < t for b in best_unanswerable) / n_u, 4),
                    "answered": round(sum(b >= t for b in best_answerable) / n_a, 4)} for t in sweep],
+        "evidence_sweep": decision_sweep(decided_answerable, decided_unanswerable, evidence_sweep),
     }

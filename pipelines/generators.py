@@ -22,14 +22,18 @@ def make_generator(
     max_retries: int = 2,
     base_url: str | None = None,
     temperature: float | None = None,
+    logprobs: int | None = None,
 ) -> Any:
     """A chat generator with bounded time and retries. Keys come from the environment only:
     ``ANTHROPIC_API_KEY`` (and the SDK's ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY``.
 
     ``local`` is the OpenAI-compatible path pointed at ``base_url``, the in-process llama.cpp
     server (started by the caller); ``temperature`` (OpenAI-compatible kinds) None leaves the
-    model's default."""
+    model's default; ``logprobs`` (OpenAI-compatible kinds) asks for that many alternatives of each
+    generated token with their log-probabilities (the answerability judgement reads them)."""
     sampling = {} if temperature is None else {"temperature": temperature}
+    if logprobs:
+        sampling |= {"logprobs": True, "top_logprobs": logprobs}
     if kind == "anthropic":
         from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator  # its SDK: this kind only
 

@@ -15,6 +15,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
+from pipelines.grounding import is_claim
+from pipelines.text import split_sentences
 from tests.fakes.anthropic_server import FakeAnthropic, RecordedRequest, Script, _text_of, default_responder
 
 KINDS = ("rewrite", "guard", "grade", "reformulate", "preferences")
@@ -45,11 +47,24 @@ def default_reply(kind: str, body: dict[str, Any]) -> Script | str:
     if kind == "guard":
         return json.dumps({"on_topic": True, "confidence": 0.95})
     if kind == "grade":
-        return json.dumps({"relevant": [int(n) for n in re.findall(r'<passage id="(\d+)"', user)]})
+        return json.dumps({"relevant": [int(n) for n in re.findall(r'<passage id="(\d+)"', user)], "answerable": True})
     if kind == "reformulate":
         tried = _between(user, "earlier_queries").count("\n") + 1
         return json.dumps({"query": f"{_between(user, 'question')} (other words {tried})"})
     return default_responder(body)
+
+
+def quoting(number: int = 1, sentences: int = 1) -> Callable[[dict[str, Any]], str]:
+    """An answer responder that writes what a faithful model would: the first ``sentences`` sentences
+    of source ``number`` that state something, each cited ``[number]`` (the sentence gate shows only
+    what a cited source holds, so a scripted answer about nothing in the sources shows nothing)."""
+    def respond(body: dict[str, Any]) -> str:
+        found = re.search(rf'<source id="{number}" title="[^"]*">\n(.*?)\n</source>', _last_user(body), re.S)
+        text = found.group(1) if found else ""
+        picked = [s for s in split_sentences("\n".join(text.split("\n")[1:])) if is_claim(s) and "|" not in s]
+        return " ".join(f"{s.rstrip('。.')} [{number}]." for s in picked[:sentences]) or "(no source)"
+
+    return respond
 
 
 class ModelRouter:

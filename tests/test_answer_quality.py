@@ -16,7 +16,7 @@ from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import FakeAnthropic, Script
-from tests.model_router import AnswerView, ModelRouter
+from tests.model_router import AnswerView, ModelRouter, quoting
 from tests.replies import RecordingReply
 
 
@@ -88,7 +88,7 @@ async def test_a_reformulated_query_that_finds_something_is_answered(claude):
     fake, runtime = claude
     router(fake).enqueue("grade", json.dumps({"relevant": []}))
     router(fake).enqueue("reformulate", json.dumps({"query": "HL-D50 fault E-004 heatsink overtemperature"}))
-    fake.enqueue("E-004 is a heatsink overtemperature [1].")
+    fake.responder = quoting(1)
     answer = await runtime.answerer.answer(inquiry("The drive display shows a fault, what does it mean?", "retry"),
                                            RecordingReply())
     assert answer.outcome is Outcome.ANSWERED

@@ -36,7 +36,7 @@ def test_chinese_question_is_answered_from_the_overheating_guide(cli_env, capsys
     assert cited_files(result)[0] == "overheating-zh.md"
     assert result["answer"].startswith("未配置语言模型")
     assert set(result["trace"]) == {"turn_id", "stages", "first_token_ms", "history_turns", "query", "steps",
-                                    "model_calls", "regenerated"}
+                                    "model_calls", "regenerated", "left_out"}
     assert result["trace"]["query"] == "电机过热怎么办？" and result["trace"]["model_calls"] == 0
     assert {"embed", "retrieve", "rank", "generate"} <= set(result["trace"]["stages"])
     for c in result["citations"]:

