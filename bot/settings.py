@@ -371,6 +371,7 @@ class RefreshSettings(Section):
     max_sitemaps: int = Field(100, ge=1)
     #: Hosts (names or addresses) a URL source may fetch even though they resolve to a loopback,
     #: private, link-local or multicast address (an intranet wiki); every other such host is refused.
+    #: A Confluence source may always reach its own site; a redirect elsewhere follows this rule.
     allow_hosts: list[str] = []
     user_agent: str = "kbbot/0.1 (knowledge refresh)"
     #: The refresh lock (one refresh at a time across replicas): its TTL, renewed every third of it,
