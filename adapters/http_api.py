@@ -164,6 +164,8 @@ class HttpApi:
         request[CALLER] = caller
         try:
             return await handler(request)
+        except web.HTTPConflict:
+            raise  # a request answered already: _claim logs it
         except web.HTTPClientError as refusal:
             log.warning("API: refused %s %s of %s from %s: %d %s", request.method, request.path, caller.name,
                         request.remote, refusal.status, _message(refusal))

@@ -47,7 +47,7 @@ _HIDDEN_HOST = re.compile(r"[@\\%\s\x00-\x1f\x7f]")
 _CONTAINER_PREFIX = re.compile(r"^(?:[ \t]*(?:>[ \t]?|[-+*][ \t]+|\d{1,9}[.)][ \t]+))*")
 _HTML_LINK = re.compile(r"""(?:href|src|action|formaction|srcset)\s*=\s*["']?([^"'\s>]+)""", re.I)
 # Nothing here can make a link or hide one: the common case skips the parser.
-_LINK_SIGNS = ("](", "]:", "]\n", "] [", "][", "<", "://", "&", "\\", "www.")
+_LINK_SIGNS = ("](", "]:", "<", "://", "&", "\\", "www.")
 
 
 def web_link_host(url: str) -> str | None:
