@@ -12,8 +12,10 @@
 Every request carries ``Authorization: Bearer <token>`` of a caller in ``api.tokens`` (or
 ``KBBOT_API_TOKEN``); the caller's spaces are what its questions search, and its name is the tenant and
 channel of the rate limits. A request with an ``Idempotency-Key`` header is answered once: the same key
-again (within ``api.dedupe_ttl_s``) gets 409. The turn itself is the conversation service's, as on
-every platform: rate limits, capacity, question caps and friendly failures apply unchanged.
+again (within ``api.dedupe_ttl_s``) gets 409. ``conversation`` and ``user`` ids are at most 200
+characters; a refused request is one log line, and a client leaving a stream one info line. The turn
+itself is the conversation service's, as on every platform: rate limits, capacity, question caps and
+friendly failures apply unchanged.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ class HttpApi:
         too_large = _error(413, f"The request is larger than {self.settings.max_body_kb} KiB.", "request_too_large")
         if (request.content_length or 0) > limit:
             raise too_large
-        raw = await request.read()  # kbbot serve's web app admits bodies of max_body_kb (server.web_app_limits)
+        raw = await request.read()  # the web app admits bodies this large (adapters.web_guard.max_body_bytes)
         if len(raw) > limit:
             raise too_large
         try:

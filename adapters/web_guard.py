@@ -59,6 +59,7 @@ class RefusalLog:
         self._last[key] = now
         if len(self._last) > 10_000:  # many addresses: forget the old ones rather than grow
             self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
+            self._quiet = Counter({k: n for k, n in self._quiet.items() if k in self._last})
         quiet = self._quiet.pop(key, 0)
         log.warning(message + (f" (and {quiet} more like it since the last line)" if quiet else ""), *args)
 
