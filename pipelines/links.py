@@ -37,6 +37,9 @@ REMOVED = "[link removed]"
 
 # Slack's ``<url|text>`` (and ``<url>``): Slack renders it as a link, CommonMark as an autolink.
 _SLACK_LINK = re.compile(r"<(https?://[^\s|>]+)(?:\|([^>\n]{0,500}))?>", re.I)
+# Slack's mentions and commands (``<!here>``, ``<@U123>``, ``<#C123|x>``, ``<!subteam^S1|@team>``): the
+# adapters defuse them; as Markdown the ones with an "@" read as e-mail autolinks, never web links.
+_SLACK_SPECIAL = ("<!", "<@", "<#")
 # A URL written out: chat clients (Telegram, Slack, GFM renderers) link these by themselves.
 _BARE_URL = re.compile(r"(?<![\w/.-])(?:https?://|www\.)[^\s<>()\[\]{}\"'`|\\]+", re.I)
 _TRAILING = ".,;:!?*_~"
@@ -153,7 +156,14 @@ def _inline_findings(block: Token, allowed: set[str]) -> Iterator[_Finding]:
                 continue
             span, label = child.meta.get("span"), child.meta.get("label")
             source = block.content[span[0]:span[1]] if span else None
-            text = block.content[label[0]:label[1]] if label else REMOVED
+            if source and source.startswith(_SLACK_SPECIAL):
+                continue
+            if label:
+                text = block.content[label[0]:label[1]]
+            elif source and url.lower().startswith("mailto:"):  # an e-mail address: shown, not linked
+                text = source[1:-1]
+            else:
+                text = REMOVED
             yield _Finding(url, lines, source, text)
         elif child.type == "text":  # as rendered: "https&#58;//evil.example" reads as a URL here
             for match in _BARE_URL.finditer(child.content):

@@ -72,6 +72,14 @@ def test_links_to_the_sources_hosts_and_ordinary_text_stay_as_written():
     assert (cleaned, removed) == (text, [])
 
 
+def test_slack_mentions_are_left_to_the_adapters_and_an_e_mail_address_stays_as_text():
+    mentions = "Ask <!here>, <@U0BOSS> in <#C0MAINT|maintenance> or <!subteam^S0TEAM|@maintenance>."
+    assert restrict_links(mentions, ALLOWED) == (mentions, [])
+    cleaned, removed = restrict_links("Write to <service@evil.example>.", ALLOWED)
+    assert (cleaned, removed) == ("Write to service@evil.example.", ["mailto:service@evil.example"])
+    assert markdown_it_links(cleaned) == []
+
+
 def test_the_telegram_renderer_refuses_links_that_are_no_web_address():
     rendered = render("[a](javascript:alert(1)) [b](//evil.example/x) [c](manual.pdf) [d](mailto:x@evil.example) "
                       "[ok](https://docs.example.com/m)")
