@@ -11,9 +11,11 @@ Server-rendered pages (Jinja2; charts are inline SVG), usable without JavaScript
 - ``/admin/sources``: each source's last and next run, with "refresh now".
 
 Access: ``KBBOT_ADMIN_TOKEN`` is exchanged at ``/admin/login`` for a session cookie (signed with a
-key derived from the token, HttpOnly, SameSite=Strict, valid ``insights.session_hours``); every
-other path under ``/admin`` redirects to the login without it (POSTs are refused with 403), and
-every action carries the session's CSRF token. Changing the token ends every session.
+key derived from the token, HttpOnly, SameSite=Strict, Secure over https, also behind a proxy in
+``server.trusted_proxies`` that says so; valid ``insights.session_hours``); every other path under
+``/admin`` redirects to the login without it (POSTs are refused with 403), and every action carries
+the session's CSRF token. Logging out revokes the session (its id is kept in the turn store until
+it would have expired); changing the token ends every session.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class AdminSite:
         app.router.add_get("/admin", to_index)
         app.add_subapp("/admin", admin)
 
-    def _session(self, request: web.Request) -> dict[str, Any] | None:
+    async def _session(self, request: web.Request) -> dict[str, Any] | None:
         raw = request.cookies.get(COOKIE)
         if not raw:
             return None
@@ -124,12 +126,16 @@ class AdminSite:
             session = self._sessions.loads(raw, max_age=self._max_age)
         except BadSignature:  # also expired (SignatureExpired is a BadSignature)
             return None
-        return session if isinstance(session, dict) and "csrf" in session else None
+        if not isinstance(session, dict) or not isinstance(session.get("csrf"), str) \
+                or not isinstance(session.get("sid"), str):
+            return None
+        # Logged out: the cookie is still signed and in date, so the turn store remembers it is over.
+        return None if await self.turns.session_revoked(session["sid"]) else session
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         open_paths = {"/admin/login"}
-        session = self._session(request)
+        session = await self._session(request)
         if request.path not in open_paths:
             if session is None:
                 if request.method in ("GET", "HEAD"):
@@ -171,14 +177,19 @@ class AdminSite:
             return self._render(request, "login.html", http_status=401, next=target,
                                 error="That is not the admin token.")
         response = web.HTTPSeeOther(target)
-        response.set_cookie(COOKIE, self._sessions.dumps({"csrf": secrets.token_urlsafe(24)}), path="/admin",
-                            httponly=True, samesite="Strict", secure=request.secure, max_age=self._max_age)
+        session = {"csrf": secrets.token_urlsafe(24), "sid": secrets.token_urlsafe(18)}
+        # request.secure: https to kbbot, or to a proxy in server.trusted_proxies that says so.
+        response.set_cookie(COOKIE, self._sessions.dumps(session), path="/admin", httponly=True, samesite="Strict",
+                            secure=request.secure, max_age=self._max_age)
         log.info("admin: login from %s", request.remote)
         raise response
 
     async def logout(self, request: web.Request) -> web.Response:
+        session = request[SESSION]
+        await self.turns.revoke_session(session["sid"], self._max_age)
+        log.info("admin: logout from %s", request.remote)
         response = web.HTTPSeeOther("/admin/login")
-        response.del_cookie(COOKIE, path="/admin")
+        response.del_cookie(COOKIE, path="/admin", secure=request.secure, httponly=True, samesite="Strict")
         raise response
 
     # --- data ------------------------------------------------------------------------------------

@@ -12,31 +12,40 @@
 Every request carries ``Authorization: Bearer <token>`` of a caller in ``api.tokens`` (or
 ``KBBOT_API_TOKEN``); the caller's spaces are what its questions search, and its name is the tenant and
 channel of the rate limits. A request with an ``Idempotency-Key`` header is answered once: the same key
-again (within ``api.dedupe_ttl_s``) gets 409. The turn itself is the conversation service's, as on
-every platform: rate limits, capacity, question caps and friendly failures apply unchanged.
+again (within ``api.dedupe_ttl_s``) gets 409. ``conversation`` and ``user`` ids are at most 200
+characters; a refused request is one log line, and a client leaving a stream one info line. The turn
+itself is the conversation service's, as on every platform: rate limits, capacity, question caps and
+friendly failures apply unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import logging
+import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from aiohttp_sse import sse_response
+from aiohttp_sse import EventSourceResponse, sse_response
 
 from bot.api_settings import ApiSettings, ApiToken
 from bot.conversation import Conversations
 from bot.state import TaskSet
 from bot.types import Answer, Citation, Inquiry, Outcome
+from pipelines.text import link_host, restrict_links
 
 log = logging.getLogger("kbbot.api")
 
 CALLER = web.RequestKey("api_caller", ApiToken)
+#: The longest ``conversation`` / ``user`` id: either names a thread in the history and every log line.
+MAX_ID_CHARS = 200
 
 #: One event of a turn: (name, payload); ``final`` carries the ``Answer`` itself.
 Event = tuple[str, Any]
@@ -67,11 +76,34 @@ class EventReply:
         await self.events.put(("error", {"message": message}))
 
 
+# What Markdown reads as markup inside a line: links and images, emphasis, code, HTML, character
+# references, strikethrough, tables and escapes. A label's own characters are escaped (CommonMark lets
+# any ASCII punctuation be), so a title shows as written.
+_MARKDOWN_MARKUP = re.compile(r"([\\`*_\[\]<>!&|~#])")
+
+
+def markdown_label(text: str, allowed_hosts: set[str]) -> str:
+    """A document's title (or heading) as Markdown that shows it as written: a title is the document's
+    text, and ``[QX-700 portal](https://evil.example/login)`` in it must not become a link in the bot's
+    answer. A URL written out in it is kept only on the source's own host (clients link those)."""
+    text, _ = restrict_links(" ".join(text.split()), allowed_hosts)
+    return _MARKDOWN_MARKUP.sub(r"\\\1", text)
+
+
+def markdown_url(url: str) -> str:
+    """A source's URL as a link destination that nothing in it can end early."""
+    return "".join(f"%{ord(ch):02X}" if ch in " ()<>\\" or ord(ch) < 0x20 else ch for ch in url)
+
+
 def sources_markdown(citations: list[Citation]) -> str:
     """The sources block appended to a chat completion: one numbered line each, linked when a URL."""
     if not citations:
         return ""
-    lines = [f"[{c.index}] [{c.label}]({c.url})" if c.url else f"[{c.index}] {c.label}" for c in citations]
+    lines = []
+    for c in citations:
+        hosts = {host} if c.url and (host := link_host(c.url)) else set()
+        label = markdown_label(c.label, hosts)
+        lines.append(f"[{c.index}] [{label}]({markdown_url(c.url)})" if c.url else f"[{c.index}] {label}")
     return "\n\n**Sources**\n" + "\n".join(lines)
 
 
@@ -83,6 +115,14 @@ def _error(status: int, message: str, code: str) -> web.HTTPException:
     extra = {"max_size": 0, "actual_size": 0} if status == 413 else {}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return kind(text=body, content_type="application/json", headers=headers, **extra)
+
+
+def _message(refusal: web.HTTPException) -> str:
+    """The message of a refusal made by ``_error`` (else its reason)."""
+    try:
+        return str(json.loads(refusal.text or "")["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return refusal.reason
 
 
 class HttpApi:
@@ -124,17 +164,31 @@ class HttpApi:
                         request.remote)
             raise _error(401, "A valid API token is required (Authorization: Bearer <token>).", "invalid_api_key")
         request[CALLER] = caller
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPConflict:
+            raise  # a request answered already: _claim logs it
+        except web.HTTPClientError as refusal:
+            log.warning("API: refused %s %s of %s from %s: %d %s", request.method, request.path, caller.name,
+                        request.remote, refusal.status, _message(refusal))
+            raise
 
     # --- one turn -----------------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        if len(raw) > self.settings.max_body_kb * 1024:
-            raise _error(413, f"The request is larger than {self.settings.max_body_kb} KiB.", "request_too_large")
+        limit = self.settings.max_body_kb * 1024
+        too_large = _error(413, f"The request is larger than {self.settings.max_body_kb} KiB.", "request_too_large")
+        if (request.content_length or 0) > limit:
+            raise too_large
+        raw = await request.read()  # the web app admits bodies this large (adapters.web_guard.max_body_bytes)
+        if len(raw) > limit:
+            raise too_large
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise _error(400, "The body must be a JSON object.", "invalid_json") from None
+        except RecursionError:
+            raise _error(400, f"The JSON nests deeper than Python's parser goes ({sys.getrecursionlimit()} levels).",
+                         "invalid_json") from None
         if not isinstance(body, dict):
             raise _error(400, "The body must be a JSON object.", "invalid_json")
         return body
@@ -148,15 +202,27 @@ class HttpApi:
             raise _error(400, f"`{name}` must be {'a non-empty' if required else 'a'} string.", f"invalid_{name}")
         return value
 
+    @classmethod
+    def _id(cls, body: dict[str, Any], name: str) -> str | None:
+        """A conversation or user id: it names a thread in every history and log line, so it is short."""
+        value = cls._text(body, name)
+        if value is not None and len(value) > MAX_ID_CHARS:
+            raise _error(400, f"`{name}` must be at most {MAX_ID_CHARS} characters (got {len(value)}).",
+                         f"invalid_{name}")
+        return value
+
     async def _claim(self, request: web.Request) -> list[str]:
         """The ``Idempotency-Key`` claimed for this caller; 409 when that request was already answered."""
         key = request.headers.get("Idempotency-Key", "").strip()
         if not key:
             return []
-        claimed = await self.conversations.claim([f"api:request:{request[CALLER].name}:{key[:200]}"],
+        # The whole key, hashed: a key kept in part would make keys that share that part one request.
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+        claimed = await self.conversations.claim([f"api:request:{request[CALLER].name}:{digest}"],
                                                  self.settings.dedupe_ttl_s)
         if claimed is None:
-            log.info("API: request %s of %s was already answered; not answering twice", key, request[CALLER].name)
+            log.info("API: request with Idempotency-Key sha256:%s of %s was already answered; not answering twice",
+                     digest[:16], request[CALLER].name)
             raise _error(409, "A request with this Idempotency-Key was already answered.", "duplicate_request")
         return claimed
 
@@ -182,14 +248,25 @@ class HttpApi:
             yield event
         await turn
 
+    @contextlib.asynccontextmanager
+    async def _events(self, request: web.Request) -> AsyncIterator[EventSourceResponse]:
+        """The response's event stream. A client that leaves before the answer ends is normal (its
+        turn finishes and is kept all the same): one line, not a server error with a traceback."""
+        async with sse_response(request, allow_all_methods=True) as events:
+            try:
+                yield events
+            except ConnectionResetError:
+                log.info("API: the client of %s %s (%s) left before the answer ended; its turn finishes without it",
+                         request.method, request.path, request[CALLER].name)
+
     # --- /v1/ask ------------------------------------------------------------------------------------
     async def ask(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         question = self._text(body, "question", required=True)
-        conversation = self._text(body, "conversation") or uuid.uuid4().hex
-        inquiry = self._inquiry(request[CALLER], question or "", conversation, self._text(body, "user"))
+        conversation = self._id(body, "conversation") or uuid.uuid4().hex
+        inquiry = self._inquiry(request[CALLER], question or "", conversation, self._id(body, "user"))
         claimed = await self._claim(request)
-        async with sse_response(request, allow_all_methods=True) as events:
+        async with self._events(request) as events:
             await events.send(json.dumps({"conversation": conversation}), event="ready")
             async for name, payload in self._turn(inquiry, claimed, "ask"):
                 if name == "final":
@@ -232,8 +309,8 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         question = self._question(body)
-        user = self._text(body, "user")
-        conversation = self._text(body, "conversation_id") or user or uuid.uuid4().hex
+        user = self._id(body, "user")
+        conversation = self._id(body, "conversation_id") or user or uuid.uuid4().hex
         inquiry = self._inquiry(request[CALLER], question, conversation, user)
         claimed = await self._claim(request)
         completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -248,7 +325,7 @@ class HttpApi:
                                                                  "conversation": conversation}}
             return web.json_response(self._completion(
                 completion_id, created, message={"role": "assistant", "content": text}, finish="stop", extra=extra))
-        async with sse_response(request, allow_all_methods=True) as events:
+        async with self._events(request) as events:
             async def send(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> None:
                 chunk = self._completion(completion_id, created, delta=delta, finish=finish, extra=extra)
                 await events.send(json.dumps(chunk, ensure_ascii=False))

@@ -35,12 +35,14 @@ from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_budget as make_slack_budget
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_reply import make_budget as make_telegram_budget
+from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
 from bot.pending import RecoveryLoop, Resumer
 from bot.scheduler import KnowledgeAdmin
+from bot.server_settings import ServerSettings
 
 log = logging.getLogger("kbbot.server")
 
@@ -124,17 +126,17 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
 
 
 def _check_scheduler(scheduler: Any) -> dict[str, Any]:
+    """The scheduler as ``/healthz`` (which answers anyone) shows it: whether each source's last run
+    went well and when, never why not (a refresh error names internal hosts; ``kbbot status`` and the
+    admin page show it)."""
     if scheduler is None:
         return {"status": "off", "detail": "no sources scheduled"}
     running = bool(scheduler.scheduler.running)
     body: dict[str, Any] = {"status": "up" if running else "down"}
     body["next_runs"] = {name: (when.isoformat(timespec="seconds") if when else None)
                          for name, when in scheduler.next_runs().items()}
-    last: dict[str, Any] = {}
-    for record in scheduler.runs:
-        last[record.source] = {"ok": record.ok, "started_at": record.started_at, "error": record.error,
-                               "failed": len(record.failed)}
-    body["last_runs"] = last
+    body["last_runs"] = {record.source: {"ok": record.ok, "started_at": record.started_at}
+                         for record in scheduler.runs}
     return body
 
 
@@ -171,7 +173,11 @@ async def health_report(adapters: list[Adapter], runtime: Any = None, scheduler:
 
 def build_web_app(adapters: list[Adapter], runtime: Any = None, scheduler: Any = None,
                   metrics: Metrics | None = None) -> web.Application:
-    app = web.Application()
+    """The one web app: ``/healthz``, ``/metrics`` and the adapters' routes, behind the server's
+    guards (``adapters.web_guard``; ``server:`` settings of ``runtime``, else the defaults)."""
+    settings = runtime.settings if runtime is not None else None
+    app = web.Application(middlewares=middlewares(settings.server if settings else ServerSettings()),
+                          client_max_size=max_body_bytes(settings.api.max_body_kb if settings else None))
 
     async def healthz(request: web.Request) -> web.Response:
         status, body = await health_report(adapters, runtime, scheduler)
@@ -220,7 +226,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
                     "serving /healthz only")
     web_app = build_web_app(adapters, runtime, scheduler)
     admin_site = mount_admin(web_app, runtime, knowledge)
-    runner = web.AppRunner(web_app, access_log=None)
+    runner = GuardedRunner(web_app, runtime.settings.server, access_log=None)
     await runner.setup()
     digest = None
     try:

@@ -54,6 +54,7 @@ from adapters.slack_text import (
     review_text,
     reviewed_blocks,
 )
+from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
@@ -131,6 +132,8 @@ class SlackAdapter:
             web_app.router.add_post(path, self.handle_http)
 
     async def handle_http(self, request: web.Request) -> web.Response:
+        if problem := slack_signature_problem(request.headers):
+            return slack_refusal(request, problem)
         response = await self.app.async_dispatch(await to_bolt_request(request))
         return await to_aiohttp_response(response)
 

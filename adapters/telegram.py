@@ -40,7 +40,6 @@ from aiogram.enums import ChatType, MessageEntityType
 from aiogram.exceptions import TelegramAPIError, TelegramBadRequest
 from aiogram.filters import Command, CommandObject, CommandStart
 from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
-from aiogram.webhook.aiohttp_server import SimpleRequestHandler
 from aiohttp import web
 
 from adapters.telegram_reply import (
@@ -62,6 +61,7 @@ from adapters.telegram_text import (
     text_for,
     user_language,
 )
+from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
@@ -132,8 +132,8 @@ class TelegramAdapter:
             return
 
         secret = reveal(self.settings.webhook_secret) or None
-        SimpleRequestHandler(dispatcher=self.dp, bot=self.bot, secret_token=secret,
-                             handle_in_background=True).register(web_app, path=self.settings.webhook_path)
+        TelegramWebhook(dispatcher=self.dp, bot=self.bot, secret_token=secret,
+                        handle_in_background=True).register(web_app, path=self.settings.webhook_path)
 
     async def start(self) -> None:
         me = await self.bot.me()

@@ -23,7 +23,7 @@ from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup, MessageEnt
 
 from bot.streaming import cut_point
 from bot.types import Answer, Citation, Outcome
-from pipelines.text import detect_language
+from pipelines.text import detect_language, web_link_host
 
 FEEDBACK_PREFIX = "kbfb"
 APPROVE_PREFIX = "kbap"  # callback data: "kbap:{turn_id}" approves, "kbwd:{turn_id}" withdraws
@@ -125,9 +125,12 @@ class Rendered:
 
 
 def render(markdown: str) -> Rendered:
-    """Model Markdown as plain text + entities; partial markup (``**Refu``) stays literal."""
+    """Model Markdown as plain text + entities; partial markup (``**Refu``) stays literal. A link
+    that is not an absolute http(s) URL (``javascript:``, ``//host``, a relative path) keeps its text
+    and loses its link: the answer's link filter judges hosts, this refuses what no host check covers."""
     text, entities = telegramify_markdown.convert(markdown)
-    return Rendered(text, tuple({k: v for k, v in e.to_dict().items() if v is not None} for e in entities))
+    kept = [{k: v for k, v in e.to_dict().items() if v is not None} for e in entities]
+    return Rendered(text, tuple(e for e in kept if e["type"] != "text_link" or web_link_host(e.get("url", ""))))
 
 
 def _paragraphs(markdown: str) -> list[str]:

@@ -98,6 +98,7 @@ class ApiSettings(Section):
         """The caller whose token is ``presented`` (compared in constant time), else None."""
         found = None
         for caller in self._callers:
-            if hmac.compare_digest(reveal(caller.token).encode(), presented.encode()):
+            # aiohttp keeps undecodable header bytes as surrogates: they encode back to what was sent.
+            if hmac.compare_digest(reveal(caller.token).encode(), presented.encode("utf-8", "surrogateescape")):
                 found = caller
         return found

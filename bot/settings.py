@@ -34,6 +34,7 @@ from bot.errors import SettingsError as SettingsError
 from bot.insights.settings import InsightsSettings, check_crontab
 from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.redis_state import SENTINEL_SCHEME, sentinel_url
+from bot.server_settings import ServerSettings
 from bot.settings_base import Env, EnvironmentSource, Explainer, Problem, Section, Text, Texts, refuse_environment_only
 from pipelines.components.retrievers import check_alpha
 from pipelines.redact import redact_url
@@ -378,6 +379,7 @@ class RefreshSettings(Section):
     max_sitemaps: int = Field(100, ge=1)
     #: Hosts (names or addresses) a URL source may fetch even though they resolve to a loopback,
     #: private, link-local or multicast address (an intranet wiki); every other such host is refused.
+    #: A Confluence source may always reach its own site; a redirect elsewhere follows this rule.
     allow_hosts: list[str] = []
     user_agent: str = "kbbot/0.1 (knowledge refresh)"
     #: The refresh lock (one refresh at a time across replicas): its TTL, renewed every third of it,
@@ -432,6 +434,7 @@ class Settings(BaseSettings):
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     insights: InsightsSettings = Field(default_factory=InsightsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
     #: A redis://, rediss:// or unix:// URL, or redis+sentinel:// (REDIS_SENTINELS makes one). It may
     #: hold a password: out of repr, and shown only through redact_url.
     redis_url: Annotated[str | None, Env("REDIS_URL", only=True)] = Field(None, repr=False)

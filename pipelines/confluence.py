@@ -18,6 +18,9 @@ Cloud (``https://<site>.atlassian.net/wiki``, e-mail + API token) and Data Cente
   404 between the listing and its download is gone too;
 - every document's source is its web link (the page, or the attachment's download), so a citation
   links to it (a PDF attachment at the cited page);
+- every connection, redirect hops included, passes ``pipelines.netguard`` as URL sources' do: the
+  site's own host is allowed, any other must be a public address or in ``refresh.allow_hosts``; a
+  page redirected elsewhere is refused with the reason (and revoked, like a page that is gone);
 - 429 and 503 answers are retried after their ``Retry-After`` (seconds or an HTTP date), at most
   ``max_retries`` times and never waiting longer than ``max_retry_wait_s`` at once; beyond that
   the run fails with the reason and every document keeps its version.
@@ -29,7 +32,7 @@ import email.utils
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import PurePosixPath
@@ -40,6 +43,7 @@ import httpx
 
 from pipelines.components.converter import SUPPORTED_SUFFIXES
 from pipelines.indexing import INDEX_FORMAT, SourceItem, content_hash
+from pipelines.netguard import guarded_transport, refusal
 from pipelines.sources import FetchState
 from pipelines.store import DocRecord
 
@@ -55,6 +59,11 @@ class ConfluenceError(Exception):
 
 class Gone(ConfluenceError):
     """A page or attachment no longer exists for us (deleted, or restricted from the API user)."""
+
+
+class Refused(Gone):
+    """A request was redirected to an address kbbot must not fetch from (``pipelines.netguard``): like a
+    page that is gone, a version indexed earlier is revoked."""
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
@@ -79,7 +88,7 @@ class ConfluenceClient:
 
     def __init__(self, base_url: str, token: str, *, user: str | None = None, timeout_s: float = 30,
                  connect_timeout_s: float = 10, max_bytes: int = 20_000_000, max_retries: int = 5,
-                 max_retry_wait_s: float = 120, user_agent: str = "kbbot",
+                 max_retry_wait_s: float = 120, user_agent: str = "kbbot", allow_hosts: Collection[str] = (),
                  transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep):
         self.base_url = base_url.rstrip("/")
         self.max_bytes = max_bytes
@@ -92,9 +101,13 @@ class ConfluenceClient:
             auth = httpx.BasicAuth(user, token)
         else:  # Data Center: a personal access token
             headers["Authorization"] = f"Bearer {token}"
+        # Redirects are followed (Cloud sends attachment downloads to its media host), and every hop
+        # connects through the same guard as URL sources: the site itself is the operator's choice,
+        # anywhere else must be a public address or in refresh.allow_hosts.
+        site = urlsplit(self.base_url).hostname or ""
         self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
                                    headers=headers, auth=auth, follow_redirects=True, max_redirects=5,
-                                   transport=transport)
+                                   transport=transport or guarded_transport([site, *allow_hosts]))
         self.origin = _origin(self.base_url)
         #: Requests sent and 429/503 answers waited out, for the run's log line.
         self.requests = 0
@@ -140,6 +153,9 @@ class ConfluenceClient:
             except httpx.TimeoutException as exc:
                 raise ConfluenceError(f"no answer from {self.origin} in time ({type(exc).__name__})") from exc
             except httpx.TransportError as exc:
+                refused = refusal(exc)
+                if refused is not None:
+                    raise Refused(f"{urlsplit(url).path}: {refused}") from exc
                 raise ConfluenceError(f"cannot reach {self.origin} ({type(exc).__name__}: {exc})") from exc
             self.sleep(wait)
         raise AssertionError("unreachable")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
-from urllib.parse import urlsplit
+
+# The answer's link filter lives in pipelines/links.py; these names are also this module's.
+from pipelines.links import link_allowed, link_host, restrict_links, web_link_host  # noqa: F401
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -145,36 +147,3 @@ def neutralize_tags(text: str) -> str:
         text = text[:start] + "‹" + text[end:]
     return text
 
-
-# Links an answer may carry: markdown ``[text](url)``, Slack's ``<url|text>``, autolinks and bare URLs.
-_MD_LINK = re.compile(r"\[([^\]\n]{0,500})\]\(\s*<?(https?://[^\s)>]+)>?(?:\s+\"[^\"]*\")?\s*\)", re.I)
-_ANGLE_LINK = re.compile(r"<(https?://[^\s|>]+)(?:\|([^>\n]{0,500}))?>", re.I)
-_BARE_URL = re.compile(r"(?<![\w/.(<|\[-])(?:https?://|www\.)[^\s<>()\[\]]+", re.I)
-
-
-def link_host(url: str) -> str | None:
-    try:
-        host = urlsplit(url if "://" in url else "http://" + url).hostname
-    except ValueError:
-        return None
-    return host.rstrip(".").lower() if host else None
-
-
-def restrict_links(text: str, allowed_hosts: set[str]) -> tuple[str, list[str]]:
-    """``text`` with links to hosts outside ``allowed_hosts`` (the hosts of the answer's sources)
-    removed, keeping a markdown link's text; and the URLs removed. A planted document must not be able
-    to make an answer carry a link of its choosing (phishing) in the bot's name."""
-    allowed = {h.lower() for h in allowed_hosts}
-    removed: list[str] = []
-
-    def ok(url: str) -> bool:
-        host = link_host(url.rstrip(".,;:!?"))
-        if host in allowed:
-            return True
-        removed.append(url)
-        return False
-
-    text = _MD_LINK.sub(lambda m: m.group(0) if ok(m.group(2)) else m.group(1), text)
-    text = _ANGLE_LINK.sub(lambda m: m.group(0) if ok(m.group(1)) else (m.group(2) or "[link removed]"), text)
-    text = _BARE_URL.sub(lambda m: m.group(0) if ok(m.group(0)) else "[link removed]", text)
-    return text, removed

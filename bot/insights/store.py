@@ -11,12 +11,17 @@ Redis keys (``prefix`` is ``redis_prefix``):
 | ``{prefix}turn:{turn_id}`` | hash: ``record`` (JSON), ``fb:{user}`` (up/down), ``approval`` (JSON) | retention |
 | ``{prefix}turns`` | sorted set of turn ids by time (trimmed on each write) | none |
 | ``{prefix}turns:user:{platform}:{tenant}:{user}`` | set of that user's turn ids (for ``forget``) | retention |
+| ``{prefix}admin:revoked:{session_id}`` | an admin page session logged out before it expired | the session's rest |
+
+The admin page's sessions are signed cookies; one logged out is remembered here as revoked until it
+would have expired, so its cookie (copied, or kept by a shared browser) no longer opens the page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -42,6 +47,11 @@ class TurnLog(Protocol):
     async def forget(self, platform: str, tenant: str, user: str) -> int:
         """Deletes the user's records; how many there were."""
 
+    async def revoke_session(self, session_id: str, ttl_s: float) -> None:
+        """Remembers an admin page session as logged out for ``ttl_s`` (what is left of its life)."""
+
+    async def session_revoked(self, session_id: str) -> bool: ...
+
     async def close(self) -> None: ...
 
 
@@ -59,6 +69,7 @@ class SqliteTurnLog:
                          "platform TEXT NOT NULL, tenant TEXT NOT NULL, user TEXT NOT NULL, record TEXT NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS turns_at ON turns(at)")
         self._db.execute("CREATE INDEX IF NOT EXISTS turns_user ON turns(platform, tenant, user)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS revoked_sessions (session_id TEXT PRIMARY KEY, until REAL NOT NULL)")
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
@@ -117,6 +128,20 @@ class SqliteTurnLog:
                                         (platform, tenant, user)).rowcount
 
         return await asyncio.to_thread(delete)
+
+    def _revoke(self, session_id: str, ttl_s: float) -> None:
+        now = time.time()
+        with self._lock:
+            self._db.execute("DELETE FROM revoked_sessions WHERE until < ?", (now,))
+            self._db.execute("INSERT OR REPLACE INTO revoked_sessions VALUES (?, ?)", (session_id, now + ttl_s))
+
+    async def revoke_session(self, session_id: str, ttl_s: float) -> None:
+        await asyncio.to_thread(self._revoke, session_id, ttl_s)
+
+    async def session_revoked(self, session_id: str) -> bool:
+        rows = await asyncio.to_thread(self._run, "SELECT 1 FROM revoked_sessions WHERE session_id = ? AND until >= ?",
+                                       (session_id, time.time()))
+        return bool(rows)
 
     async def close(self) -> None:
         with self._lock:
@@ -209,6 +234,15 @@ class RedisTurnLog:
             pipe.zrem(self._index, *ids)
             deleted, _ = await pipe.execute()
         return max(0, int(deleted) - 1)
+
+    def _revoked(self, session_id: str) -> str:
+        return f"{self.prefix}admin:revoked:{session_id}"
+
+    async def revoke_session(self, session_id: str, ttl_s: float) -> None:
+        await self.redis.set(self._revoked(session_id), "1", ex=max(1, math.ceil(ttl_s)))
+
+    async def session_revoked(self, session_id: str) -> bool:
+        return bool(await self.redis.exists(self._revoked(session_id)))
 
     async def close(self) -> None:
         """The client belongs to the runtime, which closes it."""

@@ -98,7 +98,7 @@ class Refresher:
             client = ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
                                       connect_timeout_s=r.connect_timeout_s, max_bytes=int(r.max_download_mb * 1_000_000),
                                       max_retries=c.max_retries, max_retry_wait_s=c.max_retry_wait_s,
-                                      user_agent=r.user_agent)
+                                      user_agent=r.user_agent, allow_hosts=r.allow_hosts)
         return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
                                 states=states, max_documents=r.max_urls,
                                 missing=None if token else f"the environment variable {c.token_env} (the Confluence "

@@ -47,6 +47,8 @@ class FakePage:
     labels: list[str] = field(default_factory=list)
     restricted: bool = False
     attachments: list[FakeAttachment] = field(default_factory=list)
+    #: Where a request for the page's body is redirected (302), if anywhere.
+    redirect: str | None = None
 
 
 _CLAUSE = re.compile(r'^\s*(space|type|label)\s*(=|in)\s*(.+?)\s*$', re.I)
@@ -214,6 +216,9 @@ class FakeConfluence(LocalServer):
             return self._answer(request, 404, data={"message": "No content found"})
         if page.restricted:
             return self._answer(request, 403, data={"message": "Not permitted"})
+        if page.redirect:
+            self.log.append((request.path_qs, 302, time.monotonic()))
+            raise web.HTTPFound(page.redirect)
         expand = set(request.query.get("expand", "").split(","))
         return self._answer(request, 200, data=self._page_json(page, expand))
 
