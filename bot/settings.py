@@ -37,6 +37,7 @@ from bot.redis_state import SENTINEL_SCHEME, sentinel_url
 from bot.server_settings import ServerSettings
 from bot.settings_base import Env, EnvironmentSource, Explainer, Problem, Section, Text, Texts, refuse_environment_only
 from pipelines.components.retrievers import check_alpha
+from pipelines.local_model import missing_packages
 from pipelines.redact import redact_url
 from pipelines.topics import Topics
 
@@ -511,8 +512,13 @@ class Settings(BaseSettings):
             raise Problem("is weaviate but WEAVIATE_URL is not set", at=("store", "kind"))
         if self.generator_kind == "anthropic" and not self.anthropic_key_set:
             raise Problem("is anthropic but ANTHROPIC_API_KEY is not set", at=("generator", "kind"))
+        if self.generator_kind == "openai" and not self.generator.base_url:
+            raise Problem("is openai but generator.base_url is not set (the endpoint's /v1 address, "
+                          "e.g. http://localhost:11434/v1)", at=("generator", "kind"))
         if self.generator_kind == "local" and self.generator.model_path and not self.resolve(self.generator.model_path).is_file():
             raise Problem(f": no GGUF file at {self.resolve(self.generator.model_path)}", at=("generator", "model_path"))
+        if self.generator_kind == "local" and (missing := missing_packages(default_model=not self.generator.model_path)):
+            raise Problem(f"is local but {missing}", at=("generator", "kind"))
         if self.answering.off_topic_similarity > self.retrieval.min_similarity:
             raise Problem("must be between 0 and retrieval.min_similarity", at=("answering", "off_topic_similarity"))
         return self

@@ -201,7 +201,7 @@ def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudg
     if draft:
         written = TurnRecord(case.id, case.set, case.text, "answered", text=draft)
         score_answer(written, case, sources, embed)
-        record.draft, record.draft_sentences, record.draft_supported = written.text, written.sentences, written.supported
+        record.draft, record.draft_sentences, record.draft_supported = draft, written.sentences, written.supported
         record.draft_cited_gold = written.cited_gold
     return record
 

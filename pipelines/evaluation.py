@@ -213,9 +213,9 @@ def decision_sweep(answerable: list[Decided], unanswerable: list[Decided],
     though a later step might still have declined it: the sweep can overstate ``answered`` there."""
     def declines(turn: Decided, t: float) -> bool:
         outcome, score, passed = turn
-        if score is None or passed:
+        if score is None:
             return outcome in ABSTAINED
-        return score < t
+        return score < t or (passed and outcome in ABSTAINED)
 
     rows = []
     for t in thresholds:

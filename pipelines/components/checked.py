@@ -11,7 +11,7 @@ from haystack import Document, component
 from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT
 
-from pipelines.components.extractive import HEADINGS
+from pipelines.components.extractive import HEADINGS, ExtractiveAnswerer
 from pipelines.components.turn import TurnBudget
 from pipelines.grounding import SentenceEmbedder, SentenceGate, SupportCheck
 from pipelines.text import link_host
@@ -28,10 +28,10 @@ def allowed_hosts(sources: Collection[Document]) -> set[str]:
     return {h for d in sources if (h := link_host(source_url(d)))}
 
 
-@component
 class CheckedAnswer:
-    """Runs ``generator`` (a chat generator, ``messages`` in, or an ``ExtractiveAnswerer``, ``question``
-    and ``sources`` in) with its stream passed through a ``SentenceGate`` over ``sources``.
+    """Runs ``generator`` with its stream passed through a ``SentenceGate`` over the ``sources`` the answer
+    may cite (``CheckedChatAnswer``: a chat generator, ``messages`` in; ``CheckedExtractiveAnswer``: an
+    ``ExtractiveAnswerer``, ``question`` in; ``checked`` picks one).
 
     Outputs ``replies`` (the text shown: the checked sentences; the gate's counts in the reply's
     ``meta["check"]``), or ``not_found`` when not one of its sentences is supported (the number of
@@ -52,11 +52,6 @@ class CheckedAnswer:
         check = SupportCheck([d.content or "" for d in sources], self.embedder)
         return SentenceGate(check, allowed_hosts=allowed_hosts(sources), trusted=self.trusted)
 
-    def _inputs(self, sources: list[Document], messages: list[ChatMessage] | None, question: str | None) -> dict[str, Any]:
-        if messages is not None:
-            return {"messages": messages}
-        return {"question": question or "", "sources": sources}
-
     @staticmethod
     def _chunk(text: str) -> StreamingChunk:
         return StreamingChunk(content=text, component_info=ComponentInfo(type="CheckedAnswer", name="generate"))
@@ -76,9 +71,8 @@ class CheckedAnswer:
         meta = {**(replies[0].meta or {}), "check": counts, "links_removed": list(stats.links_removed)}
         return {"replies": [ChatMessage.from_assistant(gate.text.strip(), meta=meta)], "draft": draft}
 
-    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
-    def run(self, sources: list[Document], messages: list[ChatMessage] | None = None, question: str | None = None,
-            streaming_callback: StreamingCallbackT | None = None, budget: TurnBudget | None = None) -> dict[str, Any]:
+    def _checked(self, inputs: dict[str, Any], sources: list[Document], streaming_callback: StreamingCallbackT | None,
+                 budget: TurnBudget | None) -> dict[str, Any]:
         gate = self._gate(sources)
 
         def gated(chunk: StreamingChunk) -> None:
@@ -86,16 +80,14 @@ class CheckedAnswer:
             if shown and streaming_callback is not None:
                 streaming_callback(self._chunk(shown))
 
-        result = self.generator.run(**self._inputs(sources, messages, question), streaming_callback=gated)
+        result = self.generator.run(**inputs, streaming_callback=gated)
         rest = gate.close()
         if rest and streaming_callback is not None:
             streaming_callback(self._chunk(rest))
         return self._result(gate, result, budget)
 
-    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
-    async def run_async(self, sources: list[Document], messages: list[ChatMessage] | None = None,
-                        question: str | None = None, streaming_callback: StreamingCallbackT | None = None,
-                        budget: TurnBudget | None = None) -> dict[str, Any]:
+    async def _checked_async(self, inputs: dict[str, Any], sources: list[Document],
+                             streaming_callback: StreamingCallbackT | None, budget: TurnBudget | None) -> dict[str, Any]:
         gate = self._gate(sources)
 
         async def emit(text: str) -> None:
@@ -107,6 +99,47 @@ class CheckedAnswer:
         async def gated(chunk: StreamingChunk) -> None:
             await emit(gate.feed(chunk.content or ""))
 
-        result = await self.generator.run_async(**self._inputs(sources, messages, question), streaming_callback=gated)
+        result = await self.generator.run_async(**inputs, streaming_callback=gated)
         await emit(gate.close())
         return self._result(gate, result, budget)
+
+
+@component
+class CheckedChatAnswer(CheckedAnswer):
+    """A chat generator's answer, checked: it runs once the prompt's ``messages`` arrive (a judgement
+    that the sources do not answer sends none, and nothing is written)."""
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    def run(self, messages: list[ChatMessage], sources: list[Document],
+            streaming_callback: StreamingCallbackT | None = None, budget: TurnBudget | None = None) -> dict[str, Any]:
+        return self._checked({"messages": messages}, sources, streaming_callback, budget)
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    async def run_async(self, messages: list[ChatMessage], sources: list[Document],
+                        streaming_callback: StreamingCallbackT | None = None,
+                        budget: TurnBudget | None = None) -> dict[str, Any]:
+        return await self._checked_async({"messages": messages}, sources, streaming_callback, budget)
+
+
+@component
+class CheckedExtractiveAnswer(CheckedAnswer):
+    """The extractive answer, checked (its sentences are the sources' own, so the check shows that
+    nothing else reaches the user, links included)."""
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    def run(self, question: str, sources: list[Document], streaming_callback: StreamingCallbackT | None = None,
+            budget: TurnBudget | None = None) -> dict[str, Any]:
+        return self._checked({"question": question, "sources": sources}, sources, streaming_callback, budget)
+
+    @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
+    async def run_async(self, question: str, sources: list[Document],
+                        streaming_callback: StreamingCallbackT | None = None,
+                        budget: TurnBudget | None = None) -> dict[str, Any]:
+        return await self._checked_async({"question": question, "sources": sources}, sources, streaming_callback,
+                                         budget)
+
+
+def checked(generator: Any, *, embedder: SentenceEmbedder | None = None) -> CheckedAnswer:
+    """``generator`` behind the sentence gate, with the inputs its kind takes."""
+    kind = CheckedExtractiveAnswer if isinstance(generator, ExtractiveAnswerer) else CheckedChatAnswer
+    return kind(generator, embedder=embedder)

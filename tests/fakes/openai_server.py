@@ -21,15 +21,29 @@ class FakeOpenAI(LocalServer):
     """
 
     def __init__(self, reply: Callable[[dict[str, Any]], str] | None = None,
-                 rerank: Callable[[str, list[str]], list[float]] | None = None):
+                 rerank: Callable[[str, list[str]], list[float]] | None = None,
+                 alternatives: Callable[[dict[str, Any]], dict[str, float]] | None = None):
         super().__init__()
         self.reply = reply or (lambda req: "ok")
         self.rerank = rerank or (lambda query, texts: [float(len(t)) for t in texts])
+        # For a request asking for ``logprobs``: the first token's alternatives, token -> probability
+        # (llama.cpp's server answers in OpenAI's shape, ``top_logprobs`` best first).
+        self.alternatives = alternatives or (lambda req: {})
         self.requests: list[dict[str, Any]] = []
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/rerank", self._rerank)
+
+    def _logprobs(self, body: dict[str, Any]) -> dict[str, Any]:
+        import math
+
+        ranked = sorted(self.alternatives(body).items(), key=lambda kv: -kv[1])[: int(body.get("top_logprobs") or 1)]
+        entries = [{"token": t, "logprob": math.log(p) if p > 0 else -100.0, "bytes": list(t.encode())}
+                   for t, p in ranked]
+        if not entries:
+            return {"content": []}
+        return {"content": [{**entries[0], "top_logprobs": entries}]}
 
     async def _rerank(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -45,9 +59,12 @@ class FakeOpenAI(LocalServer):
         created = int(time.time())
         base = {"id": "chatcmpl-fake", "created": created, "model": body.get("model", "fake")}
         if not body.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": "stop"}
+            if body.get("logprobs"):
+                choice["logprobs"] = self._logprobs(body)
             return web.json_response({
-                **base, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                **base, "object": "chat.completion", "choices": [choice],
                 "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()), "total_tokens": 10},
             })
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

