@@ -35,7 +35,7 @@ from bot.insights.settings import InsightsSettings, check_crontab
 from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.redis_state import SENTINEL_SCHEME, sentinel_url
 from bot.settings_base import Env, EnvironmentSource, Explainer, Problem, Section, Text, Texts, refuse_environment_only
-from pipelines.components.retrievers import check_alpha
+from pipelines.fusion import check_alpha
 from pipelines.redact import redact_url
 from pipelines.topics import Topics
 
