@@ -39,7 +39,7 @@ from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
-from bot.pending import RecoveryLoop, Resumer
+from bot.pending import RecoveryLoop
 from bot.scheduler import KnowledgeAdmin
 
 log = logging.getLogger("kbbot.server")
@@ -117,9 +117,9 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
         adapters.append(TelegramAdapter(conversations, telegram, budget=make_telegram_budget(telegram, redis, prefix)))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))
-    for adapter in adapters:  # they rebuild the replies of turns taken over from a replica that died
-        if isinstance(adapter, Resumer):
-            conversations.resumers[adapter.name] = adapter
+    for adapter in adapters:  # chat platforms answer the turns taken over from a replica that died
+        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
+            conversations.serve(adapter.delivery)
     return adapters
 
 

@@ -20,6 +20,9 @@ puts the text into Slack messages:
   boundaries;
 - a failed turn ends with the Answerer's friendly message in the thread and the status cleared.
 
+Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
+``reconcile``); this module supplies Slack's calls for them.
+
 Also here: the Web API client (``make_client``: ``SLACK_API_URL``, 429s and 5xx retried), the
 per-method rates (``DEFAULT_RATES``, ``make_budget``) and the reading of Slack API errors.
 """
@@ -41,6 +44,7 @@ from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack_text import final_blocks, neutralise, notification_text, stable_prefix
+from bot.delivery import reconcile, show_failure
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
 from bot.rate_buckets import RedisBuckets
@@ -309,7 +313,7 @@ class SlackSink:
         return sent
 
     # --- failure -------------------------------------------------------------------------------
-    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
+    async def show_failure(self, message: str) -> None:
         """Replace whatever was shown with ``message`` (or post it); retried past rate limits."""
         body = f"⚠️ {neutralise(message)}"
         if self.stream is not None and self.stream.ts:
@@ -319,27 +323,28 @@ class SlackSink:
                 log.debug("stopping the stream before the failure message: %s", exc)
             self.ts = self.stream.ts
             self.stream = None
-        for attempt in range(attempts):
+
+        async def replace() -> bool:
+            if not self.ts:
+                return False
             try:
-                if self.ts:
-                    try:
-                        await self._api("chat.update", lambda: self.client.chat_update(
-                            channel=self.where.channel, ts=self.ts, markdown_text=body))
-                        return
-                    except SlackApiError as exc:
-                        if _is_rate_limited(exc):
-                            raise
-                        log.warning("could not replace the partial answer (%s); posting the failure instead",
-                                    error_code(exc))
-                        self.ts = None
-                await self._ensure_ready()
-                await self._api("chat.postMessage", lambda: self.client.chat_postMessage(
-                    channel=self.where.channel, thread_ts=self.where.thread_ts, markdown_text=body))
-                return
-            except RetryAfter as wait:
-                if attempt == attempts - 1:
+                await self.call("chat.update", lambda: self.client.chat_update(
+                    channel=self.where.channel, ts=self.ts, markdown_text=body))
+                return True
+            except SlackApiError as exc:
+                if _is_rate_limited(exc):
                     raise
-                await asyncio.sleep(wait.seconds)
+                log.warning("could not replace the partial answer (%s); posting the failure instead",
+                            error_code(exc))
+                self.ts = None
+                return False
+
+        async def post() -> None:
+            await self._ensure_ready()
+            await self.call("chat.postMessage", lambda: self.client.chat_postMessage(
+                channel=self.where.channel, thread_ts=self.where.thread_ts, markdown_text=body))
+
+        await show_failure(replace, post)
 
     # --- building blocks ---------------------------------------------------------------------
     async def _ensure_ready(self) -> None:
@@ -352,7 +357,9 @@ class SlackSink:
             return f"{self.where.team}:{self.where.channel}"
         return self.where.team
 
-    async def _api(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
+    async def call(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
+        """One Web API call inside the budget of ``method`` (``paid``: its token is already taken); a 429
+        holds that budget for everyone and becomes ``RetryAfter``."""
         scope = self._scope(method)
         if method in self._prepaid:
             self._prepaid.remove(method)
@@ -375,17 +382,17 @@ class SlackSink:
 
     async def _post(self, part: str, last: bool) -> str:
         await self._ensure_ready()
-        response = await self._api("chat.postMessage", lambda: self.client.chat_postMessage(
+        response = await self.call("chat.postMessage", lambda: self.client.chat_postMessage(
             channel=self.where.channel, thread_ts=self.where.thread_ts, **self._message_args(part, last)))
         return str(response["ts"])
 
     async def _update(self, ts: str, part: str, last: bool) -> None:
-        await self._api("chat.update", lambda: self.client.chat_update(
+        await self.call("chat.update", lambda: self.client.chat_update(
             channel=self.where.channel, ts=ts, **self._message_args(part, last)))
 
     async def _delete(self, ts: str) -> None:
         try:
-            await self._api("chat.delete", lambda: self.client.chat_delete(channel=self.where.channel, ts=ts))
+            await self.call("chat.delete", lambda: self.client.chat_delete(channel=self.where.channel, ts=ts))
         except SlackApiError as exc:
             log.warning("could not delete a superseded message %s: %s", ts, error_code(exc))
 
@@ -407,7 +414,7 @@ class SlackSink:
     async def _stream_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
         """A streaming call; False (after switching to edit mode) when Slack refuses streaming."""
         try:
-            await self._api(method, call)
+            await self.call(method, call)
             return True
         except SlackApiError as exc:
             await self._fall_back(exc)
@@ -484,26 +491,24 @@ class SlackSink:
 
     async def _send_final(self, visible: str) -> None:
         parts = self._plan(visible)
-        # Messages already finished: keep, rewrite or remove them.
-        for i, posted in enumerate(list(self.posted)):
-            if i >= len(parts):
-                await self._delete(posted.ts)
-                self.posted.remove(posted)
-                continue
-            last = i == len(parts) - 1
-            if posted.text == parts[i] and (posted.final or not last):
-                continue
-            await self._update(posted.ts, parts[i], last)
-            posted.text, posted.final = parts[i], last
-        if len(parts) <= len(self.posted):
-            if self.ts is not None:  # the final text is shorter than what was shown
-                if self.stream is not None:
-                    await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
-                await self._delete(self.ts)
-                self.ts, self.stream, self.shown = None, None, ""
-            return
-        for i in range(len(self.posted), len(parts)):
-            await self._complete(parts[i], last=i == len(parts) - 1)
+
+        async def edit(posted: _Posted, part: str, last: bool) -> None:
+            await self._update(posted.ts, part, last)
+            posted.text, posted.final = part, last
+
+        async def delete(posted: _Posted) -> None:
+            await self._delete(posted.ts)
+            self.posted.remove(posted)
+
+        finished = len(self.posted)
+        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.text == part and (
+            posted.final or not last), edit=edit, add=lambda part, last: self._complete(part, last=last),
+                        delete=delete)
+        if len(parts) <= finished and self.ts is not None:  # the final text is shorter than what was shown
+            if self.stream is not None:
+                await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
+            await self._delete(self.ts)
+            self.ts, self.stream, self.shown = None, None, ""
 
 
 class SlackReply:
@@ -550,7 +555,7 @@ class SlackReply:
         """One acknowledging call whose token is taken: True when Slack shows it."""
         self._ack_in_flight = method
         try:
-            await self.sink._api(method, call, paid=True)
+            await self.sink.call(method, call, paid=True)
             return True
         except (SlackApiError, RetryAfter) as exc:
             # A courtesy: refused here (or rate limited: the bucket is held), the other kind may still go.
@@ -618,7 +623,7 @@ class SlackReply:
         for _ in range(attempts):
             await self.budget.acquire(self.where.team, method)
             try:
-                await self.sink._api(method, call, paid=True)
+                await self.sink.call(method, call, paid=True)
                 return True
             except RetryAfter:
                 continue
@@ -637,6 +642,15 @@ class SlackReply:
                       track=self._background)
 
     # --- Reply ----------------------------------------------------------------------------------
+    def message_ids(self) -> list[str]:
+        """``PostsMessages``: the ts of every message of this answer so far, streams included."""
+        sink = self.sink
+        ids = [posted.ts for posted in sink.posted]
+        for ts in (sink.ts, sink.stream.ts if sink.stream is not None else None):
+            if ts and ts not in ids:
+                ids.append(ts)
+        return ids
+
     async def acknowledge(self) -> None:
         """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
         if self._ack_task is None:

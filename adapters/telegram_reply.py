@@ -15,6 +15,9 @@
   message; the final call reconciles every message already sent with the final parts;
 - a failed turn ends with the Answerer's friendly message in the chat.
 
+Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
+``reconcile``); this module supplies Telegram's calls for them.
+
 Every send and edit takes a token from its chat's bucket and from the bot-wide one (``BOT_SEND``),
 shared by all answers; intermediate states go only with budget to spare in both. Also here: the
 aiogram ``Bot`` (``make_bot``).
@@ -43,6 +46,7 @@ from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, Reaction
 from aiogram.utils.token import extract_bot_id
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
+from bot.delivery import reconcile, show_failure
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
@@ -159,41 +163,38 @@ class TelegramSink:
 
     async def _send_final(self, markdown: str) -> None:
         parts = final_parts(markdown, self.citations, self.limit, self.language)
-        for i, part in enumerate(parts):
-            markup = self.markup if i == len(parts) - 1 else None
-            if i < len(self.posted):
-                posted = self.posted[i]
-                if posted.shown != part or _markup_key(posted.markup) != _markup_key(markup):
-                    await self._edit(posted, part, markup)
-            else:
-                await self.post(part, markup)
-        while len(self.posted) > len(parts):  # the final text is shorter than what was shown
-            extra = self.posted[-1]
+
+        def markup(last: bool) -> InlineKeyboardMarkup | None:
+            return self.markup if last else None
+
+        async def delete(extra: _Posted) -> None:
             try:
                 await self._call("deleteMessage", lambda: self.bot.delete_message(
                     chat_id=self.where.chat_id, message_id=extra.message_id))
             except TelegramBadRequest as exc:
                 log.warning("could not delete a superseded message %s: %s", extra.message_id, exc.message)
-            self.posted.pop()
+            self.posted.remove(extra)
+
+        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.shown == part and _markup_key(
+            posted.markup) == _markup_key(markup(last)), edit=lambda posted, part, last: self._edit(
+            posted, part, markup(last)), add=lambda part, last: self.post(part, markup(last)), delete=delete)
 
     # --- failure -----------------------------------------------------------------------------------
-    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
+    async def show_failure(self, message: str) -> None:
         """Show ``message`` in the chat: in the message being filled, else as a new message."""
         body = Rendered(f"⚠️ {message}")
-        for attempt in range(attempts):
+
+        async def replace() -> bool:
+            if not self.posted or self.draft:
+                return False
             try:
-                if self.posted and not self.draft:
-                    try:
-                        await self._edit(self.posted[-1], body, None)
-                        return
-                    except TelegramBadRequest as exc:
-                        log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
-                await self.post(body)
-                return
-            except RetryAfter as wait:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(wait.seconds)
+                await self._edit(self.posted[-1], body, None)
+                return True
+            except TelegramBadRequest as exc:
+                log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
+                return False
+
+        await show_failure(replace, lambda: self.post(body))
 
     # --- building blocks ---------------------------------------------------------------------------
     async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
@@ -393,6 +394,10 @@ class TelegramReply:
             in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
 
     # --- Reply ---------------------------------------------------------------------------------------
+    def message_ids(self) -> list[str]:
+        """``PostsMessages``: the ids of the messages sent for this answer so far (drafts have none)."""
+        return [str(posted.message_id) for posted in self.sink.posted]
+
     async def acknowledge(self) -> None:
         """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
         if self._typing is None and not (self.sink.posted or self.sink.drafted):

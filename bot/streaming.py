@@ -16,8 +16,10 @@ Two pieces, neither of which knows a platform:
   first (``Priority``): a busy budget is spent on finishing answers, not on showing more of
   unfinished ones.
 
-A Slack sink calls ``chat.appendStream`` or ``chat.update``; a Telegram sink would call
-``sendMessageDraft`` or ``editMessageText`` with the same writer and budget.
+Each platform's reply has a sink of its own on the same writer and budget: Slack's calls
+``chat.appendStream`` or ``chat.update`` (``adapters/slack_reply.py``), Telegram's ``sendMessageDraft``
+or ``editMessageText`` (``adapters/telegram_reply.py``). What surrounds them (claims, take-over,
+failure display, the final reconciliation) is ``bot/delivery.py``.
 """
 
 from __future__ import annotations

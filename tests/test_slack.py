@@ -122,8 +122,11 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | N
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
+    takeover = conversations.takeover
+    if takeover is not None and replica is not None:
+        takeover = replace(takeover, replica=replica)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
-                            answerer=answerer or conversations.answerer, replica=replica or conversations.replica)
+                            answerer=answerer or conversations.answerer, takeover=takeover)
     adapter = SlackAdapter(conversations, settings, budget=budget)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()

@@ -25,7 +25,7 @@ from bot.conversation import TurnRecord
 from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
-from bot.state import HeldClaims, MemoryIdempotency
+from bot.state import Claim, MemoryIdempotency
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
@@ -312,7 +312,7 @@ async def test_a_message_whose_process_died_mid_turn_is_answered_when_it_comes_a
         message = f"telegram:message:{tg.adapter.bot_id}:{update['message']['chat']['id']}:" \
                   f"{update['message']['message_id']}"
         claimed = await tg.adapter.conversations.claim([message], 60, lease_s=0.5)
-        assert isinstance(claimed, HeldClaims)
+        assert isinstance(claimed, Claim) and claimed.held and claimed._renewal is not None
         claimed._renewal.cancel()  # the process that claimed it died: nobody renews, nobody finishes
         await tg.send({**update, "update_id": fake_tg.new_update_id()})  # at once: still held
         assert tg.turns == []
