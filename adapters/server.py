@@ -32,9 +32,9 @@ from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
-from adapters.slack_reply import make_budget as make_slack_budget
+from adapters.slack_reply import make_rates as make_slack_rates
 from adapters.telegram import TelegramAdapter
-from adapters.telegram_reply import make_budget as make_telegram_budget
+from adapters.telegram_reply import make_rates as make_telegram_rates
 from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
@@ -110,11 +110,11 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
     slack = runtime.settings.slack
     if slack.enabled:
         slack.check_serving()
-        adapters.append(SlackAdapter(conversations, slack, budget=make_slack_budget(slack, redis, prefix)))
+        adapters.append(SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix)))
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.check_serving()
-        adapters.append(TelegramAdapter(conversations, telegram, budget=make_telegram_budget(telegram, redis, prefix)))
+        adapters.append(TelegramAdapter(conversations, telegram, rates=make_telegram_rates(telegram, redis, prefix)))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))
     for adapter in adapters:  # chat platforms answer the turns taken over from a replica that died

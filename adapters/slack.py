@@ -44,7 +44,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_reply import SlackReply, SlackThread, error_code, make_budget, make_client
+from adapters.slack_reply import SlackReply, SlackThread, error_code, make_client, make_rates
 from adapters.slack_text import (
     APPROVE_ACTION,
     FEEDBACK_ACTION,
@@ -65,7 +65,7 @@ from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
 from bot.settings_base import reveal
-from bot.streaming import RateBudget, split_message
+from bot.streaming import PlatformRates, split_message
 from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.slack")
@@ -93,10 +93,10 @@ class SlackAdapter:
     name = "slack"
 
     def __init__(self, conversations: Conversations, settings: SlackSettings, *, client: AsyncWebClient | None = None,
-                 budget: RateBudget | None = None):
+                 rates: PlatformRates | None = None):
         self.conversations = conversations
         self.settings = settings
-        self.budget = budget or make_budget(settings)
+        self.rates = rates or make_rates(settings)
         self.client = client or make_client(settings)
         self.app = AsyncApp(
             name="kbbot",
@@ -285,7 +285,7 @@ class SlackAdapter:
             await self._ephemeral(client, channel, user, note, thread_ts)
             return
         try:
-            await self.budget.acquire(team, "chat.update")
+            await self.rates.acquire(team, "chat.update")
             await client.chat_update(channel=channel, ts=ts, blocks=blocks,
                                      text=notification_text(str(message.get("text") or note)))
         except SlackApiError as exc:
@@ -383,7 +383,7 @@ class SlackAdapter:
                                    crashed=say("crashed", "en"), target=dataclasses.asdict(where))
 
     def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
-        return SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(where.team),
+        return SlackReply(client, where, self.settings, self.rates, native=self._streaming_allowed(where.team),
                           on_stream_refused=lambda code: self._stream_refused(where.team, code),
                           background=self.delivery.background)
 
@@ -401,7 +401,7 @@ class SlackAdapter:
         return self._reply(self.client, where)
 
     async def delete(self, target: dict[str, Any], message_id: str) -> bool:
-        await self.budget.acquire(str(target["team"]), "chat.delete")
+        await self.rates.acquire(str(target["team"]), "chat.delete")
         try:
             await self.client.chat_delete(channel=str(target["channel"]), ts=message_id)
         except SlackApiError as exc:
@@ -410,5 +410,5 @@ class SlackAdapter:
         return True
 
     async def edit(self, target: dict[str, Any], message_id: str, text: str) -> None:
-        await self.budget.acquire(str(target["team"]), "chat.update")
+        await self.rates.acquire(str(target["team"]), "chat.update")
         await self.client.chat_update(channel=str(target["channel"]), ts=message_id, text=f"_{text}_")

@@ -53,7 +53,7 @@ from adapters.telegram_reply import (
     TelegramSink,
     is_not_modified,
     make_bot,
-    make_budget,
+    make_rates,
 )
 from adapters.telegram_text import (
     APPROVE_PREFIX,
@@ -74,7 +74,7 @@ from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
 from bot.settings_base import reveal
 from bot.state import Claim
-from bot.streaming import RateBudget, RetryAfter
+from bot.streaming import PlatformRates, RetryAfter
 from bot.types import Inquiry
 from pipelines.text import detect_language
 
@@ -93,10 +93,10 @@ class TelegramAdapter:
     name = "telegram"
 
     def __init__(self, conversations: Conversations, settings: TelegramSettings, *, bot: Bot | None = None,
-                 budget: RateBudget | None = None):
+                 rates: PlatformRates | None = None):
         self.conversations = conversations
         self.settings = settings
-        self.budget = budget or make_budget(settings)
+        self.rates = rates or make_rates(settings)
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
         self.dp.include_router(self._router())
@@ -265,7 +265,13 @@ class TelegramAdapter:
 
     @contextlib.asynccontextmanager
     async def _command_claim(self, message: Message, update: Update | None) -> AsyncIterator[Claim | None]:
-        """A command's claim, finished however the command ends (``Delivery.claimed``); None: a redelivery."""
+        """The claim of a command meant for kbbot (in a private chat, or addressed to it in a group) that
+        passes the gate, finished however the command ends (``Delivery.claimed``); None: not for kbbot,
+        refused, or a redelivery."""
+        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/") \
+                or not await self._admitted(message):
+            yield None
+            return
         async with self.delivery.claimed(self._keys(message, update), self.settings.dedupe_ttl_s,
                                          self.settings.claim_lease_s) as claim:
             if claim is None:
@@ -287,7 +293,7 @@ class TelegramAdapter:
 
     async def _say(self, message: Message, text: str) -> None:
         where = self._where(message)
-        sink = TelegramSink(self.bot, where, self.settings, self.budget, draft=False)
+        sink = TelegramSink(self.bot, where, self.settings, self.rates, draft=False)
         for attempt in range(4):
             try:
                 await sink.post(Rendered(text))
@@ -299,10 +305,6 @@ class TelegramAdapter:
 
     # --- handlers ------------------------------------------------------------------------------------
     async def _on_help(self, message: Message, event_update: Update | None = None) -> None:
-        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
-            return
-        if not await self._admitted(message):
-            return
         async with self._command_claim(message, event_update) as claim:
             if claim is None:
                 return
@@ -311,8 +313,6 @@ class TelegramAdapter:
             await self._say(message, say("help", language))
 
     async def _on_new(self, message: Message, event_update: Update | None = None) -> None:
-        if not await self._admitted(message):
-            return
         async with self._command_claim(message, event_update) as claim:
             if claim is None:
                 return
@@ -325,22 +325,10 @@ class TelegramAdapter:
                 return
             await self._say(message, say("new", language))
 
-    async def _command_sender(self, message: Message) -> Any:
-        """The sender of a command meant for kbbot (in a private chat, or addressed to it in a group)
-        that passes the access gate; None otherwise."""
-        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
-            return None
-        if not await self._admitted(message):
-            return None
-        return message.from_user
-
     async def _on_admin(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/status`` and ``/refresh [SOURCE]``: admins only (``telegram.admins``)."""
-        user = await self._command_sender(message)
-        if user is None:
-            return
         async with self._command_claim(message, event_update) as claim:
-            if claim is None:
+            if claim is None or (user := message.from_user) is None:
                 return
             language = user_language(user.language_code, "")
 
@@ -387,7 +375,7 @@ class TelegramAdapter:
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
         review = self.conversations.approved is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
-        return TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
+        return TelegramReply(self.bot, where, self.settings, self.rates, draft=draft, language=language,
                              on_drafts_unavailable=self._drafts_unavailable, review=review,
                              background=self.delivery.background)
 
@@ -446,11 +434,8 @@ class TelegramAdapter:
 
     async def _on_prefs(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/prefs …``, ``/remember on|off``, ``/forget``: the sender's answering preferences."""
-        user = await self._command_sender(message)
-        if user is None:
-            return
         async with self._command_claim(message, event_update) as claim:
-            if claim is None:
+            if claim is None or (user := message.from_user) is None:
                 return
             words = [command.command.lower(), *(command.args or "").split()]
             text = await self.conversations.memory_command("telegram", str(self.bot_id), str(user.id), words,

@@ -46,11 +46,11 @@ from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, Reaction
 from aiogram.utils.token import extract_bot_id
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
-from bot.delivery import reconcile, show_failure
+from bot.delivery import StreamedReply, reconcile, show_failure
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import COMPLETES, STARTS, Cadence, Priority, Rate, RateBudget, RetryAfter, StreamWriter, in_background
+from bot.streaming import COMPLETES, STARTS, Cadence, PlatformRates, Priority, Rate, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
@@ -102,12 +102,12 @@ class TelegramSink:
     filled. The final call reconciles every posted message with the final parts.
     """
 
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
         self.bot = bot
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.limit = settings.max_message_units
         self.draft = draft
         self.draft_id = random.randint(1, 2**31 - 1)
@@ -128,7 +128,7 @@ class TelegramSink:
         answer's first or final text."""
         if final or self._prepaid or not (self.posted or self.drafted):
             return True
-        self._prepaid = await self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        self._prepaid = await self.rates.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
         return self._prepaid
 
     async def send(self, text: str, final: bool) -> bool:
@@ -202,14 +202,14 @@ class TelegramSink:
         if budgeted and self._prepaid:
             self._prepaid = False
         elif budgeted:
-            await self.budget.acquire(scope, "send")
-            await self.budget.acquire("bot", BOT_SEND)
+            await self.rates.acquire(scope, "send")
+            await self.rates.acquire("bot", BOT_SEND)
         self.calls += 1
         try:
             return await call()
         except TelegramRetryAfter as exc:
             if budgeted:
-                await self.budget.hold(scope, "send", exc.retry_after)
+                await self.rates.hold(scope, "send", exc.retry_after)
             raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
 
     async def _with_plain_fallback(self, method: str, part: Rendered,
@@ -285,7 +285,7 @@ def _reply_parameters(message_id: int) -> Any:
     return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
 
 
-class TelegramReply:
+class TelegramReply(StreamedReply):
     """``Reply`` for one Telegram answer: acknowledged on receipt, drafts or edits, the final messages.
 
     The acknowledgement (``Acknowledges``): "typing…" as soon as the question is taken, before its turn
@@ -298,7 +298,7 @@ class TelegramReply:
 
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
 
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
                  review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.bot = bot
@@ -307,16 +307,16 @@ class TelegramReply:
         self.review = review  # show the approve / withdraw button (someone here may use it)
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
         self._on_drafts_unavailable = on_drafts_unavailable
-        self.sink = TelegramSink(bot, where, settings, budget, draft=draft, on_draft_refused=self._drafts_refused)
+        self.sink = TelegramSink(bot, where, settings, rates, draft=draft, on_draft_refused=self._drafts_refused)
         self.sink.language = language
         self.sink.on_first_text = self._stop_typing
         self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
         self._typing: asyncio.Task[None] | None = None
-        self._taken_at = budget.clock()
+        self._taken_at = rates.clock()
         #: The reaction put on the question (taken back with the answer), if any.
         self.reacted: str | None = None
         self.failed: str | None = None
@@ -336,16 +336,16 @@ class TelegramReply:
         worth trying again), None when it was not made (no spare budget, or flood control: the chat's
         bucket is then held for everyone)."""
         if priority is None:
-            if not await self.budget.try_acquire_all(*self._budgets()):
+            if not await self.rates.try_acquire_all(*self._budgets()):
                 return None
         else:
             for scope, method in self._budgets():
-                await self.budget.acquire(scope, method, priority)
+                await self.rates.acquire(scope, method, priority)
         try:
             await call()
             return True
         except TelegramRetryAfter as exc:
-            await self.budget.hold(str(self.where.chat_id), "send", exc.retry_after)
+            await self.rates.hold(str(self.where.chat_id), "send", exc.retry_after)
             return None
         except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
             log.info("chat %s: %s refused: %s", self.where.chat_id, what, exc)
@@ -403,12 +403,6 @@ class TelegramReply:
         if self._typing is None and not (self.sink.posted or self.sink.drafted):
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
 
-    async def start(self) -> None:
-        await self.acknowledge()  # already done when the Answerer acknowledged first
-
-    async def push(self, delta: str) -> None:
-        self.writer.push(delta)
-
     async def finish(self, answer: Answer) -> None:
         self.sink.citations = list(answer.citations)
         self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
@@ -429,14 +423,14 @@ class TelegramReply:
         self._after_answer()
 
 
-def make_budget(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:
+def make_rates(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:
     """Every chat's budget and the bot-wide one, in buckets every replica of this bot shares in ``redis``
     (``{prefix}rate:telegram:{bot id}:{scope}:{method}``), or this process's without it."""
     store = None
     if redis is not None:
         bot_id = extract_bot_id(reveal(settings.token)) if settings.token is not None else 0
         store = RedisBuckets(redis, prefix=f"{prefix}rate:telegram:{bot_id}:")
-    return RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, store=store)
+    return PlatformRates(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, store=store)
 
 
 def make_bot(settings: TelegramSettings) -> Bot:

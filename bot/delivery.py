@@ -21,7 +21,7 @@ its messages; everything between is here, platform-free, and both adapters go th
 
 What a platform supplies is ``Platform``: its name and account, how to rebuild a reply from a pending
 turn's target, how to delete and edit one of its messages; its replies post, edit, stream and react
-through its own SDK, paced by ``bot.streaming`` (``StreamWriter``, ``RateBudget`` with its rate tiers).
+through its own SDK, paced by ``bot.streaming`` (``StreamWriter``, ``PlatformRates`` with its rate tiers).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from bot.conversation import Conversations
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.state import Claim, TaskSet
-from bot.streaming import RetryAfter
+from bot.streaming import RetryAfter, StreamWriter
 from bot.types import Answer, Inquiry, Reply
 
 log = logging.getLogger("kbbot.delivery")
@@ -209,6 +209,23 @@ class Delivery:
 
 
 # --- what every platform's reply does ---------------------------------------------------------------
+class StreamedReply:
+    """What every chat platform's ``Reply`` does the same way: ``start`` acknowledges the question (if
+    the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``. A platform's
+    reply adds ``acknowledge``, ``finish`` and ``fail``."""
+
+    writer: StreamWriter
+
+    async def acknowledge(self) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        await self.acknowledge()  # already done when the Answerer acknowledged first
+
+    async def push(self, delta: str) -> None:
+        self.writer.push(delta)
+
+
 async def show_failure(replace: Callable[[], Awaitable[bool]], post: Callable[[], Awaitable[None]], *,
                        attempts: int = 4) -> None:
     """A failed turn's message: ``replace`` puts it in the message being filled (False: there is none,

@@ -60,7 +60,7 @@ class Tg:
 
 @contextlib.asynccontextmanager
 async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None, admin: Any = None,
-                       answerer: Any = None, budget: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
+                       answerer: Any = None, rates: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
     options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                **overrides}
     settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
@@ -68,7 +68,7 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
-    adapter = TelegramAdapter(conversations, settings, budget=budget)
+    adapter = TelegramAdapter(conversations, settings, rates=rates)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)

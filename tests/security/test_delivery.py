@@ -22,20 +22,12 @@ from bot.state import MemoryIdempotency
 from bot.types import Inquiry, Outcome
 from tests.fakes.telegram_server import FakeTelegram, message_update, user
 from tests.replies import Stuck
+from tests.test_takeover import LEASE, PARTIAL, until
 from tests.test_telegram import QUESTION, telegram_bot
 
 pytest_plugins = ["tests.test_telegram"]  # the fake_tg fixture
 
 REDIS_URL = os.environ.get("REDIS_URL")
-LEASE = 3.0  # a real turn on a loaded machine holds its event loop for a while
-PARTIAL = "Grease the bearings every 2,000 operating hours with the lithium grease named in the manual. " * 4
-
-
-async def until(condition, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.05)
-
 
 # --- finding 4: one bot's replica takes over another bot's pending turn ---------------------------------
 async def test_a_replica_of_another_bot_neither_takes_over_nor_resumes_a_turn(kb_runtime: Runtime,
