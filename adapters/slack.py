@@ -379,6 +379,8 @@ class SlackAdapter:
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
         self._remember_thread(where.key)
+        if self._bot_id is None and getattr(context, "bot_id", None):
+            self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
         await self.delivery.answer(inquiry, self._reply(client, where), claim=claimed, event_id=event_id, kind=kind,
                                    crashed=say("crashed", "en"), target=dataclasses.asdict(where))
 

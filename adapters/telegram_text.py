@@ -1,4 +1,4 @@
-"""Telegram text: model Markdown as Telegram messages, the buttons under them, and kbbot's own texts.
+"""Telegram text: model Markdown as Telegram messages and the buttons under them.
 
 - model Markdown converted to plain text + entities (``telegramify_markdown``; offsets in UTF-16
   units), never ``parse_mode``; partial markup stays literal; split at paragraph boundaries into
