@@ -31,7 +31,7 @@ from aiohttp_sse import sse_response
 
 from bot.api_settings import ApiSettings, ApiToken
 from bot.conversation import Conversations
-from bot.state import TaskSet
+from bot.state import Claim, TaskSet
 from bot.types import Answer, Citation, Inquiry, Outcome
 
 log = logging.getLogger("kbbot.api")
@@ -148,11 +148,12 @@ class HttpApi:
             raise _error(400, f"`{name}` must be {'a non-empty' if required else 'a'} string.", f"invalid_{name}")
         return value
 
-    async def _claim(self, request: web.Request) -> list[str]:
-        """The ``Idempotency-Key`` claimed for this caller; 409 when that request was already answered."""
+    async def _claim(self, request: web.Request) -> Claim | None:
+        """The ``Idempotency-Key`` claimed for this caller (None: no key); 409 when that request was
+        already answered."""
         key = request.headers.get("Idempotency-Key", "").strip()
         if not key:
-            return []
+            return None
         claimed = await self.conversations.claim([f"api:request:{request[CALLER].name}:{key[:200]}"],
                                                  self.settings.dedupe_ttl_s)
         if claimed is None:
@@ -165,7 +166,7 @@ class HttpApi:
                        thread_key=f"api:{caller.name}:{conversation}", user_id=user or conversation, text=question,
                        spaces=caller.spaces)
 
-    async def _turn(self, inquiry: Inquiry, claimed: list[str], kind: str) -> AsyncIterator[Event]:
+    async def _turn(self, inquiry: Inquiry, claimed: Claim | None, kind: str) -> AsyncIterator[Event]:
         """Runs the turn and yields its events as they happen; the turn finishes even if the client
         leaves (its history and records are written either way)."""
         reply = EventReply()
