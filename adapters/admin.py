@@ -261,7 +261,7 @@ class AdminSite:
         total = max(record.stages.get("total", 0.0), 1.0)
         stages = [(name, ms, ms / total) for name, ms in record.stages.items() if name != "total"]
         return self._render(request, "turn.html", t=record, stages=stages,
-                            approvals=self.runtime.answers is not None)
+                            approvals=self.runtime.approved is not None)
 
     async def approvals(self, request: web.Request) -> web.Response:
         days = self._days(request)
@@ -269,7 +269,7 @@ class AdminSite:
         approved = [r for r in records if r.approval]
         waiting = [r for r in records if r.approvable and not r.approval]
         return self._render(request, "approvals.html", days=days, approved=approved, waiting=waiting,
-                            enabled=self.runtime.answers is not None)
+                            enabled=self.runtime.approved is not None)
 
     async def sources(self, request: web.Request) -> web.Response:
         status = await self.knowledge.status()
@@ -284,17 +284,17 @@ class AdminSite:
 
     async def approve(self, request: web.Request) -> web.Response:
         turn_id = request.match_info["turn_id"]
-        if self.runtime.answers is None:
+        if self.runtime.approved is None:
             raise web.HTTPConflict(text="Approved answers are off (memory.approved_answers).")
-        approved = await self.runtime.answers.approve(turn_id, REVIEWER, "admin page")
+        approved = await self.runtime.approved.approve(turn_id, REVIEWER, "admin page")
         log.info("admin: turn %s %s", turn_id, "approved" if approved else "could not be approved")
         raise self._back("approved" if approved else "not_approvable", f"/admin/turns/{turn_id}")
 
     async def withdraw(self, request: web.Request) -> web.Response:
         turn_id = request.match_info["turn_id"]
-        if self.runtime.answers is None:
+        if self.runtime.approved is None:
             raise web.HTTPConflict(text="Approved answers are off (memory.approved_answers).")
-        withdrawn = await self.runtime.answers.withdraw(turn_id)
+        withdrawn = await self.runtime.approved.withdraw(turn_id)
         log.info("admin: turn %s approval %s", turn_id, "withdrawn" if withdrawn else "not found")
         raise self._back("withdrawn" if withdrawn else "not_approved", f"/admin/turns/{turn_id}")
 

@@ -37,7 +37,7 @@ from aiohttp_sse import EventSourceResponse, sse_response
 
 from bot.api_settings import ApiSettings, ApiToken
 from bot.conversation import Conversations
-from bot.state import TaskSet
+from bot.state import Claim, TaskSet
 from bot.types import Answer, Citation, Inquiry, Outcome
 from pipelines.text import link_host, restrict_links
 
@@ -211,11 +211,12 @@ class HttpApi:
                          f"invalid_{name}")
         return value
 
-    async def _claim(self, request: web.Request) -> list[str]:
-        """The ``Idempotency-Key`` claimed for this caller; 409 when that request was already answered."""
+    async def _claim(self, request: web.Request) -> Claim | None:
+        """The ``Idempotency-Key`` claimed for this caller (None: no key); 409 when that request was
+        already answered."""
         key = request.headers.get("Idempotency-Key", "").strip()
         if not key:
-            return []
+            return None
         # The whole key, hashed: a key kept in part would make keys that share that part one request.
         digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
         claimed = await self.conversations.claim([f"api:request:{request[CALLER].name}:{digest}"],
@@ -231,7 +232,7 @@ class HttpApi:
                        thread_key=f"api:{caller.name}:{conversation}", user_id=user or conversation, text=question,
                        spaces=caller.spaces)
 
-    async def _turn(self, inquiry: Inquiry, claimed: list[str], kind: str) -> AsyncIterator[Event]:
+    async def _turn(self, inquiry: Inquiry, claimed: Claim | None, kind: str) -> AsyncIterator[Event]:
         """Runs the turn and yields its events as they happen; the turn finishes even if the client
         leaves (its history and records are written either way)."""
         reply = EventReply()

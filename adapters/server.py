@@ -32,15 +32,15 @@ from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.slack import SlackAdapter
-from adapters.slack_reply import make_budget as make_slack_budget
+from adapters.slack_reply import make_rates as make_slack_rates
 from adapters.telegram import TelegramAdapter
-from adapters.telegram_reply import make_budget as make_telegram_budget
+from adapters.telegram_reply import make_rates as make_telegram_rates
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
-from bot.pending import RecoveryLoop, Resumer
+from bot.pending import RecoveryLoop
 from bot.scheduler import KnowledgeAdmin
 from bot.server_settings import ServerSettings
 
@@ -112,16 +112,16 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
     slack = runtime.settings.slack
     if slack.enabled:
         slack.check_serving()
-        adapters.append(SlackAdapter(conversations, slack, budget=make_slack_budget(slack, redis, prefix)))
+        adapters.append(SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix)))
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.check_serving()
-        adapters.append(TelegramAdapter(conversations, telegram, budget=make_telegram_budget(telegram, redis, prefix)))
+        adapters.append(TelegramAdapter(conversations, telegram, rates=make_telegram_rates(telegram, redis, prefix)))
     if runtime.settings.api.enabled:
         adapters.append(HttpApi(conversations, runtime.settings.api))
-    for adapter in adapters:  # they rebuild the replies of turns taken over from a replica that died
-        if isinstance(adapter, Resumer):
-            conversations.resumers[adapter.name] = adapter
+    for adapter in adapters:  # chat platforms answer the turns taken over from a replica that died
+        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
+            conversations.serve(adapter.delivery)
     return adapters
 
 

@@ -1,19 +1,22 @@
 """The Slack adapter: mentions, thread follow-ups and DMs in; streamed, cited answers out.
 
 Events arrive through bolt's ``AsyncApp`` (Events API over HTTP, or Socket Mode) and are acknowledged
-at once; the turn runs after the ack. Each event becomes an ``Inquiry`` for the conversation service
-(``bot/conversation.py``, which owns every flow below: claims, turns, clicks, commands) with a
-``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final message with sources and
-👍/👎, the rate budget) that renders the answer in the thread; the text and blocks are built in
-``adapters/slack_text.py``. A workspace that refuses streaming is remembered for an hour, so its later
-answers edit directly.
+at once; the turn runs after the ack. Every listener passes the delivery layer's gate first
+(``bot/delivery.py``: tracking, the access checks this adapter registers once, claims, take-over);
+each question becomes an ``Inquiry`` for the conversation service (``bot/conversation.py``: turns,
+clicks, commands) with a ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final
+message with sources and 👍/👎, the rate tiers) that renders the answer in the thread; the text and
+blocks are built in ``adapters/slack_text.py``, the words come from ``bot/messages.py``. A workspace
+that refuses streaming is remembered for an hour (``Delivery.refusals``), so its later answers edit
+directly.
 
 Slack redelivers events it believes were not acknowledged; a claim on the event id (and on the
 message itself) makes sure one question gets one answer.
 
 Admins (``slack.admins``) have a slash command: ``/kbbot status`` (knowledge version, sources, last
 and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowledged at once and
-the result is posted to its ``response_url`` (visible to the admin only). Others are politely refused.
+the result is posted to its ``response_url`` (visible to the admin only). Others are politely refused,
+in the language of their preferences.
 
 What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
 
@@ -41,7 +44,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_reply import SlackReply, SlackThread, error_code, make_budget, make_client
+from adapters.slack_reply import SlackReply, SlackThread, error_code, make_client, make_rates
 from adapters.slack_text import (
     APPROVE_ACTION,
     FEEDBACK_ACTION,
@@ -56,37 +59,28 @@ from adapters.slack_text import (
 )
 from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
+from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
 from bot.settings_base import reveal
-from bot.state import TaskSet
-from bot.streaming import RateBudget, split_message
+from bot.streaming import PlatformRates, split_message
 from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.slack")
 
 SLASH_COMMAND = "/kbbot"
-COMMAND_USAGE = ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); for everyone: "
-                 "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`, "
-                 "`/kbbot remember on|off`, `/kbbot forget`.")
-NOT_ADMIN = ("Sorry, `/kbbot` commands are for kbbot admins only. "
-             "Please ask whoever runs kbbot to add your user id to `slack.admins`.")
-
-NOT_AVAILABLE = "Knowledge refresh is not available in this kbbot process."
-ADMIN_FAILED = {"status": "Sorry, the status could not be read. The logs have the details.",
-                "refresh": "Sorry, the refresh failed. The logs have the details."}
-NOT_ALLOWED = "Sorry, kbbot does not answer in this workspace."
-#: What a half-written answer of a replica that died says when Slack will not let it be deleted.
-INTERRUPTED = "_This answer was interrupted; it continues below._"
+#: How the catalogue's words name this platform's commands and settings.
+NAMES = {"commands": "`/kbbot status` and `/kbbot refresh`", "admins": "`slack.admins`",
+         "reviewers": "`slack.reviewers`", "approved_answers": " (`memory.approved_answers`)"}
 
 #: Errors meaning this workspace or token cannot stream at all (remembered, so later answers edit directly).
 WORKSPACE_STREAM_REFUSALS = frozenset({
     "unknown_method", "not_allowed_token_type", "method_deprecated", "missing_scope", "feature_not_enabled",
     "not_supported", "team_not_allowed", "access_denied",
 })
-STREAM_REFUSAL_MEMORY_S = 3600.0
 
 
 def _click_team(body: dict[str, Any]) -> str:
@@ -100,10 +94,10 @@ class SlackAdapter:
     name = "slack"
 
     def __init__(self, conversations: Conversations, settings: SlackSettings, *, client: AsyncWebClient | None = None,
-                 budget: RateBudget | None = None):
+                 rates: PlatformRates | None = None):
         self.conversations = conversations
         self.settings = settings
-        self.budget = budget or make_budget(settings)
+        self.rates = rates or make_rates(settings)
         self.client = client or make_client(settings)
         self.app = AsyncApp(
             name="kbbot",
@@ -120,11 +114,13 @@ class SlackAdapter:
         self.app.action(APPROVE_ACTION)(self._on_review)
         self.app.action(WITHDRAW_ACTION)(self._on_review)
         self.app.command(SLASH_COMMAND)(self._on_command)
-        self._tasks = TaskSet()
+        self.delivery = Delivery(conversations, self)
+        self.delivery.check(self._team_allowed)
+        self.delivery.check(self._place_allowed)
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
-        self._no_streaming: dict[str, float] = {}  # team -> until when streaming is known refused
         self._socket: Any = None
         self._session: aiohttp.ClientSession | None = None
+        self._bot_id: str | None = None
 
     # --- serving ------------------------------------------------------------------------------
     def mount(self, web_app: web.Application, path: str = "/slack/events") -> None:
@@ -164,32 +160,50 @@ class SlackAdapter:
             self._session = None
 
     def health(self) -> dict[str, Any]:
-        return {"mode": "socket" if self.settings.socket_mode else "events_api", "turns_in_progress": len(self._tasks)}
+        return {"mode": "socket" if self.settings.socket_mode else "events_api",
+                "turns_in_progress": self.delivery.in_progress}
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait for the turns in progress (shutdown)."""
-        await self._tasks.drain(timeout_s)
+        await self.delivery.drain(timeout_s)
 
     async def settle(self, quiet_s: float = 0.05) -> None:
         """Wait until every acknowledged event has been handled (tests)."""
-        await self._tasks.settle(quiet_s)
+        await self.delivery.settle(quiet_s)
 
-    def _track(self) -> None:
-        self._tasks.track_current()
+    # --- access checks (registered once with the delivery layer's gate) ----------------------------
+    def _team_allowed(self, access: Access) -> str | None:
+        """Questions, clicks and commands come from workspaces ``slack.allowed_teams`` admits."""
+        if self.settings.allowed_teams and access.tenant not in self.settings.allowed_teams:
+            return f"workspace {access.tenant or '?'} is not in slack.allowed_teams"
+        return None
+
+    def _place_allowed(self, access: Access) -> str | None:
+        """Questions in a DM when ``slack.direct_messages``, else in ``slack.allowed_channels``."""
+        if access.what != "question":
+            return None
+        if access.private:
+            return None if self.settings.direct_messages else "direct messages are off (slack.direct_messages)"
+        if self.settings.allowed_channels and access.chat not in self.settings.allowed_channels:
+            return f"channel {access.chat} is not in slack.allowed_channels"
+        return None
 
     # --- listeners ----------------------------------------------------------------------------
+    def _admit_question(self, body: dict[str, Any], event: dict[str, Any], context: Any, *, is_dm: bool) -> bool:
+        return self.delivery.admit(Access("question", str(event.get("user") or ""), self._team(body, event, context),
+                                          str(event.get("channel") or ""), private=is_dm))
+
     async def _on_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any,
                           client: AsyncWebClient) -> None:
-        self._track()
         if event.get("bot_id") or event.get("edited") or event.get("subtype"):
             return
         thread_ts = event.get("thread_ts") or event["ts"]
         is_dm = event.get("channel_type") == "im" or str(event.get("channel", "")).startswith("D")
-        await self._handle(body, event, context, client, thread_ts=thread_ts, kind="mention", is_dm=is_dm)
+        if self._admit_question(body, event, context, is_dm=is_dm):
+            await self._handle(body, event, context, client, thread_ts=thread_ts, kind="mention", is_dm=is_dm)
 
     async def _on_message(self, body: dict[str, Any], event: dict[str, Any], context: Any,
                           client: AsyncWebClient) -> None:
-        self._track()
         # Edits (message_changed), deletions, bot posts and joins all carry a subtype.
         if event.get("subtype") not in (None, "thread_broadcast", "file_share"):
             return
@@ -197,42 +211,37 @@ class SlackAdapter:
         if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user_id:
             return
         if event.get("channel_type") == "im":
-            if not self.settings.direct_messages:
-                return
-            await self._handle(body, event, context, client, thread_ts=event.get("thread_ts") or event["ts"],
-                               kind="dm", is_dm=True)
+            if self._admit_question(body, event, context, is_dm=True):
+                await self._handle(body, event, context, client, thread_ts=event.get("thread_ts") or event["ts"],
+                                   kind="dm", is_dm=True)
             return
         thread_ts = event.get("thread_ts")
         if not thread_ts or thread_ts == event.get("ts") or not self.settings.follow_ups:
             return  # top-level channel messages are answered only when they mention kbbot
         if bot_user_id and f"<@{bot_user_id}" in (event.get("text") or ""):
             return  # this one also arrives as app_mention
+        if not self._admit_question(body, event, context, is_dm=False):
+            return
         team = self._team(body, event, context)
         key = SlackThread(team, event["channel"], thread_ts, event["user"]).key
         if not await self._answered_here(key):
             return
         await self._handle(body, event, context, client, thread_ts=thread_ts, kind="follow_up", is_dm=False)
 
-    def _team_allowed(self, team: str, what: str) -> bool:
-        """Clicks and commands come from workspaces ``slack.allowed_teams`` admits, as questions do."""
-        if self.settings.allowed_teams and team not in self.settings.allowed_teams:
-            log.info("ignoring %s from workspace %s: not in slack.allowed_teams", what, team or "?")
-            return False
-        return True
-
     async def _on_feedback(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
-        await ack()
-        if not self._team_allowed(_click_team(body), "a feedback click"):
-            return
         action = (body.get("actions") or [{}])[0]
         rating, _, turn_id = str(action.get("value") or "").partition(":")
-        if rating not in ("up", "down") or not turn_id:
-            log.warning("ignoring a feedback click without a turn id: %r", action.get("value"))
-            return
         container = body.get("container") or {}
-        item = Feedback(turn_id=turn_id, rating=rating, user_id=str((body.get("user") or {}).get("id", "")),
-                        tenant=_click_team(body),
-                        channel=str((body.get("channel") or {}).get("id") or container.get("channel_id") or ""),
+        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        user = str((body.get("user") or {}).get("id", ""))
+        admitted = self.delivery.admit(Access("click", user, _click_team(body), channel, turn_id=turn_id))
+        await ack()
+        if not admitted:
+            return
+        if rating not in ("up", "down"):
+            log.warning("ignoring a feedback click without a rating: %r", action.get("value"))
+            return
+        item = Feedback(turn_id=turn_id, rating=rating, user_id=user, tenant=_click_team(body), channel=channel,
                         message_id=str(container.get("message_ts") or ""))
         await self.conversations.record_feedback(item)
 
@@ -247,42 +256,39 @@ class SlackAdapter:
     async def _on_review(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
                          client: AsyncWebClient) -> None:
         """A click on "✅ Approve" or "Withdraw approval": reviewers only, by turn id."""
-        self._track()
-        await ack()
         action = (body.get("actions") or [{}])[0]
         approving = action.get("action_id") == APPROVE_ACTION
         turn_id = str(action.get("value") or "")
         who = body.get("user") or {}
         user = str(who.get("id") or "")
         team = _click_team(body)
-        if not self._team_allowed(team, "a review click"):
-            return
         container = body.get("container") or {}
-        message = body.get("message") or {}
         channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=turn_id))
+        await ack()
+        if not admitted:
+            return
+        message = body.get("message") or {}
         ts = str(container.get("message_ts") or message.get("ts") or "")
         thread_ts = message.get("thread_ts") or container.get("thread_ts")
         language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
-        if not turn_id:
-            log.warning("ignoring a review click without a turn id")
-            return
         review = await self.conversations.review(
             turn_id, approving=approving, reviewer=self.settings.is_reviewer(team, user), user=user,
             display_name=who.get("name") or who.get("username") or "", tenant=f"slack:{team}")
         if review.status not in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
-            await self._ephemeral(client, channel, user, review_text(review.status.value, language), thread_ts)
+            await self._ephemeral(client, channel, user, review_text(review.status, language, **NAMES), thread_ts)
             return
         answer_text = None
         if review.answer is not None:
             answer_text = split_message(neutralise(review.answer.text.strip()), self.settings.max_message_chars)[-1]
-        note = review_text("approved" if approving else "withdrawn", language, user=user)
+        note = review_text(review.status, language, user=f"<@{user}>")
         blocks = reviewed_blocks(list(message.get("blocks") or []), note,
                                  review_block(turn_id, approved=approving, language=language), answer_text)
         if blocks is None or not channel or not ts:
             await self._ephemeral(client, channel, user, note, thread_ts)
             return
         try:
-            await self.budget.acquire(team, "chat.update")
+            await self.rates.acquire(team, "chat.update")
             await client.chat_update(channel=channel, ts=ts, blocks=blocks,
                                      text=notification_text(str(message.get("text") or note)))
         except SlackApiError as exc:
@@ -293,36 +299,37 @@ class SlackAdapter:
                           respond: Callable[..., Awaitable[Any]]) -> None:
         """``/kbbot prefs|remember|forget`` for everyone (answered in the ack, visible to the user only);
         ``/kbbot status`` and ``/kbbot refresh [SOURCE]`` for admins (the result goes to response_url)."""
-        self._track()
         user = str(command.get("user_id") or "")
-        if not self._team_allowed(str(command.get("team_id") or ""), "a /kbbot command"):
-            await ack(text=NOT_ALLOWED)
+        team = str(command.get("team_id") or "")
+        if not self.delivery.admit(Access("command", user, team, str(command.get("channel_id") or ""))):
+            await ack(text=say("not_allowed", "en"))  # a stranger's workspace has no preferences here
             return
         verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
-            text = await self.conversations.memory_command("slack", str(command.get("team_id") or ""), user,
-                                                           [verb, *rest.split()], prefix=f"{SLASH_COMMAND} ")
+            text = await self.conversations.memory_command("slack", team, user, [verb, *rest.split()],
+                                                           prefix=f"{SLASH_COMMAND} ")
             await ack(text=text)
             return
+        language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
         if verb not in ("status", "refresh"):
-            await ack(text=COMMAND_USAGE)
+            await ack(text=say("slack_usage", language))
             return
 
         async def started(source: str | None) -> None:
             if verb == "status":
                 await ack()
             else:
-                await ack(text=f"Refreshing {('`' + source + '`') if source else 'every source'} now; "
-                               "the result follows here.")
+                await ack(text=say("refreshing", language, what=f"`{source}`" if source else say("every_source",
+                                                                                                 language)))
 
         result = await self.conversations.admin_command(verb, rest.strip() or None, user=user,
                                                         is_admin=user in self.settings.admins, started=started)
         if result.status in (AdminStatus.NOT_ADMIN, AdminStatus.UNAVAILABLE, AdminStatus.REFUSED):
-            await ack(text={AdminStatus.NOT_ADMIN: NOT_ADMIN, AdminStatus.UNAVAILABLE: NOT_AVAILABLE}.get(
-                result.status, result.text))
+            await ack(text=result.text if result.status is AdminStatus.REFUSED else
+                      say(f"admin_{result.status.value}", language, **NAMES))
             return
-        text = result.text if result.status is AdminStatus.DONE else ADMIN_FAILED[verb]
+        text = result.text if result.status is AdminStatus.DONE else say("admin_failed", language)
         try:
             await respond(text=mrkdwn_escape(text), response_type="ephemeral")
         except Exception:
@@ -332,18 +339,6 @@ class SlackAdapter:
     @staticmethod
     def _team(body: dict[str, Any], event: dict[str, Any], context: Any) -> str:
         return str(event.get("team") or body.get("team_id") or getattr(context, "team_id", None) or "")
-
-    def _allowed(self, team: str, channel: str, is_dm: bool) -> bool:
-        s = self.settings
-        if s.allowed_teams and team not in s.allowed_teams:
-            log.debug("ignoring an event from workspace %s: not in slack.allowed_teams", team)
-            return False
-        if is_dm:
-            return s.direct_messages
-        if s.allowed_channels and channel not in s.allowed_channels:
-            log.debug("ignoring an event in channel %s: not in slack.allowed_channels", channel)
-            return False
-        return True
 
     async def _answered_here(self, thread_key: str) -> bool:
         until = self._threads.get(thread_key)
@@ -358,28 +353,26 @@ class SlackAdapter:
         self._threads[thread_key] = now + self.settings.thread_memory_s
 
     def _streaming_allowed(self, team: str) -> bool:
-        if self.settings.stream_mode != "native":
-            return False
-        until = self._no_streaming.get(team)
-        return until is None or until <= time.monotonic()
+        return self.settings.stream_mode == "native" and not self.delivery.refusals.refused(f"stream:{team}")
 
     def _stream_refused(self, team: str, code: str) -> None:
         if code in WORKSPACE_STREAM_REFUSALS:
             log.warning("workspace %s refuses streaming (%s); answering with chat.update for %.0f min",
-                        team, code, STREAM_REFUSAL_MEMORY_S / 60)
-            self._no_streaming[team] = time.monotonic() + STREAM_REFUSAL_MEMORY_S
+                        team, code, self.delivery.refusals.memory_s / 60)
+            self.delivery.refusals.refuse(f"stream:{team}")
 
     async def _handle(self, body: dict[str, Any], event: dict[str, Any], context: Any, client: AsyncWebClient,
                       *, thread_ts: str, kind: str, is_dm: bool) -> None:
+        """A question that passed the gate: claimed, then answered in its thread."""
         team = self._team(body, event, context)
         channel = str(event.get("channel") or "")
         user = str(event.get("user") or "")
-        if not channel or not self._allowed(team, channel, is_dm):
+        if not channel:
             return
         event_id = str(body.get("event_id") or "")
         keys = [f"slack:event:{event_id}"] if event_id else []
         keys.append(f"slack:message:{team}:{channel}:{event.get('ts')}")
-        claimed = await self.conversations.claim(keys, self.settings.dedupe_ttl_s, lease_s=self.settings.claim_lease_s)
+        claimed = await self.delivery.claim(keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s)
         if claimed is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return
@@ -389,45 +382,38 @@ class SlackAdapter:
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
         self._remember_thread(where.key)
-        await self.conversations.answer(inquiry, self._reply(client, where), claimed=claimed, event_id=event_id,
-                                        kind=kind, target=dataclasses.asdict(where))
+        if self._bot_id is None and getattr(context, "bot_id", None):
+            self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
+        await self.delivery.answer(inquiry, self._reply(client, where), claim=claimed, event_id=event_id, kind=kind,
+                                   crashed=say("crashed", "en"), target=dataclasses.asdict(where))
 
     def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
-        return SlackReply(client, where, self.settings, self.budget, native=self._streaming_allowed(where.team),
+        return SlackReply(client, where, self.settings, self.rates, native=self._streaming_allowed(where.team),
                           on_stream_refused=lambda code: self._stream_refused(where.team, code),
-                          background=self._tasks.track)
+                          background=self.delivery.background)
 
-    # --- turns taken over from a replica that died (bot.pending.Resumer) ---------------------------
-    async def resume(self, turn: PendingTurn) -> SlackReply:
+    # --- what the delivery layer asks of Slack (bot.delivery.Platform) ------------------------------
+    async def account(self) -> str:
+        """``slack:{bot id}`` of the bot token (one ``auth.test``): two Slack apps on one Redis never
+        take over each other's questions."""
+        if self._bot_id is None:
+            self._bot_id = str((await self.client.auth_test()).get("bot_id") or "")
+        return f"slack:{self._bot_id}"
+
+    def rebuild(self, turn: PendingTurn) -> SlackReply:
         where = SlackThread(**turn.target)
-        for ts in turn.messages:
-            await self._retire(where, ts)
         self._remember_thread(where.key)
         return self._reply(self.client, where)
 
-    async def _retire(self, where: SlackThread, ts: str) -> None:
-        """A message the dead replica left half-written (a stream never stopped, or a message it was still
-        editing) is deleted, so the thread ends with one whole answer; where Slack refuses, it is edited
-        to say the answer continues below."""
+    async def delete(self, target: dict[str, Any], message_id: str) -> bool:
+        await self.rates.acquire(str(target["team"]), "chat.delete")
         try:
-            await self.budget.acquire(where.team, "chat.delete")
-            await self.client.chat_delete(channel=where.channel, ts=ts)
-            return
+            await self.client.chat_delete(channel=str(target["channel"]), ts=message_id)
         except SlackApiError as exc:
-            if error_code(exc) == "message_not_found":
-                return
-            log.info("thread %s: could not delete the interrupted message %s (%s); marking it", where.key, ts,
-                     error_code(exc))
-        try:
-            await self.budget.acquire(where.team, "chat.update")
-            await self.client.chat_update(channel=where.channel, ts=ts, text=INTERRUPTED)
-        except SlackApiError as exc:
-            log.warning("thread %s: the interrupted message %s stays as it was (%s)", where.key, ts, error_code(exc))
+            if error_code(exc) != "message_not_found":
+                raise
+        return True
 
-    def message_ids(self, reply: SlackReply) -> list[str]:
-        sink = reply.sink
-        ids = [posted.ts for posted in sink.posted]
-        for ts in (sink.ts, sink.stream.ts if sink.stream is not None else None):
-            if ts and ts not in ids:
-                ids.append(ts)
-        return ids
+    async def edit(self, target: dict[str, Any], message_id: str, text: str) -> None:
+        await self.rates.acquire(str(target["team"]), "chat.update")
+        await self.client.chat_update(channel=str(target["channel"]), ts=message_id, text=f"_{text}_")

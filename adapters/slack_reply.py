@@ -6,7 +6,7 @@ puts the text into Slack messages:
 - the question acknowledged at once: the status, or an 👀 reaction when the status budget is spent
   (each method has a tier of its own; the reaction is taken back when the answer is shown);
 - native streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack-sdk's
-  ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``RateBudget`` shared by all
+  ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``PlatformRates`` shared by all
   answers of a workspace; where Slack refuses streaming, or no stream can start without waiting for
   the workspace's ``chat.startStream`` budget (many answers at once), one message posted and
   updated with ``chat.update``; intermediate states use spare budget only, so finals never queue
@@ -20,8 +20,11 @@ puts the text into Slack messages:
   boundaries;
 - a failed turn ends with the Answerer's friendly message in the thread and the status cleared.
 
+Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
+``reconcile``); this module supplies Slack's calls for them.
+
 Also here: the Web API client (``make_client``: ``SLACK_API_URL``, 429s and 5xx retried), the
-per-method rates (``DEFAULT_RATES``, ``make_budget``) and the reading of Slack API errors.
+per-method rates (``DEFAULT_RATES``, ``make_rates``) and the reading of Slack API errors.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack_text import final_blocks, neutralise, notification_text, stable_prefix
+from bot.delivery import StreamedReply, reconcile, show_failure
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
 from bot.rate_buckets import RedisBuckets
@@ -49,9 +53,9 @@ from bot.streaming import (
     COMPLETES,
     STARTS,
     Cadence,
+    PlatformRates,
     Priority,
     Rate,
-    RateBudget,
     RetryAfter,
     StreamWriter,
     cut_point,
@@ -145,14 +149,14 @@ class SlackSink:
     to the last one.
     """
 
-    def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, budget: RateBudget,
+    def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
                  *, native: bool = True, on_fallback: Callable[[str], None] | None = None,
                  on_defer: Callable[[], None] | None = None,
                  before_first_message: Callable[[], Awaitable[None]] | None = None):
         self.client = client
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.native = native
         self.limit = settings.max_message_chars
         self.on_fallback = on_fallback
@@ -174,7 +178,7 @@ class SlackSink:
         #: messages it still needs: the order in which waiting answers get the budget.
         self.final_at: float | None = None
         self.parts_left = 1
-        self.started_at = budget.clock()
+        self.started_at = rates.clock()
 
     def priority(self) -> Priority:
         """Where this answer stands in a budget's queue (read at every grant): a complete answer
@@ -187,7 +191,7 @@ class SlackSink:
     def expect_final(self, text: str) -> None:
         """The model's answer is complete: from now on this answer waits as one to finish."""
         self.parts_left = max(1, len(self._plan(neutralise(text.strip()) or "…")) - len(self.posted))
-        self.final_at = self.budget.clock()
+        self.final_at = self.rates.clock()
 
     @property
     def visible(self) -> bool:
@@ -218,20 +222,20 @@ class SlackSink:
         if method in self._prepaid:
             return True
         if method == "chat.startStream":
-            if await self.budget.try_acquire(self._scope(method), method):
+            if await self.rates.try_acquire(self._scope(method), method):
                 self._prepaid.append(method)
                 return True
             self._defer()
             method = self._next_method(final)
         elif not final and method != "chat.postMessage":
-            if not await self.budget.try_acquire(self._scope(method), method):
+            if not await self.rates.try_acquire(self._scope(method), method):
                 return False
             self._prepaid.append(method)
             return True
         if method == "chat.postMessage":
             await self._post_turn()
             return True
-        await self.budget.acquire(self._scope(method), method, self.priority)
+        await self.rates.acquire(self._scope(method), method, self.priority)
         self._prepaid.append(method)
         return True
 
@@ -247,7 +251,7 @@ class SlackSink:
         queue without taking a token from anyone who waits, and the next in line moves up.
         """
         method = "chat.postMessage"
-        turn = asyncio.create_task(self.budget.acquire(self._scope(method), method, self.priority))
+        turn = asyncio.create_task(self.rates.acquire(self._scope(method), method, self.priority))
         stream_pair = ((self.where.team, "chat.startStream"), (self.where.team, "chat.stopStream"))
         try:
             poll = 0.25  # a turn granted at once (a quiet channel) costs no look at the stream budgets
@@ -255,12 +259,12 @@ class SlackSink:
                 await asyncio.wait({turn}, timeout=poll)
                 if turn.done():
                     break
-                if self._may_stream_final() and await self.budget.try_acquire_all(*stream_pair):
+                if self._may_stream_final() and await self.rates.try_acquire_all(*stream_pair):
                     self.native, self.diverged, self._stream_final = True, False, True
                     self._prepaid += ["chat.startStream", "chat.stopStream"]
                     return
                 # Looked at again at least every second: the answer may complete while it waits.
-                poll = min(1.0, max(0.25, *[await self.budget.eta(*key) for key in stream_pair]))
+                poll = min(1.0, max(0.25, *[await self.rates.eta(*key) for key in stream_pair]))
             await turn
             self._prepaid.append(method)
         finally:
@@ -271,7 +275,7 @@ class SlackSink:
                     await self._refund(method)  # granted just before the cancel
 
     async def _refund(self, method: str) -> None:
-        await self.budget.refund(self._scope(method), method)
+        await self.rates.refund(self._scope(method), method)
 
     def _defer(self) -> None:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""
@@ -309,7 +313,7 @@ class SlackSink:
         return sent
 
     # --- failure -------------------------------------------------------------------------------
-    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
+    async def show_failure(self, message: str) -> None:
         """Replace whatever was shown with ``message`` (or post it); retried past rate limits."""
         body = f"⚠️ {neutralise(message)}"
         if self.stream is not None and self.stream.ts:
@@ -319,27 +323,28 @@ class SlackSink:
                 log.debug("stopping the stream before the failure message: %s", exc)
             self.ts = self.stream.ts
             self.stream = None
-        for attempt in range(attempts):
+
+        async def replace() -> bool:
+            if not self.ts:
+                return False
             try:
-                if self.ts:
-                    try:
-                        await self._api("chat.update", lambda: self.client.chat_update(
-                            channel=self.where.channel, ts=self.ts, markdown_text=body))
-                        return
-                    except SlackApiError as exc:
-                        if _is_rate_limited(exc):
-                            raise
-                        log.warning("could not replace the partial answer (%s); posting the failure instead",
-                                    error_code(exc))
-                        self.ts = None
-                await self._ensure_ready()
-                await self._api("chat.postMessage", lambda: self.client.chat_postMessage(
-                    channel=self.where.channel, thread_ts=self.where.thread_ts, markdown_text=body))
-                return
-            except RetryAfter as wait:
-                if attempt == attempts - 1:
+                await self.call("chat.update", lambda: self.client.chat_update(
+                    channel=self.where.channel, ts=self.ts, markdown_text=body))
+                return True
+            except SlackApiError as exc:
+                if _is_rate_limited(exc):
                     raise
-                await asyncio.sleep(wait.seconds)
+                log.warning("could not replace the partial answer (%s); posting the failure instead",
+                            error_code(exc))
+                self.ts = None
+                return False
+
+        async def post() -> None:
+            await self._ensure_ready()
+            await self.call("chat.postMessage", lambda: self.client.chat_postMessage(
+                channel=self.where.channel, thread_ts=self.where.thread_ts, markdown_text=body))
+
+        await show_failure(replace, post)
 
     # --- building blocks ---------------------------------------------------------------------
     async def _ensure_ready(self) -> None:
@@ -352,18 +357,20 @@ class SlackSink:
             return f"{self.where.team}:{self.where.channel}"
         return self.where.team
 
-    async def _api(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
+    async def call(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
+        """One Web API call inside the budget of ``method`` (``paid``: its token is already taken); a 429
+        holds that budget for everyone and becomes ``RetryAfter``."""
         scope = self._scope(method)
         if method in self._prepaid:
             self._prepaid.remove(method)
         elif not paid:
-            await self.budget.acquire(scope, method, self.priority)
+            await self.rates.acquire(scope, method, self.priority)
         try:
             return await call()
         except SlackApiError as exc:
             if _is_rate_limited(exc):
                 seconds = retry_after_of(exc)
-                await self.budget.hold(scope, method, seconds)
+                await self.rates.hold(scope, method, seconds)
                 raise RetryAfter(seconds, f"{method} rate limited") from exc
             raise
 
@@ -375,17 +382,17 @@ class SlackSink:
 
     async def _post(self, part: str, last: bool) -> str:
         await self._ensure_ready()
-        response = await self._api("chat.postMessage", lambda: self.client.chat_postMessage(
+        response = await self.call("chat.postMessage", lambda: self.client.chat_postMessage(
             channel=self.where.channel, thread_ts=self.where.thread_ts, **self._message_args(part, last)))
         return str(response["ts"])
 
     async def _update(self, ts: str, part: str, last: bool) -> None:
-        await self._api("chat.update", lambda: self.client.chat_update(
+        await self.call("chat.update", lambda: self.client.chat_update(
             channel=self.where.channel, ts=ts, **self._message_args(part, last)))
 
     async def _delete(self, ts: str) -> None:
         try:
-            await self._api("chat.delete", lambda: self.client.chat_delete(channel=self.where.channel, ts=ts))
+            await self.call("chat.delete", lambda: self.client.chat_delete(channel=self.where.channel, ts=ts))
         except SlackApiError as exc:
             log.warning("could not delete a superseded message %s: %s", ts, error_code(exc))
 
@@ -407,7 +414,7 @@ class SlackSink:
     async def _stream_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
         """A streaming call; False (after switching to edit mode) when Slack refuses streaming."""
         try:
-            await self._api(method, call)
+            await self.call(method, call)
             return True
         except SlackApiError as exc:
             await self._fall_back(exc)
@@ -484,29 +491,27 @@ class SlackSink:
 
     async def _send_final(self, visible: str) -> None:
         parts = self._plan(visible)
-        # Messages already finished: keep, rewrite or remove them.
-        for i, posted in enumerate(list(self.posted)):
-            if i >= len(parts):
-                await self._delete(posted.ts)
-                self.posted.remove(posted)
-                continue
-            last = i == len(parts) - 1
-            if posted.text == parts[i] and (posted.final or not last):
-                continue
-            await self._update(posted.ts, parts[i], last)
-            posted.text, posted.final = parts[i], last
-        if len(parts) <= len(self.posted):
-            if self.ts is not None:  # the final text is shorter than what was shown
-                if self.stream is not None:
-                    await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
-                await self._delete(self.ts)
-                self.ts, self.stream, self.shown = None, None, ""
-            return
-        for i in range(len(self.posted), len(parts)):
-            await self._complete(parts[i], last=i == len(parts) - 1)
+
+        async def edit(posted: _Posted, part: str, last: bool) -> None:
+            await self._update(posted.ts, part, last)
+            posted.text, posted.final = part, last
+
+        async def delete(posted: _Posted) -> None:
+            await self._delete(posted.ts)
+            self.posted.remove(posted)
+
+        finished = len(self.posted)
+        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.text == part and (
+            posted.final or not last), edit=edit, add=lambda part, last: self._complete(part, last=last),
+                        delete=delete)
+        if len(parts) <= finished and self.ts is not None:  # the final text is shorter than what was shown
+            if self.stream is not None:
+                await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
+            await self._delete(self.ts)
+            self.ts, self.stream, self.shown = None, None, ""
 
 
-class SlackReply:
+class SlackReply(StreamedReply):
     """``Reply`` for one Slack answer: a visible acknowledgement at once, a paced stream, the final message.
 
     The acknowledgement is the status ("Searching the knowledge base…", which Slack clears when the
@@ -515,18 +520,18 @@ class SlackReply:
     from the chat.* budgets the answers need, so a busy channel still sees every question taken.
     """
 
-    def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, budget: RateBudget,
+    def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
                  *, native: bool = True, on_stream_refused: Callable[[str], None] | None = None,
                  background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.client = client
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.native_cadence = Cadence(min_interval_s=settings.stream_interval_s, min_growth=settings.buffer_size)
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self._on_stream_refused = on_stream_refused
         self._background = background
-        self.sink = SlackSink(client, where, settings, budget, native=native, on_fallback=self._fell_back,
+        self.sink = SlackSink(client, where, settings, rates, native=native, on_fallback=self._fell_back,
                               on_defer=self._deferred, before_first_message=self._ack_settled)
         self.writer = StreamWriter(self.sink, self.native_cadence if native else self.edit_cadence,
                                    name=where.key)
@@ -550,7 +555,7 @@ class SlackReply:
         """One acknowledging call whose token is taken: True when Slack shows it."""
         self._ack_in_flight = method
         try:
-            await self.sink._api(method, call, paid=True)
+            await self.sink.call(method, call, paid=True)
             return True
         except (SlackApiError, RetryAfter) as exc:
             # A courtesy: refused here (or rate limited: the bucket is held), the other kind may still go.
@@ -578,7 +583,7 @@ class SlackReply:
             kinds.remove(REACT)
         while kinds and not self.sink.visible:
             for method in list(kinds):
-                if not await self.budget.try_acquire(team, method):
+                if not await self.rates.try_acquire(team, method):
                     continue
                 call = self._set_status_call(self.settings.status) if method == STATUS else self._reaction_call(REACT)
                 if await self._ack_call(method, call):
@@ -587,7 +592,7 @@ class SlackReply:
                 kinds.remove(method)  # refused for this question: the other kind
                 break
             else:
-                await asyncio.sleep(max(0.01, min([await self.budget.eta(team, m) for m in kinds])))
+                await asyncio.sleep(max(0.01, min([await self.rates.eta(team, m) for m in kinds])))
 
     async def _ack_settled(self, timeout_s: float = 1.0) -> None:
         """Before the first message: an acknowledgement still waiting for its budget is dropped (the
@@ -616,9 +621,9 @@ class SlackReply:
         """A call that should land eventually (clearing the status, taking the reaction back): it waits
         for its budget, and a 429 holds that budget for the Retry-After the next attempt waits out."""
         for _ in range(attempts):
-            await self.budget.acquire(self.where.team, method)
+            await self.rates.acquire(self.where.team, method)
             try:
-                await self.sink._api(method, call, paid=True)
+                await self.sink.call(method, call, paid=True)
                 return True
             except RetryAfter:
                 continue
@@ -637,16 +642,19 @@ class SlackReply:
                       track=self._background)
 
     # --- Reply ----------------------------------------------------------------------------------
+    def message_ids(self) -> list[str]:
+        """``PostsMessages``: the ts of every message of this answer so far, streams included."""
+        sink = self.sink
+        ids = [posted.ts for posted in sink.posted]
+        for ts in (sink.ts, sink.stream.ts if sink.stream is not None else None):
+            if ts and ts not in ids:
+                ids.append(ts)
+        return ids
+
     async def acknowledge(self) -> None:
         """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
         if self._ack_task is None:
             self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
-
-    async def start(self) -> None:
-        await self.acknowledge()  # already done when the Answerer acknowledged first
-
-    async def push(self, delta: str) -> None:
-        self.writer.push(delta)
 
     async def finish(self, answer: Answer) -> None:
         self.sink.tail = final_blocks(answer, feedback=self.settings.feedback,
@@ -683,7 +691,7 @@ def make_client(settings: SlackSettings) -> AsyncWebClient:
     return client
 
 
-def make_budget(settings: SlackSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:
+def make_rates(settings: SlackSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:
     """The app's Slack rates: the built-in tiers with ``slack.rate_limits`` over them, in buckets every
     replica shares in ``redis`` (``{prefix}rate:slack:{scope}:{method}``), or this process's without it."""
     rates = dict(DEFAULT_RATES)
@@ -691,4 +699,4 @@ def make_budget(settings: SlackSettings, redis: Any = None, prefix: str = "kbbot
         burst = rates[method].burst if method in rates else 1
         rates[method] = Rate(float(per_minute), burst=burst)
     store = RedisBuckets(redis, prefix=f"{prefix}rate:slack:") if redis is not None else None
-    return RateBudget(rates, store=store)
+    return PlatformRates(rates, store=store)

@@ -7,7 +7,7 @@
 - the final message's blocks (``final_blocks``): the sources as a context block numbered like the
   ``[n]`` markers, Slack's 👍/👎 feedback buttons, and for reviewers "✅ Approve" under an answer
   offered to the answer cache or "Withdraw approval" under one served from it (``reviewed_blocks``
-  then shows who approved); the review texts in English and Chinese.
+  then shows who approved), in the words of the catalogue (``bot.messages``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from bot.conversation import ReviewStatus
+from bot.messages import MESSAGES, say
 from bot.types import Answer, Citation, Outcome
 
 FEEDBACK_ACTION = "kbbot_feedback"
@@ -22,29 +24,6 @@ APPROVE_ACTION = "kbbot_approve"
 WITHDRAW_ACTION = "kbbot_withdraw"
 REVIEW_BLOCK = "kbbot_review"  # block ids of the review buttons and of the note saying who approved
 REVIEW_NOTE_BLOCK = "kbbot_review_note"
-REVIEW_TEXTS: dict[str, dict[str, str]] = {
-    "approve": {"en": "✅ Approve", "zh": "✅ 批准"},
-    "withdraw": {"en": "Withdraw approval", "zh": "撤销批准"},
-    "approved": {"en": "✅ Approved by <@{user}>: the same question now gets this answer at once.",
-                 "zh": "✅ 已由 <@{user}> 批准：之后相同的问题会直接得到这个回答。"},
-    "withdrawn": {"en": "Approval withdrawn by <@{user}>: the question is answered afresh again.",
-                  "zh": "<@{user}> 已撤销批准：相同的问题将重新生成回答。"},
-    "not_reviewer": {"en": "Sorry, only kbbot reviewers can approve answers or withdraw approvals. "
-                           "Please ask whoever runs kbbot to add your user id to `slack.reviewers`.",
-                     "zh": "抱歉，只有 kbbot 审核人可以批准回答或撤销批准。如需权限，请联系 kbbot 的管理员将您的用户 ID "
-                           "加入 `slack.reviewers`。"},
-    "expired": {"en": "This answer can no longer be approved: approval is open for a limited time after an "
-                      "answer is sent, and only for the first answer of a thread. Ask again to get a new one.",
-                "zh": "这个回答已无法批准：回答发送后只在有限时间内可以批准，且仅限对话中的第一个回答。请重新提问。"},
-    "nothing_to_withdraw": {"en": "There is no approval of this answer to withdraw (it was already withdrawn, "
-                                  "or the knowledge base changed since).",
-                            "zh": "这个回答没有可撤销的批准（已被撤销，或知识库已更新）。"},
-    "disabled": {"en": "Approved answers are turned off (`memory.approved_answers`).",
-                 "zh": "已关闭批准回答功能（`memory.approved_answers`）。"},
-    "failed": {"en": "Sorry, that could not be saved right now. Please try again.",
-               "zh": "抱歉，暂时无法保存，请重试。"},
-}
-
 
 _WORD_JOINER = "\u2060"  # invisible; keeps "@channel" from being read as a mention
 _SPECIAL_MENTION = re.compile(r"<!(channel|here|everyone)(?:\|[^>]*)?>", re.IGNORECASE)
@@ -135,19 +114,23 @@ def feedback_block(turn_id: str) -> dict[str, Any]:
     }]}
 
 
-def review_text(key: str, language: str = "en", **values: str) -> str:
-    table = REVIEW_TEXTS[key]
-    return table.get(language, table["en"]).format(**values)
+def review_text(status: ReviewStatus, language: str = "en", **values: str) -> str:
+    """The catalogue's words for a review's outcome; with ``user`` (a mention), the note under the
+    answer that says who approved or withdrew it."""
+    key = f"review_{status.value}"
+    if "user" in values and f"{key}_by" in MESSAGES:
+        key = f"{key}_by"
+    return say(key, language, **values)
 
 
 def review_block(turn_id: str, *, approved: bool, language: str = "en") -> dict[str, Any]:
     """"✅ Approve" (not yet approved) or "Withdraw approval"; the value is only the turn id."""
     if approved:
         button = {"type": "button", "action_id": WITHDRAW_ACTION, "value": turn_id, "style": "danger",
-                  "text": {"type": "plain_text", "text": review_text("withdraw", language)}}
+                  "text": {"type": "plain_text", "text": say("withdraw", language), "emoji": True}}
     else:
         button = {"type": "button", "action_id": APPROVE_ACTION, "value": turn_id, "style": "primary",
-                  "text": {"type": "plain_text", "text": review_text("approve", language), "emoji": True}}
+                  "text": {"type": "plain_text", "text": say("approve", language), "emoji": True}}
     return {"type": "actions", "block_id": REVIEW_BLOCK, "elements": [button]}
 
 

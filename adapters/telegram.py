@@ -3,14 +3,18 @@
 Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long polling (any webhook is
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
-for the conversation service (``bot/conversation.py``, which owns every flow: claims, turns, clicks,
-commands) with a ``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or
-edits, the final messages with sources and 👍/👎, the rate budget); texts, entities and buttons are
-built in ``adapters/telegram_text.py``. A Bot API server without ``sendMessageDraft`` is remembered
-for an hour, so later answers edit directly.
+for the conversation service (``bot/conversation.py``: turns, clicks, commands) with a
+``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or edits, the final messages with
+sources and 👍/👎, the rate tiers); texts, entities and buttons are built in
+``adapters/telegram_text.py``, the words come from ``bot/messages.py``. Every handler passes the
+delivery layer's gate first (``bot/delivery.py``: tracking, the access checks this adapter registers
+once, claims, take-over). A Bot API server without ``sendMessageDraft`` is remembered for an hour
+(``Delivery.refusals``), so later answers edit directly.
 
-An update delivered twice (webhook retry, restart during polling) is claimed in the shared
-``Idempotency`` store by bot id and update id (and released when the turn fails).
+Access is checked before anything is claimed: a stranger's messages claim nothing (they are refused
+once, remembered for 30 days). An update delivered twice (webhook retry, restart during polling) is
+claimed in the shared ``Idempotency`` store by bot id and update id: a question's claim is kept after
+its answer (released when the turn fails), a command's is finished whatever the command does.
 
 Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
 services) and ``/refresh [SOURCE]``; anyone else is politely refused.
@@ -32,7 +36,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiogram import Bot, Dispatcher, F, Router
@@ -48,7 +52,7 @@ from adapters.telegram_reply import (
     TelegramSink,
     is_not_modified,
     make_bot,
-    make_budget,
+    make_rates,
 )
 from adapters.telegram_text import (
     APPROVE_PREFIX,
@@ -58,37 +62,29 @@ from adapters.telegram_text import (
     is_review_button,
     plain_parts,
     review_row,
-    text_for,
     user_language,
 )
 from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
 from bot.memory_commands import VERBS as PREFERENCE_VERBS
+from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
 from bot.settings_base import reveal
-from bot.state import TaskSet
-from bot.streaming import RateBudget, RetryAfter
+from bot.state import Claim
+from bot.streaming import PlatformRates, RetryAfter
 from bot.types import Inquiry
 from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
 
-#: What ``bot.types.Trace`` makes turn ids of: uuid4 hex.
-TURN_ID = re.compile(r"[0-9a-f]{32}")
-
-DRAFT_REFUSAL_MEMORY_S = 3600.0
+#: How long a stranger's refusal is remembered (they are told once).
 REFUSAL_MEMORY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
-#: The words (``text_for`` keys) for what a review click or an admin command came to.
-REVIEW_TEXTS = {ReviewStatus.NOT_REVIEWER: "not_reviewer", ReviewStatus.DISABLED: "approvals_off",
-                ReviewStatus.EXPIRED: "expired", ReviewStatus.NOTHING_TO_WITHDRAW: "nothing_to_withdraw",
-                ReviewStatus.FAILED: "review_failed"}
-#: What a half-written answer of a process that died says when Telegram will not let it be deleted.
-INTERRUPTED = {"en": "(This answer was interrupted; it continues below.)", "zh": "（此回答已中断，完整回答见下方。）"}
-ADMIN_TEXTS = {AdminStatus.NOT_ADMIN: "not_admin", AdminStatus.UNAVAILABLE: "no_admin",
-               AdminStatus.FAILED: "admin_failed"}
+#: How the catalogue's words name this platform's commands and settings.
+NAMES = {"commands": "/status and /refresh", "admins": "telegram.admins", "reviewers": "telegram.reviewers"}
 
 
 class TelegramAdapter:
@@ -97,16 +93,17 @@ class TelegramAdapter:
     name = "telegram"
 
     def __init__(self, conversations: Conversations, settings: TelegramSettings, *, bot: Bot | None = None,
-                 budget: RateBudget | None = None):
+                 rates: PlatformRates | None = None):
         self.conversations = conversations
         self.settings = settings
-        self.budget = budget or make_budget(settings)
+        self.rates = rates or make_rates(settings)
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
         self.dp.include_router(self._router())
         self.username: str | None = None
-        self._tasks = TaskSet()
-        self._no_drafts_until = 0.0
+        self.delivery = Delivery(conversations, self)
+        self.delivery.check(self._chat_allowed)
+        self.delivery.check(self._user_allowed)
         self._polling: asyncio.Task[None] | None = None
 
     @property
@@ -164,20 +161,31 @@ class TelegramAdapter:
 
     def health(self) -> dict[str, Any]:
         body = {"mode": "webhook" if self.settings.webhook_mode else "polling", "username": self.username,
-                "turns_in_progress": len(self._tasks)}
+                "turns_in_progress": self.delivery.in_progress}
         if self._polling is not None and self._polling.done():  # long polling that died stops all updates
             body.update(status="down", error="polling stopped")
         return body
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        await self._tasks.drain(timeout_s)
+        await self.delivery.drain(timeout_s)
 
     async def settle(self, quiet_s: float = 0.1) -> None:
         """Wait until every received update has been handled (tests)."""
-        await self._tasks.settle(quiet_s)
+        await self.delivery.settle(quiet_s)
 
-    def _track(self) -> None:
-        self._tasks.track_current()
+    # --- access checks (registered once with the delivery layer's gate) ------------------------------
+    def _chat_allowed(self, access: Access) -> str | None:
+        """In groups, only ``telegram.allowed_chats`` (when set) are answered."""
+        if access.what != "click" and not access.private and self.settings.allowed_chats \
+                and access.chat not in self.settings.allowed_chats:
+            return f"chat {access.chat} is not in telegram.allowed_chats"
+        return None
+
+    def _user_allowed(self, access: Access) -> str | None:
+        """Questions, commands and clicks from ``telegram.allowed_users`` (everyone when it is empty)."""
+        if self.settings.allowed_users and access.user not in self.settings.allowed_users:
+            return f"user {access.user} is not in telegram.allowed_users"
+        return None
 
     # --- who and where ---------------------------------------------------------------------------------
     def _addressed(self, message: Message) -> bool:
@@ -223,29 +231,52 @@ class TelegramAdapter:
                             topic=topic, reply_to=None if private else message.message_id,
                             question_id=message.message_id)
 
-    async def _gate(self, message: Message, update: Update | None) -> list[str] | None:
-        """Claims for an update kbbot should handle, or ``None`` (ignored, refused or a duplicate)."""
+    def _access(self, message: Message, what: str) -> Access:
+        return Access(what, str(message.from_user.id if message.from_user else ""), str(self.bot_id),
+                      str(message.chat.id), private=message.chat.type == ChatType.PRIVATE)
+
+    async def _admitted(self, message: Message) -> bool:
+        """Whether kbbot handles ``message``: from a person, addressed to it (in groups), and past the
+        access checks; a stranger is told once. Nothing is claimed before this says yes."""
         user = message.from_user
         if user is None or user.is_bot:
-            return None
-        s = self.settings
-        if message.chat.type != ChatType.PRIVATE:
-            if not s.groups_enabled or not self._addressed(message):
-                return None
-            if s.allowed_chats and str(message.chat.id) not in s.allowed_chats:
-                log.info("ignoring a message in chat %s: not in telegram.allowed_chats", message.chat.id)
-                return None
+            return False
+        if message.chat.type != ChatType.PRIVATE and (not self.settings.groups_enabled or not self._addressed(message)):
+            return False
+        access = self._access(message, "command" if self._command(message) else "question")
+        if self.delivery.admit(access):
+            return True
+        if self._chat_allowed(access) is None and self._user_allowed(access) is not None:
+            await self._refuse_once(message)
+        return False
+
+    def _keys(self, message: Message, update: Update | None) -> list[str]:
         keys = [f"telegram:update:{self.bot_id}:{update.update_id}"] if update is not None else []
         keys.append(f"telegram:message:{self.bot_id}:{message.chat.id}:{message.message_id}")
-        claimed = await self.conversations.claim(keys, s.dedupe_ttl_s, lease_s=s.claim_lease_s)
-        if claimed is None:
-            log.info("update %s was already handled; not answering twice",
-                     update.update_id if update is not None else "?")
-            return None
-        if s.allowed_users and str(user.id) not in s.allowed_users:
-            await self._refuse_once(message)
-            return None
-        return claimed
+        return keys
+
+    async def _claim(self, message: Message, update: Update | None) -> Claim | None:
+        """A question's claim (kept after its answer), or None for a redelivery."""
+        claim = await self.delivery.claim(self._keys(message, update), self.settings.dedupe_ttl_s,
+                                          self.settings.claim_lease_s)
+        if claim is None:
+            log.info("update %s was already handled; not answering twice", update.update_id if update else "?")
+        return claim
+
+    @contextlib.asynccontextmanager
+    async def _command_claim(self, message: Message, update: Update | None) -> AsyncIterator[Claim | None]:
+        """The claim of a command meant for kbbot (in a private chat, or addressed to it in a group) that
+        passes the gate, finished however the command ends (``Delivery.claimed``); None: not for kbbot,
+        refused, or a redelivery."""
+        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/") \
+                or not await self._admitted(message):
+            yield None
+            return
+        async with self.delivery.claimed(self._keys(message, update), self.settings.dedupe_ttl_s,
+                                         self.settings.claim_lease_s) as claim:
+            if claim is None:
+                log.info("update %s was already handled; not answering twice", update.update_id if update else "?")
+            yield claim
 
     async def _refuse_once(self, message: Message) -> None:
         user = message.from_user
@@ -258,11 +289,11 @@ class TelegramAdapter:
             return
         if first:
             language = user_language(user.language_code, message.text or "")
-            await self._say(message, text_for("refused", language))
+            await self._say(message, say("refused", language))
 
     async def _say(self, message: Message, text: str) -> None:
         where = self._where(message)
-        sink = TelegramSink(self.bot, where, self.settings, self.budget, draft=False)
+        sink = TelegramSink(self.bot, where, self.settings, self.rates, draft=False)
         for attempt in range(4):
             try:
                 await sink.post(Rendered(text))
@@ -274,66 +305,54 @@ class TelegramAdapter:
 
     # --- handlers ------------------------------------------------------------------------------------
     async def _on_help(self, message: Message, event_update: Update | None = None) -> None:
-        self._track()
-        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
-            return
-        if await self._gate(message, event_update) is None:
-            return
-        user = message.from_user
-        language = user_language(user.language_code if user else None, self._question(message))
-        await self._say(message, text_for("help", language))
+        async with self._command_claim(message, event_update) as claim:
+            if claim is None:
+                return
+            user = message.from_user
+            language = user_language(user.language_code if user else None, self._question(message))
+            await self._say(message, say("help", language))
 
     async def _on_new(self, message: Message, event_update: Update | None = None) -> None:
-        self._track()
-        claimed = await self._gate(message, event_update)
-        if claimed is None:
-            return
-        where = self._where(message)
-        user = message.from_user
-        language = user_language(user.language_code if user else None, self._question(message))
-        if not await self.conversations.start_afresh(where.key):
-            await self.conversations.release(claimed)
-            await self._say(message, text_for("crashed", language))
-            return
-        await self._say(message, text_for("new", language))
-
-    async def _command_sender(self, message: Message, event_update: Update | None) -> Any:
-        """The sender of a command meant for kbbot (in a private chat, or addressed to it in a group)
-        that passes the access gate; None otherwise."""
-        self._track()
-        if message.chat.type != ChatType.PRIVATE and not self._command_is_ours(self._command(message) or "/"):
-            return None
-        if await self._gate(message, event_update) is None:
-            return None
-        return message.from_user
+        async with self._command_claim(message, event_update) as claim:
+            if claim is None:
+                return
+            where = self._where(message)
+            user = message.from_user
+            language = user_language(user.language_code if user else None, self._question(message))
+            if not await self.conversations.start_afresh(where.key):
+                await claim.finish(answered=False)  # a redelivery may try again
+                await self._say(message, say("crashed", language))
+                return
+            await self._say(message, say("new", language))
 
     async def _on_admin(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/status`` and ``/refresh [SOURCE]``: admins only (``telegram.admins``)."""
-        user = await self._command_sender(message, event_update)
-        if user is None:
-            return
-        language = user_language(user.language_code, "")
+        async with self._command_claim(message, event_update) as claim:
+            if claim is None or (user := message.from_user) is None:
+                return
+            language = user_language(user.language_code, "")
 
-        async def started(source: str | None) -> None:
-            if command.command == "refresh":
-                await self._say(message, text_for("refreshing", language).format(what=source or "every source"))
+            async def started(source: str | None) -> None:
+                if command.command == "refresh":
+                    await self._say(message, say("refreshing", language, what=source or say("every_source", language)))
 
-        result = await self.conversations.admin_command(
-            command.command, (command.args or "").strip() or None, user=str(user.id),
-            is_admin=str(user.id) in self.settings.admins, started=started)
-        text = result.text if result.status in (AdminStatus.DONE, AdminStatus.REFUSED) else text_for(
-            ADMIN_TEXTS[result.status], language)
-        for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *
-            await self._say(message, part)
+            result = await self.conversations.admin_command(
+                command.command, (command.args or "").strip() or None, user=str(user.id),
+                is_admin=str(user.id) in self.settings.admins, started=started)
+            text = result.text if result.status in (AdminStatus.DONE, AdminStatus.REFUSED) else say(
+                f"admin_{result.status.value}", language, **NAMES)
+            for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *
+                await self._say(message, part)
 
     async def _on_question(self, message: Message, event_update: Update | None = None) -> None:
-        self._track()
         command = self._command(message)
         if command is not None:
             if self._command_is_ours(command):
                 await self._on_help(message, event_update)  # an unknown command: say what kbbot does
             return
-        claimed = await self._gate(message, event_update)
+        if not await self._admitted(message):
+            return
+        claimed = await self._claim(message, event_update)
         if claimed is None:
             return
         where = self._where(message)
@@ -345,80 +364,64 @@ class TelegramAdapter:
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
                           spaces=self.settings.spaces_for(str(where.chat_id)))
-        await self.conversations.answer(inquiry, self._reply(where, language), claimed=claimed,
-                                        crashed=text_for("crashed", language),
-                                        event_id=str(event_update.update_id if event_update is not None else 0),
-                                        kind="private" if where.private else "group",
-                                        target={"chat": dataclasses.asdict(where), "language": language})
+        await self.delivery.answer(inquiry, self._reply(where, language), claim=claimed,
+                                   crashed=say("crashed", language),
+                                   event_id=str(event_update.update_id if event_update is not None else 0),
+                                   kind="private" if where.private else "group",
+                                   target={"chat": dataclasses.asdict(where), "language": language})
 
     def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
-        draft = where.private and self.settings.stream_mode == "draft" and time.monotonic() >= self._no_drafts_until
+        draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refusals.refused("drafts")
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
-        review = self.conversations.answers is not None and (
+        review = self.conversations.approved is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
-        return TelegramReply(self.bot, where, self.settings, self.budget, draft=draft, language=language,
+        return TelegramReply(self.bot, where, self.settings, self.rates, draft=draft, language=language,
                              on_drafts_unavailable=self._drafts_unavailable, review=review,
-                             background=self._tasks.track)
+                             background=self.delivery.background)
 
-    # --- turns taken over from a process that died (bot.pending.Resumer) ------------------------------
-    async def resume(self, turn: PendingTurn) -> TelegramReply:
-        where = TelegramChat(**turn.target["chat"])
-        language = str(turn.target.get("language") or "en")
-        for message_id in turn.messages:
-            await self._retire(where, int(message_id), language)
-        return self._reply(where, language)
+    # --- what the delivery layer asks of Telegram (bot.delivery.Platform) ----------------------------
+    async def account(self) -> str:
+        return f"telegram:{self.bot_id}"
 
-    async def _retire(self, where: TelegramChat, message_id: int, language: str) -> None:
-        """A message the dead process left half-written is deleted, so the chat ends with one whole answer;
-        where Telegram refuses (e.g. older than 48 h), it is edited to say the answer continues below."""
-        try:
-            await self.bot.delete_message(chat_id=where.chat_id, message_id=message_id)
-            return
-        except TelegramAPIError as exc:
-            log.info("chat %s: could not delete the interrupted message %s (%s); marking it", where.chat_id,
-                     message_id, exc)
-        try:
-            await self.bot.edit_message_text(text=INTERRUPTED.get(language, INTERRUPTED["en"]), chat_id=where.chat_id,
-                                             message_id=message_id)
-        except TelegramAPIError as exc:
-            log.warning("chat %s: the interrupted message %s stays as it was (%s)", where.chat_id, message_id, exc)
+    def rebuild(self, turn: PendingTurn) -> TelegramReply:
+        return self._reply(TelegramChat(**turn.target["chat"]), str(turn.target.get("language") or "en"))
 
-    def message_ids(self, reply: TelegramReply) -> list[str]:
-        return [str(posted.message_id) for posted in reply.sink.posted]
+    async def delete(self, target: dict[str, Any], message_id: str) -> bool:
+        await self.bot.delete_message(chat_id=int(target["chat"]["chat_id"]), message_id=int(message_id))
+        return True
+
+    async def edit(self, target: dict[str, Any], message_id: str, text: str) -> None:
+        await self.bot.edit_message_text(text=text, chat_id=int(target["chat"]["chat_id"]), message_id=int(message_id))
 
     def _drafts_unavailable(self) -> None:
         log.warning("this Bot API server has no sendMessageDraft; editing messages for %.0f min",
-                    DRAFT_REFUSAL_MEMORY_S / 60)
-        self._no_drafts_until = time.monotonic() + DRAFT_REFUSAL_MEMORY_S
+                    self.delivery.refusals.memory_s / 60)
+        self.delivery.refusals.refuse("drafts")
 
-    def _click_allowed(self, query: CallbackQuery) -> bool:
-        """A button click by someone ``telegram.allowed_users`` admits (everyone when it is empty)."""
-        allowed = self.settings.allowed_users
-        if allowed and str(query.from_user.id) not in allowed:
-            log.info("ignoring a click by %s: not in telegram.allowed_users", query.from_user.id)
-            return False
-        return True
+    def _admit_click(self, query: CallbackQuery, turn_id: str) -> bool:
+        message = query.message
+        chat = str(message.chat.id) if message is not None else ""
+        return self.delivery.admit(Access("click", str(query.from_user.id), str(self.bot_id), chat, turn_id=turn_id))
 
     @staticmethod
-    def _our_button(query: CallbackQuery, turn_id: str) -> bool:
-        """Whether the click names a turn id kbbot made (a uuid4 hex) on a button of the very message it
-        came from. Callback data is only bytes a client sends back: checked, an invented turn id never
-        becomes a stored key."""
+    def _our_button(query: CallbackQuery) -> bool:
+        """Whether the click came from a button of the very message it names (the gate has checked that
+        the turn id is one kbbot makes). Callback data is only bytes a client sends back: checked, an
+        invented value never becomes a stored key."""
         message = query.message
-        if not TURN_ID.fullmatch(turn_id) or not isinstance(message, Message) or message.reply_markup is None:
+        if not isinstance(message, Message) or message.reply_markup is None:
             return False
         return any(button.callback_data == query.data for row in message.reply_markup.inline_keyboard
                    for button in row)
 
     async def _on_feedback(self, query: CallbackQuery) -> None:
-        self._track()
         _, _, rest = (query.data or "").partition(":")
         rating, _, turn_id = rest.partition(":")
         language = user_language(query.from_user.language_code if query.from_user else None)
-        if not self._click_allowed(query):
+        if not self._admit_click(query, turn_id):
             await self._answer_callback(query, None)
             return
-        if rating not in ("up", "down") or not self._our_button(query, turn_id):
+        if rating not in ("up", "down") or not self._our_button(query):
             log.warning("ignoring a feedback click that names no turn of this message: %r", query.data)
             await self._answer_callback(query, None)
             return
@@ -427,26 +430,25 @@ class TelegramAdapter:
                         channel=str(message.chat.id) if message is not None else "",
                         message_id=str(message.message_id) if message is not None else "", platform="telegram")
         saved = await self.conversations.record_feedback(item)
-        await self._answer_callback(query, text_for("thanks" if saved else "feedback_failed", language))
+        await self._answer_callback(query, say("thanks" if saved else "feedback_failed", language))
 
     async def _on_prefs(self, message: Message, command: CommandObject, event_update: Update | None = None) -> None:
         """``/prefs …``, ``/remember on|off``, ``/forget``: the sender's answering preferences."""
-        user = await self._command_sender(message, event_update)
-        if user is None:
-            return
-        words = [command.command.lower(), *(command.args or "").split()]
-        text = await self.conversations.memory_command("telegram", str(self.bot_id), str(user.id), words,
-                                                       prefix="/", language=user_language(user.language_code))
-        await self._say(message, text)
+        async with self._command_claim(message, event_update) as claim:
+            if claim is None or (user := message.from_user) is None:
+                return
+            words = [command.command.lower(), *(command.args or "").split()]
+            text = await self.conversations.memory_command("telegram", str(self.bot_id), str(user.id), words,
+                                                           prefix="/", language=user_language(user.language_code))
+            await self._say(message, text)
 
     async def _on_review(self, query: CallbackQuery) -> None:
         """A click on "✅ Approve" or "↩️ Withdraw approval": reviewers only, by turn id."""
-        self._track()
         prefix, _, turn_id = (query.data or "").partition(":")
         approving = prefix == APPROVE_PREFIX
         user = str(query.from_user.id)
         language = user_language(query.from_user.language_code)
-        if not turn_id or not self._click_allowed(query):
+        if not self._admit_click(query, turn_id):
             await self._answer_callback(query, None)
             return
         review = await self.conversations.review(turn_id, approving=approving,
@@ -455,9 +457,9 @@ class TelegramAdapter:
                                                  tenant=f"telegram:{self.bot_id}")
         if review.status in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
             await self._swap_review_button(query, turn_id, approved=approving, language=language)
-            await self._answer_callback(query, text_for(review.status.value, language))
+            await self._answer_callback(query, say(f"review_{review.status.value}", language))
             return
-        await self._answer_callback(query, text_for(REVIEW_TEXTS[review.status], language), alert=True)
+        await self._answer_callback(query, say(f"review_{review.status.value}", language, **NAMES), alert=True)
 
     async def _swap_review_button(self, query: CallbackQuery, turn_id: str, *, approved: bool, language: str) -> None:
         message = query.message

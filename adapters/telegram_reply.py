@@ -15,6 +15,9 @@
   message; the final call reconciles every message already sent with the final parts;
 - a failed turn ends with the Answerer's friendly message in the chat.
 
+Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
+``reconcile``); this module supplies Telegram's calls for them.
+
 Every send and edit takes a token from its chat's bucket and from the bot-wide one (``BOT_SEND``),
 shared by all answers; intermediate states go only with budget to spare in both. Also here: the
 aiogram ``Bot`` (``make_bot``).
@@ -43,10 +46,11 @@ from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, Reaction
 from aiogram.utils.token import extract_bot_id
 
 from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
+from bot.delivery import StreamedReply, reconcile, show_failure
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import COMPLETES, STARTS, Cadence, Priority, Rate, RateBudget, RetryAfter, StreamWriter, in_background
+from bot.streaming import COMPLETES, STARTS, Cadence, PlatformRates, Priority, Rate, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")
@@ -98,12 +102,12 @@ class TelegramSink:
     filled. The final call reconciles every posted message with the final parts.
     """
 
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
         self.bot = bot
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.limit = settings.max_message_units
         self.draft = draft
         self.draft_id = random.randint(1, 2**31 - 1)
@@ -124,7 +128,7 @@ class TelegramSink:
         answer's first or final text."""
         if final or self._prepaid or not (self.posted or self.drafted):
             return True
-        self._prepaid = await self.budget.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        self._prepaid = await self.rates.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
         return self._prepaid
 
     async def send(self, text: str, final: bool) -> bool:
@@ -159,41 +163,38 @@ class TelegramSink:
 
     async def _send_final(self, markdown: str) -> None:
         parts = final_parts(markdown, self.citations, self.limit, self.language)
-        for i, part in enumerate(parts):
-            markup = self.markup if i == len(parts) - 1 else None
-            if i < len(self.posted):
-                posted = self.posted[i]
-                if posted.shown != part or _markup_key(posted.markup) != _markup_key(markup):
-                    await self._edit(posted, part, markup)
-            else:
-                await self.post(part, markup)
-        while len(self.posted) > len(parts):  # the final text is shorter than what was shown
-            extra = self.posted[-1]
+
+        def markup(last: bool) -> InlineKeyboardMarkup | None:
+            return self.markup if last else None
+
+        async def delete(extra: _Posted) -> None:
             try:
                 await self._call("deleteMessage", lambda: self.bot.delete_message(
                     chat_id=self.where.chat_id, message_id=extra.message_id))
             except TelegramBadRequest as exc:
                 log.warning("could not delete a superseded message %s: %s", extra.message_id, exc.message)
-            self.posted.pop()
+            self.posted.remove(extra)
+
+        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.shown == part and _markup_key(
+            posted.markup) == _markup_key(markup(last)), edit=lambda posted, part, last: self._edit(
+            posted, part, markup(last)), add=lambda part, last: self.post(part, markup(last)), delete=delete)
 
     # --- failure -----------------------------------------------------------------------------------
-    async def show_failure(self, message: str, *, attempts: int = 4) -> None:
+    async def show_failure(self, message: str) -> None:
         """Show ``message`` in the chat: in the message being filled, else as a new message."""
         body = Rendered(f"⚠️ {message}")
-        for attempt in range(attempts):
+
+        async def replace() -> bool:
+            if not self.posted or self.draft:
+                return False
             try:
-                if self.posted and not self.draft:
-                    try:
-                        await self._edit(self.posted[-1], body, None)
-                        return
-                    except TelegramBadRequest as exc:
-                        log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
-                await self.post(body)
-                return
-            except RetryAfter as wait:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(wait.seconds)
+                await self._edit(self.posted[-1], body, None)
+                return True
+            except TelegramBadRequest as exc:
+                log.warning("could not replace the partial answer (%s); sending the failure", exc.message)
+                return False
+
+        await show_failure(replace, lambda: self.post(body))
 
     # --- building blocks ---------------------------------------------------------------------------
     async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
@@ -201,14 +202,14 @@ class TelegramSink:
         if budgeted and self._prepaid:
             self._prepaid = False
         elif budgeted:
-            await self.budget.acquire(scope, "send")
-            await self.budget.acquire("bot", BOT_SEND)
+            await self.rates.acquire(scope, "send")
+            await self.rates.acquire("bot", BOT_SEND)
         self.calls += 1
         try:
             return await call()
         except TelegramRetryAfter as exc:
             if budgeted:
-                await self.budget.hold(scope, "send", exc.retry_after)
+                await self.rates.hold(scope, "send", exc.retry_after)
             raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
 
     async def _with_plain_fallback(self, method: str, part: Rendered,
@@ -284,7 +285,7 @@ def _reply_parameters(message_id: int) -> Any:
     return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
 
 
-class TelegramReply:
+class TelegramReply(StreamedReply):
     """``Reply`` for one Telegram answer: acknowledged on receipt, drafts or edits, the final messages.
 
     The acknowledgement (``Acknowledges``): "typing…" as soon as the question is taken, before its turn
@@ -297,7 +298,7 @@ class TelegramReply:
 
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
 
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, budget: RateBudget, *,
+    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
                  review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.bot = bot
@@ -306,16 +307,16 @@ class TelegramReply:
         self.review = review  # show the approve / withdraw button (someone here may use it)
         self.where = where
         self.settings = settings
-        self.budget = budget
+        self.rates = rates
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
         self._on_drafts_unavailable = on_drafts_unavailable
-        self.sink = TelegramSink(bot, where, settings, budget, draft=draft, on_draft_refused=self._drafts_refused)
+        self.sink = TelegramSink(bot, where, settings, rates, draft=draft, on_draft_refused=self._drafts_refused)
         self.sink.language = language
         self.sink.on_first_text = self._stop_typing
         self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
         self._typing: asyncio.Task[None] | None = None
-        self._taken_at = budget.clock()
+        self._taken_at = rates.clock()
         #: The reaction put on the question (taken back with the answer), if any.
         self.reacted: str | None = None
         self.failed: str | None = None
@@ -335,16 +336,16 @@ class TelegramReply:
         worth trying again), None when it was not made (no spare budget, or flood control: the chat's
         bucket is then held for everyone)."""
         if priority is None:
-            if not await self.budget.try_acquire_all(*self._budgets()):
+            if not await self.rates.try_acquire_all(*self._budgets()):
                 return None
         else:
             for scope, method in self._budgets():
-                await self.budget.acquire(scope, method, priority)
+                await self.rates.acquire(scope, method, priority)
         try:
             await call()
             return True
         except TelegramRetryAfter as exc:
-            await self.budget.hold(str(self.where.chat_id), "send", exc.retry_after)
+            await self.rates.hold(str(self.where.chat_id), "send", exc.retry_after)
             return None
         except TelegramAPIError as exc:  # a courtesy: the answer comes anyway
             log.info("chat %s: %s refused: %s", self.where.chat_id, what, exc)
@@ -393,16 +394,14 @@ class TelegramReply:
             in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
 
     # --- Reply ---------------------------------------------------------------------------------------
+    def message_ids(self) -> list[str]:
+        """``PostsMessages``: the ids of the messages sent for this answer so far (drafts have none)."""
+        return [str(posted.message_id) for posted in self.sink.posted]
+
     async def acknowledge(self) -> None:
         """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
         if self._typing is None and not (self.sink.posted or self.sink.drafted):
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
-
-    async def start(self) -> None:
-        await self.acknowledge()  # already done when the Answerer acknowledged first
-
-    async def push(self, delta: str) -> None:
-        self.writer.push(delta)
 
     async def finish(self, answer: Answer) -> None:
         self.sink.citations = list(answer.citations)
@@ -424,14 +423,14 @@ class TelegramReply:
         self._after_answer()
 
 
-def make_budget(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> RateBudget:
+def make_rates(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:
     """Every chat's budget and the bot-wide one, in buckets every replica of this bot shares in ``redis``
     (``{prefix}rate:telegram:{bot id}:{scope}:{method}``), or this process's without it."""
     store = None
     if redis is not None:
         bot_id = extract_bot_id(reveal(settings.token)) if settings.token is not None else 0
         store = RedisBuckets(redis, prefix=f"{prefix}rate:telegram:{bot_id}:")
-    return RateBudget(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, store=store)
+    return PlatformRates(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, store=store)
 
 
 def make_bot(settings: TelegramSettings) -> Bot:

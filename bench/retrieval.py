@@ -57,6 +57,7 @@ from bot.runtime import Runtime
 from bot.settings import load_settings
 from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text
+from pipelines.components.retrievers import retriever_for
 from pipelines.evaluation import corpus_documents, evaluate, index_corpus, load_queries
 from pipelines.indexing import build_indexing_pipeline
 from pipelines.store import DocRecord, InMemoryKnowledgeStore, chunk_id, open_store
@@ -302,7 +303,7 @@ def synthesised(chunks: list[Document], scale: int) -> list[Document]:
 
 
 def memory_latency(store: InMemoryKnowledgeStore, queries: list[Any], vectors: list[list[float]]) -> dict[str, Any]:
-    retriever = store.retriever(mode="hybrid", candidates=30)
+    retriever = retriever_for(store, mode="hybrid", candidates=30)
     ms = []
     for q, v in zip(queries, vectors):
         t = time.perf_counter()

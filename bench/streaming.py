@@ -253,12 +253,12 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
         from bot.state import MemoryIdempotency
 
         asked: dict[str, float] = {}
-        from adapters.slack_reply import make_budget
+        from adapters.slack_reply import make_rates
         from bot.platform_settings import SlackSettings
 
-        budget = make_budget(SlackSettings(), redis, prefix=fresh_prefix())
+        rates = make_rates(SlackSettings(), redis, prefix=fresh_prefix())
         async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
-                             edit_interval_s=1.2, budget=budget) as slack:
+                             edit_interval_s=1.2, rates=rates) as slack:
             events = [slack.mention(f"{QUESTION} (ticket {i})?", user=f"U{i:04d}",
                                     channel=BUSY_CHANNEL if layout == "one" else f"C{i:04d}")
                       for i in range(n)]
@@ -287,7 +287,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int,
                        redis: Any = None) -> dict[str, Any]:
-    from adapters.telegram_reply import make_budget
+    from adapters.telegram_reply import make_rates
     from bot.platform_settings import TelegramSettings
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
@@ -306,9 +306,9 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
                 naive = NaiveAnswerer(runtime.answerer, make)
             from bot.state import MemoryIdempotency
 
-            budget = make_budget(TelegramSettings(token=fake.token), redis, prefix=fresh_prefix())
+            rates = make_rates(TelegramSettings(token=fake.token), redis, prefix=fresh_prefix())
             tg = await stack.enter_async_context(telegram_bot(runtime, fake, idempotency=MemoryIdempotency(),
-                                                              answerer=naive, budget=budget, stream_mode="edit",
+                                                              answerer=naive, rates=rates, stream_mode="edit",
                                                               edit_interval_s=1.0))
             if strategy == "naive":
                 holder["bot"] = tg.adapter.bot
@@ -395,27 +395,27 @@ def fresh_prefix() -> str:
 
 
 async def bucket_cost(redis: Any, n: int = 2000) -> list[dict[str, Any]]:
-    """What one token costs the caller: ``RateBudget.acquire`` of a bucket that always has one, in this
+    """What one token costs the caller: ``PlatformRates.acquire`` of a bucket that always has one, in this
     process and in Redis (one Lua script per token), in µs."""
     from bot.rate_buckets import RedisBuckets
-    from bot.streaming import Rate, RateBudget
+    from bot.streaming import PlatformRates, Rate
 
     rows = []
     stores = {"memory": None, **({"redis": RedisBuckets(redis, fresh_prefix())} if redis is not None else {})}
     for name, store in stores.items():
-        budget = RateBudget({"m": Rate(per_minute=1e9, burst=n + 1)}, store=store)
+        rates = PlatformRates({"m": Rate(per_minute=1e9, burst=n + 1)}, store=store)
         started = time.perf_counter()
         # A burst of 64 at once opens the connections a long-running replica's pool holds: the first
         # burst of a cold pool pays for opening them (reported as cold_burst_ms), later ones do not.
-        await asyncio.gather(*(budget.acquire("warm", "m") for _ in range(64)))
+        await asyncio.gather(*(rates.acquire("warm", "m") for _ in range(64)))
         cold = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        await asyncio.gather(*(budget.acquire("warm", "m") for _ in range(64)))
+        await asyncio.gather(*(rates.acquire("warm", "m") for _ in range(64)))
         warm = (time.perf_counter() - started) * 1000
         times = []
         for _ in range(n):
             started = time.perf_counter()
-            await budget.acquire("T", "m")
+            await rates.acquire("T", "m")
             times.append((time.perf_counter() - started) * 1e6)
         rows.append({"store": name, "acquires": n, "us_p50": pct(times, 0.5), "us_p95": pct(times, 0.95),
                      "cold_burst_of_64_ms": round(cold, 1), "warm_burst_of_64_ms": round(warm, 1)})
@@ -489,7 +489,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(table(result["rows"], columns, ["platform", "channels", "budget", "strategy", "N", "ack p50", "ack p95",
                                           "first p50", "first p95", "final p50", "final p95", "calls/answer",
                                           "429s", "lost"]))
-    print("\nOne token (RateBudget.acquire of a bucket with tokens to spare), µs:")
+    print("\nOne token (PlatformRates.acquire of a bucket with tokens to spare), µs:")
     print(table(result["bucket_cost"], ["store", "acquires", "us_p50", "us_p95", "cold_burst_of_64_ms", "warm_burst_of_64_ms"],
                 ["store", "acquires", "p50", "p95", "64 at once, cold pool (ms)", "64 at once, warm (ms)"]))
 

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script (`python bench/tokenization.py`): the project's modules below
 
 from pipelines.components.embedders import load_e5  # noqa: E402
-from pipelines.components.retrievers import CurrentKnowledge  # noqa: E402
+from pipelines.components.retrievers import CurrentKnowledge, retriever_for  # noqa: E402
 from pipelines.store import DocRecord  # noqa: E402
 from pipelines.weaviate_store import (  # noqa: E402
     DEFAULT_TOKENIZATION,
@@ -449,7 +449,7 @@ def cmd_settle(args: argparse.Namespace) -> list[dict[str, Any]]:
                                    for j in range(1 + i % 3)])
 
                 publish(0)
-                retriever, current = store.retriever(mode="hybrid", candidates=30), CurrentKnowledge(store)
+                retriever, current = retriever_for(store, mode="hybrid", candidates=30), CurrentKnowledge(store)
                 done = threading.Event()
                 counts = {"queries": 0, "missing": 0, "mixed": 0}
                 lock = threading.Lock()

@@ -3,12 +3,14 @@
 An adapter translates its platform's events into calls here and renders what comes back; it holds
 no flow of its own. ``Conversations`` owns:
 
-- a turn: the dedupe claim (``claim``), then ``answer``: the turn recorded as pending while it runs
+- a turn: the dedupe claim (``claim``, a ``bot.state.Claim``), then ``answer``: the turn recorded as
+  pending while it runs
   (``bot/pending.py``), the Answerer (rate limits, capacity, the thread's lock, the pipeline,
   history), a friendly message when the turn crashes, the claim released when the turn failed (so a
   redelivery may try again), the log line and ``on_turn``;
-- the turns of a replica that died: ``recover`` takes over those whose lease expired and ``resume``
-  answers each through its platform's adapter (a ``Resumer``);
+- the turns of a replica that died: ``recover`` takes over those whose lease expired, of the platform
+  accounts this process serves, and ``resume`` answers each through that account's delivery layer
+  (``bot.delivery.Delivery``, a ``Resumer``, registered with ``serve``);
 - feedback clicks (👍 / 👎) and review clicks (approve / withdraw an answer, reviewers only);
 - admin commands (status, refresh a source) and memory commands (prefs, remember, forget, and
   starting a thread afresh).
@@ -32,10 +34,10 @@ from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.memory_commands import run_command
-from bot.pending import LeasedReply, PendingTurn, PendingTurns, Resumer, TurnLease, replica_id
+from bot.pending import LeasedReply, PendingTurn, PendingTurns, PostsMessages, Resumer, TurnLease, replica_id
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import HeldClaims, Idempotency, TaskSet, ThreadLocks, claim_all, hold_claims, release_all
+from bot.state import Claim, Idempotency, TaskSet, ThreadLocks, take_claim
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -86,6 +88,20 @@ class AdminResult:
 
 
 @dataclass
+class TakeOver:
+    """What answers the turns of replicas that died (``bot.pending``)."""
+
+    #: Accepted questions recorded until answered.
+    pending: PendingTurns
+    #: This process among the replicas (the owner of its pending turns).
+    replica: str = field(default_factory=replica_id)
+    #: Take-overs of one question before it is given up (``recovery.max_attempts``).
+    max_attempts: int = 3
+    #: Turns taken over per recovery round.
+    batch: int = 20
+
+
+@dataclass
 class Conversations:
     """One service for every platform; built by the composition root (``Runtime.conversations``)."""
 
@@ -94,54 +110,50 @@ class Conversations:
     history: HistoryStore
     thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
     feedback: FeedbackStore = field(default_factory=MemoryFeedback)
-    answers: AnswerCache | None = None  # None: approvals are off
+    approved: AnswerCache | None = None  # approved answers; None: approvals are off
     preferences: PreferenceStore | None = None
     turns: TurnRecorder | None = None
     admin: KnowledgeAdmin | None = None
     on_turn: Callable[[TurnRecord], None] | None = None
-    #: Accepted questions recorded until answered (``bot.pending``); None: not recorded.
-    pending: PendingTurns | None = None
-    #: This process among the replicas (the owner of its pending turns).
-    replica: str = field(default_factory=replica_id)
-    #: Platform name -> its adapter, which rebuilds the replies of turns taken over.
-    resumers: dict[str, Resumer] = field(default_factory=dict)
-    #: Take-overs of one question before it is given up (``recovery.max_attempts``).
-    max_attempts: int = 3
-    #: Turns taken over per recovery round.
-    recovery_batch: int = 20
+    #: None: turns are not recorded as pending (nothing is taken over).
+    takeover: TakeOver | None = None
+    #: The platform accounts whose turns this process takes over (``serve``).
+    resumers: list[Resumer] = field(default_factory=list)
     recovering: TaskSet = field(default_factory=TaskSet, init=False, repr=False)
 
+    def serve(self, resumer: Resumer) -> None:
+        """Take over the pending turns of ``resumer``'s platform account (the composition root registers
+        each chat platform's ``Delivery``)."""
+        self.resumers.append(resumer)
+
     # --- a turn -------------------------------------------------------------------------------------
-    async def claim(self, keys: list[str], ttl_s: float, *, lease_s: float | None = None) -> list[str] | None:
+    async def claim(self, keys: list[str], ttl_s: float, *, lease_s: float | None = None) -> Claim | None:
         """Claims an event's keys; None when it was already handled (a redelivery). With ``lease_s``
-        they are held on a lease renewed while the turn runs (``HeldClaims``): a replica that dies
-        mid-turn frees the event ``lease_s`` later for a redelivery to another."""
-        if lease_s is not None:
-            return await hold_claims(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
-        return await claim_all(self.idempotency, keys, ttl_s)
+        they are held on a lease renewed while the turn runs: a replica that dies mid-turn frees the
+        event ``lease_s`` later for a redelivery to another."""
+        return await take_claim(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
 
-    async def release(self, keys: list[str]) -> None:
-        await release_all(self.idempotency, keys)
-
-    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: list[str], event_id: str, kind: str,
-                     crashed: str = CRASHED, target: dict[str, Any] | None = None) -> Answer | None:
+    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | None, event_id: str, kind: str,
+                     crashed: str = CRASHED, target: dict[str, Any] | None = None,
+                     account: str = "") -> Answer | None:
         """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks. With
-        ``target`` (where the reply goes, as the platform's ``Resumer`` rebuilds it) and claims held on a
-        lease, the turn is recorded as pending until it ends: another replica answers it if this one dies."""
+        ``target`` (where the reply goes, as the platform rebuilds it), the platform ``account`` and a
+        claim held on a lease, the turn is recorded as pending until it ends: another replica serving
+        the account answers it if this one dies."""
         lease = None
-        if target is not None and self.pending is not None and isinstance(claimed, HeldClaims) and claimed:
-            turn = PendingTurn(id=claimed[-1], inquiry=inquiry, target=target, claim_keys=list(claimed),
+        if target is not None and account and self.takeover is not None and claimed is not None and claimed.held:
+            assert claimed.lease_s is not None
+            turn = PendingTurn(id=claimed.message_key, inquiry=inquiry, target=target, claim_keys=list(claimed.keys),
                                event_id=event_id, kind=kind, crashed=crashed, lease_s=claimed.lease_s,
-                               dedupe_ttl_s=claimed.ttl_s)
+                               dedupe_ttl_s=claimed.ttl_s, account=account)
             lease = await self._lease(turn, claimed, reply)
         return await self._turn(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind, crashed=crashed,
                                 lease=lease)
 
-    async def _lease(self, turn: PendingTurn, claims: HeldClaims, reply: Reply) -> TurnLease | None:
-        assert self.pending is not None
-        resumer = self.resumers.get(turn.platform)
-        lease = TurnLease(self.pending, turn, self.replica, claims=claims,
-                          messages=(lambda: resumer.message_ids(reply)) if resumer is not None else None)
+    async def _lease(self, turn: PendingTurn, claim: Claim, reply: Reply) -> TurnLease | None:
+        assert self.takeover is not None
+        lease = TurnLease(self.takeover.pending, turn, self.takeover.replica, claims=claim,
+                          messages=reply.message_ids if isinstance(reply, PostsMessages) else None)
         try:
             await lease.start()
         except Exception:  # the claims keep their own renewal: answered, only not recoverable
@@ -150,7 +162,7 @@ class Conversations:
             return None
         return lease
 
-    async def _turn(self, inquiry: Inquiry, reply: Reply, *, claimed: list[str], event_id: str, kind: str,
+    async def _turn(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | None, event_id: str, kind: str,
                     crashed: str, lease: TurnLease | None) -> Answer | None:
         answer: Answer | None = None
         shown = reply if lease is None else LeasedReply(reply, lease)
@@ -173,10 +185,8 @@ class Conversations:
             answered = answer is not None and answer.outcome is not Outcome.ERROR
             if lease is not None:
                 await lease.end(answered=answered)
-            elif isinstance(claimed, HeldClaims):  # kept for the dedupe TTL after an answer, else released
+            elif claimed is not None:  # kept for the dedupe TTL after an answer, else released
                 await claimed.finish(answered=answered)
-            elif not answered:
-                await self.release(claimed)  # a redelivery may try again
         finally:
             if lease is not None:
                 await lease.stop()  # cut short (shutdown): the entry stays for another replica
@@ -188,40 +198,53 @@ class Conversations:
         return answer
 
     # --- turns of replicas that died ------------------------------------------------------------
+    async def _served(self) -> dict[str, Resumer]:
+        return {await resumer.account(): resumer for resumer in self.resumers}
+
     async def recover(self) -> int:
-        """Takes over the pending turns whose lease expired (of the platforms this process serves) and
-        answers them in the background (``recovering``); returns how many it took."""
-        if self.pending is None or not self.resumers:
+        """Takes over the pending turns whose lease expired (of the platform accounts this process
+        serves) and answers them in the background (``recovering``); returns how many it took."""
+        if self.takeover is None or not self.resumers:
             return 0
-        turns = await self.pending.take_expired(self.replica, sorted(self.resumers), self.recovery_batch)
+        t = self.takeover
+        turns = await t.pending.take_expired(t.replica, sorted(await self._served()), t.batch)
         for turn in turns:
             self.recovering.track(asyncio.create_task(self.resume(turn), name=f"resume {turn.id}"))
         return len(turns)
 
     async def resume(self, turn: PendingTurn) -> Answer | None:
-        """Answers a turn taken over from a replica that stopped renewing it (``recover``)."""
-        assert self.pending is not None
-        claims = await hold_claims(self.idempotency, turn.claim_keys, ttl_s=turn.dedupe_ttl_s, lease_s=turn.lease_s)
+        """Answers a turn taken over from a replica that stopped renewing it (``recover``); a turn of an
+        account this process does not serve is refused and left alone."""
+        assert self.takeover is not None
+        t = self.takeover
+        resumer = (await self._served()).get(turn.account)
+        if resumer is None:
+            log.warning("%s %s: pending turn %s belongs to %s, which this process does not serve; not resuming",
+                        turn.platform, turn.event_id, turn.id, turn.account or "an unknown account")
+            return None
+        claims = await take_claim(self.idempotency, turn.claim_keys, ttl_s=turn.dedupe_ttl_s, lease_s=turn.lease_s)
         if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
             log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
                      turn.event_id, turn.id)
-            await self.pending.remove(turn.id, self.replica)
+            await t.pending.remove(turn, t.replica)
             return None
         try:
-            reply = await self.resumers[turn.platform].resume(turn)
+            reply = await resumer.resume(turn)
+            if reply is None:
+                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
         except Exception:  # the entry expires again and is retried, within max_attempts
             log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
                           turn.id)
             await claims.finish(answered=False)
             return None
-        if turn.attempts > self.max_attempts:
+        if turn.attempts > t.max_attempts:
             log.error("%s %s: pending turn %s was taken over %d times; giving up and telling the user",
                       turn.platform, turn.event_id, turn.id, turn.attempts - 1)
             try:
                 await reply.fail(turn.crashed)
             finally:
                 await claims.finish(answered=True)  # the user was told: a redelivery starts no new round
-                await self.pending.remove(turn.id, self.replica)
+                await t.pending.remove(turn, t.replica)
             return None
         log.warning("%s %s: taking over pending turn %s (attempt %d, %d message(s) left by the previous owner)",
                     turn.platform, turn.event_id, turn.id, turn.attempts, len(turn.messages))
@@ -265,16 +288,16 @@ class Conversations:
         if not reviewer:
             log.info("refused %s of turn %s by %s: not a reviewer", what, turn_id, user)
             return Review(ReviewStatus.NOT_REVIEWER)
-        if self.answers is None:
+        if self.approved is None:
             return Review(ReviewStatus.DISABLED)
         approved: Answer | None = None
         try:
             if approving:
-                approved = await self.answers.approve(turn_id, user, display_name, tenant=tenant)
+                approved = await self.approved.approve(turn_id, user, display_name, tenant=tenant)
                 if approved is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     return Review(ReviewStatus.EXPIRED)
-            elif not await self.answers.withdraw(turn_id):
+            elif not await self.approved.withdraw(turn_id):
                 log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
                 return Review(ReviewStatus.NOTHING_TO_WITHDRAW)
         except Exception:

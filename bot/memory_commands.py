@@ -8,52 +8,14 @@ the platform reports for them. Nothing here logs preference values: only ids rea
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from bot.insights.recorder import TurnRecorder
+from bot.messages import say
 from bot.preferences import PreferenceError, Preferences, PreferenceStore, apply_command
 
 log = logging.getLogger("kbbot.preferences")
 
 VERBS = ("prefs", "remember", "forget")
-
-TEXTS: dict[str, dict[str, str]] = {
-    "now": {
-        "en": "Your answering preferences (for your questions in every thread here): {described}.",
-        "zh": "您的回答偏好（适用于您在这里所有对话中的提问）：{described}。",
-    },
-    "remember_on": {
-        "en": "OK: from now on I may pick up answering preferences you state in your messages "
-              "(for example “please keep it short”). {prefix}remember off stops that and clears what I learned.",
-        "zh": "好的：今后我会从您的消息中记下您明确提出的回答偏好（例如“请简短回答”）。"
-              "发送 {prefix}remember off 可停止并清除已记下的内容。",
-    },
-    "remember_off": {
-        "en": "OK: I stopped learning from your messages and cleared what I had learned. "
-              "Preferences you set with {prefix}prefs stay.",
-        "zh": "好的：已停止从您的消息中学习，并清除了已记下的偏好。用 {prefix}prefs 设置的偏好仍然保留。",
-    },
-    "forgot": {
-        "en": "Done: I forgot your answering preferences and everything I had learned about them, "
-              "and deleted the record of your questions.",
-        "zh": "已完成：您的回答偏好以及从消息中学到的内容都已清除，您提问的记录也已删除。",
-    },
-    "usage": {
-        "en": "Usage: {prefix}prefs concise|detailed|default · {prefix}prefs lang en|zh|auto · "
-              "{prefix}prefs steps on|off|default · {prefix}remember on|off · {prefix}forget",
-        "zh": "用法：{prefix}prefs concise|detailed|default（简洁/详细/默认）· {prefix}prefs lang en|zh|auto"
-              "（英文/中文/随提问）· {prefix}prefs steps on|off|default（步骤编号）· "
-              "{prefix}remember on|off（是否从消息中学习偏好）· {prefix}forget（全部清除）",
-    },
-    "failed": {
-        "en": "Sorry, your preferences could not be saved right now. Please try again in a minute.",
-        "zh": "抱歉，暂时无法保存您的偏好，请稍后再试。",
-    },
-    "unavailable": {
-        "en": "Answering preferences are not available in this kbbot process.",
-        "zh": "此 kbbot 进程不支持回答偏好设置。",
-    },
-}
 
 _DESCRIBE = {
     "en": {"style": "style", "language": "language", "steps": "step numbers", "learning": "learning from your messages",
@@ -63,11 +25,6 @@ _DESCRIBE = {
            "concise": "简洁", "detailed": "详细", "default": "默认", "auto": "随提问", "lang_en": "英文",
            "lang_zh": "中文", "on": "开", "off": "关", "sep": "；", "colon": "："},
 }
-
-
-def text_for(key: str, language: str, **values: Any) -> str:
-    table = TEXTS[key]
-    return table.get(language, table["en"]).format(**values)
 
 
 def describe(prefs: Preferences, language: str) -> str:
@@ -91,7 +48,7 @@ async def run_command(store: PreferenceStore | None, platform: str, tenant: str,
     the user's turn records (``turns``).
     """
     if store is None:
-        return text_for("unavailable", language)
+        return say("prefs_unavailable", language)
     try:
         before = await store.load(platform, tenant, user)
         language = before.effective().get("language") or language
@@ -101,15 +58,15 @@ async def run_command(store: PreferenceStore | None, platform: str, tenant: str,
             forgotten = await turns.forget(platform, tenant, user)
             log.info("%s user %s: %d turn records deleted", platform, user, forgotten)
     except PreferenceError:
-        return text_for("usage", language, prefix=prefix)
+        return say("prefs_usage", language, prefix=prefix)
     except Exception:
         log.exception("%s user %s: the preferences command failed", platform, user)
-        return text_for("failed", language)
+        return say("prefs_failed", language)
     verb = words[0].lower()
     language = after.effective().get("language") or language
     log.info("%s user %s: %s command applied", platform, user, verb)
     if verb == "forget":
-        return text_for("forgot", language)
+        return say("prefs_forgot", language)
     if verb == "remember":
-        return text_for("remember_on" if after.remember else "remember_off", language, prefix=prefix)
-    return text_for("now", language, described=describe(after, language))
+        return say("prefs_remember_on" if after.remember else "prefs_remember_off", language, prefix=prefix)
+    return say("prefs_now", language, described=describe(after, language))

@@ -1,4 +1,10 @@
-"""What kbbot says in its own words, in the user's language."""
+"""What kbbot says in its own words, in the user's language: the one catalogue of every platform.
+
+Adapters format these words for their platform (Slack mrkdwn, Telegram entities) and fill in what
+differs by platform (``{commands}``, ``{admins}``, ``{reviewers}``: how the platform names its commands
+and settings). Review and admin results have a key per status: ``review_{ReviewStatus}`` and
+``admin_{AdminStatus}`` (``bot.conversation``).
+"""
 
 from __future__ import annotations
 
@@ -76,9 +82,131 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "Answering took too long (over {seconds:.0f} s) and was stopped. Please try again.",
         "zh": "回答超时（超过 {seconds:.0f} 秒）已停止，请重试。",
     },
+    # --- chat platforms: help, commands, clicks ------------------------------------------------------
+    "help": {
+        "en": ("Hi! I am kbbot. I answer questions from the company knowledge base: products and models, "
+               "fault codes, installation, maintenance, spare parts and warranty. Every answer lists its "
+               "sources; when the knowledge base does not cover a question I say so instead of guessing.\n\n"
+               "Ask in English or Chinese, e.g. “What does fault E-004 mean?”. I remember this "
+               "conversation for follow-up questions; /new starts a fresh one. "
+               "Rate answers with 👍 / 👎.\n\n"
+               "How I answer you: /prefs concise|detailed|default, /prefs lang en|zh|auto, "
+               "/prefs steps on|off|default (/prefs alone shows them). /remember on lets me pick up "
+               "preferences you state in your messages (/remember off stops that); /forget clears them all."),
+        "zh": ("你好！我是 kbbot，根据公司知识库回答问题：产品与型号、故障代码、安装、维护保养、备件和保修。"
+               "每个回答都会列出来源；知识库中没有的内容我会直接说明，不会猜测。\n\n"
+               "可以用中文或英文提问，例如“故障代码 E-004 是什么意思？”。我会记住本次对话以便追问；"
+               "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。\n\n"
+               "回答方式：/prefs concise|detailed|default（简洁/详细/默认）、/prefs lang en|zh|auto、"
+               "/prefs steps on|off|default（单独发送 /prefs 查看当前设置）。/remember on 允许我从您的消息中记下"
+               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"),
+    },
+    "slack_usage": {
+        "en": ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); for everyone: "
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`, "
+               "`/kbbot remember on|off`, `/kbbot forget`."),
+        "zh": ("用法：`/kbbot status` 或 `/kbbot refresh [SOURCE]`（管理员）；所有人可用："
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`、"
+               "`/kbbot remember on|off`、`/kbbot forget`。"),
+    },
+    "new": {
+        "en": "Started a new conversation: earlier questions are forgotten.",
+        "zh": "已开始新的对话，之前的问题不再作为上下文。",
+    },
+    "refused": {
+        "en": "Sorry, you are not on the list of people kbbot may answer. Please ask your administrator for access.",
+        "zh": "抱歉，您不在 kbbot 的可用用户名单中，请联系管理员开通权限。",
+    },
+    "not_allowed": {
+        "en": "Sorry, kbbot does not answer in this workspace.",
+        "zh": "抱歉，kbbot 不在此工作区提供回答。",
+    },
+    "crashed": {"en": "Something went wrong while answering. Please try again.",
+                "zh": "回答时出现错误，请重试。"},
+    "interrupted": {"en": "(This answer was interrupted; it continues below.)",
+                    "zh": "（此回答已中断，完整回答见下方。）"},
+    "sources": {"en": "Sources", "zh": "来源"},
+    "thanks": {"en": "Thanks for the feedback!", "zh": "感谢您的反馈！"},
+    "feedback_failed": {"en": "Sorry, the feedback could not be saved.", "zh": "抱歉，反馈未能保存。"},
+    "refreshing": {"en": "Refreshing {what} now; the result follows.", "zh": "正在刷新 {what}，完成后会发送结果。"},
+    "every_source": {"en": "every source", "zh": "所有来源"},
+    "admin_not_admin": {
+        "en": "Sorry, {commands} are for kbbot admins only. Please ask whoever runs kbbot to add your user id "
+              "to {admins}.",
+        "zh": "抱歉，{commands} 仅供 kbbot 管理员使用。如需权限，请联系 kbbot 的管理员将您的用户 ID 加入 {admins}。",
+    },
+    "admin_unavailable": {"en": "Knowledge refresh is not available in this kbbot process.",
+                          "zh": "此 kbbot 进程不支持知识库刷新。"},
+    "admin_failed": {"en": "Sorry, that failed. The logs have the details.", "zh": "抱歉，操作失败，详情见日志。"},
+    "approve": {"en": "✅ Approve", "zh": "✅ 批准"},
+    "withdraw": {"en": "↩️ Withdraw approval", "zh": "↩️ 撤销批准"},
+    "review_approved": {"en": "✅ Approved: the same question now gets this answer at once.",
+                        "zh": "✅ 已批准：之后相同的问题会直接得到这个回答。"},
+    "review_approved_by": {"en": "✅ Approved by {user}: the same question now gets this answer at once.",
+                           "zh": "✅ 已由 {user} 批准：之后相同的问题会直接得到这个回答。"},
+    "review_withdrawn": {"en": "Approval withdrawn: the question is answered afresh again.",
+                         "zh": "已撤销批准：相同的问题将重新生成回答。"},
+    "review_withdrawn_by": {"en": "Approval withdrawn by {user}: the question is answered afresh again.",
+                            "zh": "{user} 已撤销批准：相同的问题将重新生成回答。"},
+    "review_not_reviewer": {
+        "en": "Sorry, only kbbot reviewers can approve answers or withdraw approvals. Please ask whoever runs "
+              "kbbot to add your user id to {reviewers}.",
+        "zh": "抱歉，只有 kbbot 审核人可以批准回答或撤销批准。如需权限，请联系 kbbot 的管理员将您的用户 ID 加入 {reviewers}。",
+    },
+    "review_expired": {
+        "en": "This answer can no longer be approved: approval is open for a limited time after an answer is "
+              "sent, and only for the first answer of a conversation. Ask again to get a new one.",
+        "zh": "这个回答已无法批准：回答发送后只在有限时间内可以批准，且仅限对话中的第一个回答。请重新提问。",
+    },
+    "review_nothing_to_withdraw": {
+        "en": "There is no approval of this answer to withdraw (it was already withdrawn, or the knowledge base "
+              "changed since).",
+        "zh": "这个回答没有可撤销的批准（已被撤销，或知识库已更新）。",
+    },
+    "review_disabled": {"en": "Approved answers are turned off (memory.approved_answers).",
+                        "zh": "已关闭批准回答功能（memory.approved_answers）。"},
+    "review_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
+                      "zh": "抱歉，暂时无法保存，请重试。"},
+    # --- preference commands (bot.memory_commands) -------------------------------------------------
+    "prefs_now": {
+        "en": "Your answering preferences (for your questions in every thread here): {described}.",
+        "zh": "您的回答偏好（适用于您在这里所有对话中的提问）：{described}。",
+    },
+    "prefs_remember_on": {
+        "en": "OK: from now on I may pick up answering preferences you state in your messages "
+              "(for example “please keep it short”). {prefix}remember off stops that and clears what I learned.",
+        "zh": "好的：今后我会从您的消息中记下您明确提出的回答偏好（例如“请简短回答”）。"
+              "发送 {prefix}remember off 可停止并清除已记下的内容。",
+    },
+    "prefs_remember_off": {
+        "en": "OK: I stopped learning from your messages and cleared what I had learned. "
+              "Preferences you set with {prefix}prefs stay.",
+        "zh": "好的：已停止从您的消息中学习，并清除了已记下的偏好。用 {prefix}prefs 设置的偏好仍然保留。",
+    },
+    "prefs_forgot": {
+        "en": "Done: I forgot your answering preferences and everything I had learned about them, "
+              "and deleted the record of your questions.",
+        "zh": "已完成：您的回答偏好以及从消息中学到的内容都已清除，您提问的记录也已删除。",
+    },
+    "prefs_usage": {
+        "en": "Usage: {prefix}prefs concise|detailed|default · {prefix}prefs lang en|zh|auto · "
+              "{prefix}prefs steps on|off|default · {prefix}remember on|off · {prefix}forget",
+        "zh": "用法：{prefix}prefs concise|detailed|default（简洁/详细/默认）· {prefix}prefs lang en|zh|auto"
+              "（英文/中文/随提问）· {prefix}prefs steps on|off|default（步骤编号）· "
+              "{prefix}remember on|off（是否从消息中学习偏好）· {prefix}forget（全部清除）",
+    },
+    "prefs_failed": {
+        "en": "Sorry, your preferences could not be saved right now. Please try again in a minute.",
+        "zh": "抱歉，暂时无法保存您的偏好，请稍后再试。",
+    },
+    "prefs_unavailable": {
+        "en": "Answering preferences are not available in this kbbot process.",
+        "zh": "此 kbbot 进程不支持回答偏好设置。",
+    },
 }
 
 
 def say(key: str, language: str, **values: object) -> str:
+    """The words of ``key`` in ``language`` (English when there is no translation), ``values`` filled in."""
     table = MESSAGES[key]
     return table.get(language, table["en"]).format(**values)

@@ -7,7 +7,9 @@ reply goes, the claim keys, the ids of messages already posted for the answer) o
 lease (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and
 removes it when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
 are taken over (owner changed, attempt counted, in one atomic step), re-claimed, rebuilt through
-the platform adapter (``Resumer``) and answered by ``Conversations.resume``.
+the delivery layer of the platform account that accepted them (``Resumer``: ``bot.delivery.Delivery``)
+and answered by ``Conversations.resume``. Entries are kept per platform account (``PendingTurn.account``:
+the Telegram bot, the Slack app's bot user), so a replica only ever takes what it serves.
 
 One answer per question:
 
@@ -50,8 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bot.state import Clock, HeldClaims
-from bot.types import Answer, Inquiry, Reply
+from bot.state import Claim, Clock
+from bot.types import Acknowledges, Answer, Inquiry, Reply
 
 log = logging.getLogger("kbbot.pending")
 
@@ -71,7 +73,7 @@ class PendingTurn:
 
     id: str  # the question's message claim key: one entry per question, whichever delivery recorded it
     inquiry: Inquiry
-    #: The platform adapter's description of where the reply goes (``Resumer.resume`` reads it).
+    #: The platform's description of where the reply goes (its ``Platform.rebuild`` reads it).
     target: dict[str, Any]
     claim_keys: list[str]
     event_id: str
@@ -79,8 +81,11 @@ class PendingTurn:
     crashed: str  # what the user sees if the turn breaks (or is given up), in their language
     lease_s: float
     dedupe_ttl_s: float
+    #: The platform account that accepted the question (``Delivery.account``: ``telegram:{bot id}``,
+    #: ``slack:{bot id}``): only a replica serving that account takes it over.
+    account: str = ""
     attempts: int = 1
-    #: Ids of messages already posted for the answer (the adapter's ``message_ids`` of the reply).
+    #: Ids of messages already posted for the answer (``PostsMessages.message_ids`` of the reply).
     messages: list[str] = field(default_factory=list)
 
     @property
@@ -114,15 +119,17 @@ class PendingTurns(Protocol):
     async def add(self, turn: PendingTurn, owner: str) -> None:
         """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` (replacing an entry of the same id)."""
 
-    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
-        """Move the lease on (and store ``messages``) if ``owner`` still owns it; False otherwise."""
+    async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
+        """Move the lease of ``turn``'s entry on (and store ``messages``) if ``owner`` still owns it;
+        False otherwise."""
 
-    async def remove(self, turn_id: str, owner: str) -> bool:
-        """Forget the entry if ``owner`` owns it."""
+    async def remove(self, turn: PendingTurn, owner: str) -> bool:
+        """Forget ``turn``'s entry if ``owner`` owns it."""
 
-    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
-        """Entries of ``platforms`` whose lease expired, now owned by ``owner`` on a new lease, each
-        with its attempts counted (one atomic step: two replicas never take the same entry)."""
+    async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
+        """Up to ``limit`` entries of ``accounts`` whose lease expired, now owned by ``owner`` on a new
+        lease, each with its attempts counted (one atomic step: two replicas never take the same entry).
+        Entries of other accounts never count against ``limit``."""
 
 
 @dataclass
@@ -148,9 +155,9 @@ class MemoryPendingTurns:
             stored = dataclasses.replace(turn, messages=[])
             self._entries[turn.id] = _Entry(owner, stored, self._clock() + turn.entry_lease_s)
 
-    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
+    async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         with self._mutex:
-            entry = self._entries.get(turn_id)
+            entry = self._entries.get(turn.id)
             if entry is None or entry.owner != owner:
                 return False
             entry.deadline = self._clock() + entry.turn.entry_lease_s
@@ -158,22 +165,22 @@ class MemoryPendingTurns:
                 entry.turn.messages = list(messages)
             return True
 
-    async def remove(self, turn_id: str, owner: str) -> bool:
+    async def remove(self, turn: PendingTurn, owner: str) -> bool:
         with self._mutex:
-            entry = self._entries.get(turn_id)
+            entry = self._entries.get(turn.id)
             if entry is None or entry.owner != owner:
                 return False
-            del self._entries[turn_id]
+            del self._entries[turn.id]
             return True
 
-    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
+    async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         now = self._clock()
         taken = []
         with self._mutex:
             for entry in sorted(self._entries.values(), key=lambda e: e.deadline):
                 if len(taken) >= limit or entry.deadline > now:
                     break
-                if entry.turn.platform not in platforms:
+                if entry.turn.account not in accounts:
                     continue
                 entry.owner, entry.deadline = owner, now + entry.turn.entry_lease_s
                 entry.turn.attempts += 1
@@ -188,7 +195,7 @@ class TurnLease:
     message ids) is read every ``WATCH_S`` and stored as soon as it changes.
     """
 
-    def __init__(self, store: PendingTurns, turn: PendingTurn, owner: str, *, claims: HeldClaims | None,
+    def __init__(self, store: PendingTurns, turn: PendingTurn, owner: str, *, claims: Claim | None,
                  messages: Callable[[], list[str]] | None = None):
         self.store = store
         self.turn = turn
@@ -224,7 +231,8 @@ class TurnLease:
     def watch(self, task: asyncio.Task[Any]) -> None:
         self._task = task
 
-    def _lose(self, why: str) -> None:
+    def lose(self, why: str) -> None:
+        """Another replica has the turn: stop it (its task is cancelled) and write nothing more."""
         if self.lost:
             return
         self.lost = True
@@ -234,8 +242,8 @@ class TurnLease:
 
     async def _renew(self, messages: list[str] | None) -> None:
         began = time.monotonic()
-        if not await self.store.renew(self.turn.id, self.owner, messages):
-            self._lose("its pending entry is owned by another replica")
+        if not await self.store.renew(self.turn, self.owner, messages):
+            self.lose("its pending entry is owned by another replica")
             return
         if self.claims is not None:
             await self.claims.renew()
@@ -249,7 +257,7 @@ class TurnLease:
                 await self._renew(messages)
         except Exception:  # a hiccup: tried again next tick, while the lease is valid
             if not self.valid:
-                self._lose(f"the lease could not be renewed for {self.turn.lease_s * 2 / 3:.1f} s")
+                self.lose(f"the lease could not be renewed for {self.turn.lease_s * 2 / 3:.1f} s")
             else:
                 log.warning("could not renew the lease of turn %s", self.turn.id, exc_info=True)
             return False
@@ -289,58 +297,68 @@ class TurnLease:
         if self.claims is not None:
             await self.claims.finish(answered=answered)
         try:
-            await self.store.remove(self.turn.id, self.owner)
+            await self.store.remove(self.turn, self.owner)
         except Exception:
             log.exception("could not remove the pending turn %s; its claims keep it from being answered again",
                           self.turn.id)
 
 
 class LeasedReply:
-    """A ``Reply`` whose final message (answer or failure) is shown only while its turn's lease is valid.
-
-    Other attributes (``acknowledge``, ``progress``, the adapter's own) are the wrapped reply's, so the
-    Answerer sees the same capabilities.
+    """The ``Reply`` of a turn on a lease: its final message (answer or failure) is shown only while the
+    lease is valid; a lost lease stops the turn instead (``TurnLease.lose``). It acknowledges when the
+    platform's reply does (``Acknowledges``): nothing else of the wrapped reply is reached through it.
     """
 
     def __init__(self, reply: Reply, lease: TurnLease):
-        self._reply = reply
-        self._lease = lease
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reply, name)
+        self.reply = reply
+        self.lease = lease
 
     async def _check(self) -> None:
-        if not await self._lease.confirm():
-            self._lease._lose("the turn was taken over before its final message")
-            raise asyncio.CancelledError(f"turn {self._lease.turn.id}: lease lost")
+        if not await self.lease.confirm():
+            self.lease.lose("the turn was taken over before its final message")
+            raise asyncio.CancelledError(f"turn {self.lease.turn.id}: lease lost")
+
+    async def acknowledge(self) -> None:
+        if isinstance(self.reply, Acknowledges):
+            await self.reply.acknowledge()
 
     async def start(self) -> None:
-        await self._reply.start()
+        await self.reply.start()
 
     async def push(self, delta: str) -> None:
-        await self._reply.push(delta)
+        await self.reply.push(delta)
 
     async def finish(self, answer: Answer) -> None:
         await self._check()
-        await self._reply.finish(answer)
+        await self.reply.finish(answer)
 
     async def fail(self, message: str) -> None:
         await self._check()
-        await self._reply.fail(message)
+        await self.reply.fail(message)
+
+
+@runtime_checkable
+class PostsMessages(Protocol):
+    """A ``Reply`` that posts messages of its own (a chat platform's): their ids are recorded in the
+    pending entry, so a replica taking the turn over can retire what was left half-written."""
+
+    def message_ids(self) -> list[str]:
+        """Ids of the messages posted so far for this answer."""
 
 
 @runtime_checkable
 class Resumer(Protocol):
-    """What a platform adapter offers for turns taken over from another replica."""
+    """What answers the turns of one platform account taken over from another replica
+    (``bot.delivery.Delivery``, registered with ``Conversations.serve``)."""
 
     name: str
 
-    async def resume(self, turn: PendingTurn) -> Reply:
-        """The reply of ``turn`` rebuilt from ``turn.target``, with the messages a dead replica left
-        half-written (``turn.messages``) dealt with, so the new answer is the one the user reads."""
+    async def account(self) -> str:
+        """The account this process serves on the platform (``PendingTurn.account``)."""
 
-    def message_ids(self, reply: Reply) -> list[str]:
-        """Ids of the messages ``reply`` has posted so far (recorded in the pending entry)."""
+    async def resume(self, turn: PendingTurn) -> Reply | None:
+        """The reply of ``turn`` rebuilt, with the messages a dead replica left half-written dealt with;
+        ``None`` for a turn of an account this process does not serve (refused, nothing touched)."""
 
 
 class RecoveryLoop:

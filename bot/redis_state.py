@@ -12,10 +12,11 @@ key                                type    contents and lifetime
                                            ``ttl_s`` given to ``claim`` (deleted by ``release``)
 ``{prefix}lock:{name}``            string  the holder's random token; expires ``ttl_s`` after the
                                            last renewal (renewed every ``ttl_s / 3``)
-``{prefix}pending``                zset    pending turn id -> its lease's deadline (ms, Redis
-                                           ``TIME``); removed when the turn ends
+``{prefix}pending-due:{account}`` zset    pending turn id -> its lease's deadline (ms, Redis
+                                           ``TIME``), one set per platform account (Telegram
+                                           bot, Slack bot user); removed when the turn ends
 ``{prefix}pending:{id}``           hash    the turn (``payload``), ``owner``, ``attempts``,
-                                           ``lease_ms``, ``platform``, posted ``messages``;
+                                           ``lease_ms``, ``account``, posted ``messages``;
                                            expires after the event's dedupe TTL at the latest
 =================================  ======  =====================================================
 
@@ -300,7 +301,7 @@ _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2
 
 _PENDING_ADD = _NOW_MS + """
 redis.call('HSET', KEYS[2], 'owner', ARGV[2], 'payload', ARGV[3], 'attempts', ARGV[4], 'lease_ms', ARGV[5],
-           'platform', ARGV[6], 'messages', '[]')
+           'account', ARGV[6], 'messages', '[]')
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
 """
@@ -319,20 +320,24 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 return 1
 """
 
+# Each account has a due set of its own (KEYS), so the LIMIT counts only entries this replica may take:
+# another account's expired entries, however many, never starve it.
 _PENDING_TAKE = _NOW_MS + """
-local platforms = {}
-for i = 4, #ARGV do platforms[ARGV[i]] = true end
 local out = {}
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))) do
-  local key = ARGV[3] .. id
-  local f = redis.call('HMGET', key, 'payload', 'lease_ms', 'platform', 'messages')
-  if not f[1] then
-    redis.call('ZREM', KEYS[1], id)  -- its hash expired: nothing left to answer
-  elseif platforms[f[3]] then
-    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
-    redis.call('HSET', key, 'owner', ARGV[1])
-    redis.call('ZADD', KEYS[1], now + tonumber(f[2]), id)
-    table.insert(out, f[1]) table.insert(out, attempts) table.insert(out, f[4])
+local left = tonumber(ARGV[2])
+for _, due in ipairs(KEYS) do
+  if left <= 0 then break end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, left)) do
+    local key = ARGV[3] .. id
+    local f = redis.call('HMGET', key, 'payload', 'lease_ms', 'messages')
+    redis.call('ZREM', due, id)
+    if f[1] then  -- else its hash expired: nothing left to answer
+      local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+      redis.call('HSET', key, 'owner', ARGV[1])
+      redis.call('ZADD', due, now + tonumber(f[2]), id)
+      table.insert(out, f[1]) table.insert(out, attempts) table.insert(out, f[3])
+      left = left - 1
+    end
   end
 end
 return out
@@ -345,34 +350,34 @@ class RedisPendingTurns:
     def __init__(self, client: Redis, prefix: str = DEFAULT_PREFIX, *, replica_acks: int = 0):
         self.client = client
         self.replica_acks = replica_acks
-        self.index = f"{prefix}pending"
+        self.due_prefix = f"{prefix}pending-due:"
         self.entry_prefix = f"{prefix}pending:"
         self._add = client.register_script(_PENDING_ADD)
         self._renew = client.register_script(_PENDING_RENEW)
         self._remove = client.register_script(_PENDING_REMOVE)
         self._take = client.register_script(_PENDING_TAKE)
 
-    def _keys(self, turn_id: str) -> list[str]:
-        return [self.index, self.entry_prefix + turn_id]
+    def _keys(self, turn: PendingTurn) -> list[str]:
+        return [self.due_prefix + turn.account, self.entry_prefix + turn.id]
 
     async def add(self, turn: PendingTurn, owner: str) -> None:
-        args = [turn.id, owner, turn.payload(), turn.attempts, max(1, int(turn.entry_lease_s * 1000)), turn.platform,
+        args = [turn.id, owner, turn.payload(), turn.attempts, max(1, int(turn.entry_lease_s * 1000)), turn.account,
                 max(1, int(turn.dedupe_ttl_s * 1000))]
         async with self.client.client() as conn:  # WAIT counts the writes of its own connection
-            await self._add(keys=self._keys(turn.id), args=args, client=conn)
+            await self._add(keys=self._keys(turn), args=args, client=conn)
             await replicated(conn, self.replica_acks, f"the pending turn {turn.id!r}")
 
-    async def renew(self, turn_id: str, owner: str, messages: list[str] | None = None) -> bool:
+    async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         recorded = "" if messages is None else json.dumps(messages)
-        return bool(await self._renew(keys=self._keys(turn_id), args=[turn_id, owner, recorded]))
+        return bool(await self._renew(keys=self._keys(turn), args=[turn.id, owner, recorded]))
 
-    async def remove(self, turn_id: str, owner: str) -> bool:
-        return bool(await self._remove(keys=self._keys(turn_id), args=[turn_id, owner]))
+    async def remove(self, turn: PendingTurn, owner: str) -> bool:
+        return bool(await self._remove(keys=self._keys(turn), args=[turn.id, owner]))
 
-    async def take_expired(self, owner: str, platforms: list[str], limit: int) -> list[PendingTurn]:
-        if not platforms:
+    async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
+        if not accounts or limit <= 0:
             return []
-        raw = await self._take(keys=[self.index], args=[owner, limit, self.entry_prefix, *platforms])
+        raw = await self._take(keys=[self.due_prefix + a for a in accounts], args=[owner, limit, self.entry_prefix])
         turns = []
         for payload, attempts, messages in zip(raw[::3], raw[1::3], raw[2::3]):
             try:

@@ -1,6 +1,8 @@
 """The composition root: settings in, a ready store, indexer, pipeline and answerer out.
 
-Only this module (and the adapters) read settings; pipeline builders get explicit values.
+Pipeline builders get explicit values, never settings. In ``bot/`` this module reads the settings and
+hands each part the section it needs: the refresh (``bot/refresh``, ``bot/scheduler.py``), the health
+report (``bot/health.py``) and the insights report read theirs; adapters read their platform's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from bot.answering import Answerer
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
-from bot.conversation import Conversations, TurnRecord
+from bot.conversation import Conversations, TakeOver, TurnRecord
 from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
@@ -122,7 +124,7 @@ class Runtime:
     _embedders: tuple[Any, Any] = field(init=False, repr=False)
     _history: HistoryStore | None = field(default=None, init=False, repr=False)
     _idempotency: Idempotency | None = field(default=None, init=False, repr=False)
-    _answers: AnswerCache | None = field(default=None, init=False, repr=False)
+    _approved: AnswerCache | None = field(default=None, init=False, repr=False)
     _preferences: PreferenceStore | None = field(default=None, init=False, repr=False)
     _redis: Any = field(default=None, init=False, repr=False)
     _limiter: Any = field(default=None, init=False, repr=False)
@@ -200,7 +202,7 @@ class Runtime:
                                          replica_acks=self.settings.redis_replica_acks)
             self._idempotency = RedisIdempotency(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
             self._pending = RedisPendingTurns(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
-            self._answers = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
+            self._approved = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
                                              knowledge_version=self._knowledge_version)
             self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
             self._limiter = RedisRateLimiter(self._redis, self.limits, prefix=prefix)
@@ -209,19 +211,19 @@ class Runtime:
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
             self._pending = MemoryPendingTurns()
-            self._answers = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400,
+            self._approved = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400,
                                               knowledge_version=self._knowledge_version)
             self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
             self._limiter = MemoryRateLimiter(self.limits)
         if not m.approved_answers:
-            self._answers = None
+            self._approved = None
         if self._redis is not None:
             redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
             self._thread_locks.shared = lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=wait_s,
                                                                poll_s=0.05)
         self._turns = self._turn_recorder()
-        if self._turns is not None and self._answers is not None:
-            self._answers = RecordingApprovals(self._answers, self._turns)
+        if self._turns is not None and self._approved is not None:
+            self._approved = RecordingApprovals(self._approved, self._turns)
 
     def _turn_recorder(self) -> TurnRecorder | None:
         i = self.settings.insights
@@ -270,9 +272,9 @@ class Runtime:
         return self._redis
 
     @property
-    def answers(self) -> AnswerCache | None:
-        """Approved answers (None when ``memory.approved_answers`` is off)."""
-        return self._answers
+    def approved(self) -> AnswerCache | None:
+        """The approved-answer cache (None when ``memory.approved_answers`` is off)."""
+        return self._approved
 
     @property
     def preferences(self) -> PreferenceStore:
@@ -322,11 +324,12 @@ class Runtime:
                       on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:
         """The conversation service every adapter uses, on this started runtime."""
         r = self.settings.recovery
+        takeover = None if self._pending is None else TakeOver(self._pending, self.replica, max_attempts=r.max_attempts,
+                                                                batch=r.batch)
         return Conversations(self.answerer, self.idempotency, self.history, thread_locks=self._thread_locks,
-                             feedback=feedback if feedback is not None else self.feedback, answers=self._answers,
+                             feedback=feedback if feedback is not None else self.feedback, approved=self._approved,
                              preferences=self._preferences, turns=self._turns, admin=admin, on_turn=on_turn,
-                             pending=self._pending, replica=self.replica, max_attempts=r.max_attempts,
-                             recovery_batch=r.batch)
+                             takeover=takeover)
 
     @property
     def idempotency(self) -> Idempotency:
@@ -380,7 +383,7 @@ class Runtime:
                         handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s,
                         max_question_chars=a.max_question_chars,
                         max_model_calls=a.max_model_calls, max_retries=a.max_retries,
-                        model_answers=kind != "extractive", cache=self._answers,
+                        model_answers=kind != "extractive", cache=self._approved,
                         cache_identity=(model_name, s.memory.policy_version),
                         knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
                         learner=learner if helper is not None else None, limiter=self._limiter,

@@ -36,7 +36,7 @@ from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.redis_state import SENTINEL_SCHEME, sentinel_url
 from bot.server_settings import ServerSettings
 from bot.settings_base import Env, EnvironmentSource, Explainer, Problem, Section, Text, Texts, refuse_environment_only
-from pipelines.components.retrievers import check_alpha
+from pipelines.fusion import check_alpha
 from pipelines.local_model import missing_packages
 from pipelines.redact import redact_url
 from pipelines.topics import Topics

@@ -4,7 +4,7 @@ Two interfaces, two implementations each:
 
 - ``Idempotency``: ``claim(key, ttl_s)`` is true for exactly one caller per key until the
   claim expires or is released; ``release(key)`` lets a failed turn's redelivery be answered;
-  ``extend(key, ttl_s)`` moves a held claim's expiry (``HeldClaims``: a short lease while the turn
+  ``extend(key, ttl_s)`` moves a held claim's expiry (``Claim``: a short lease while the turn
   runs, so a replica that dies mid-turn frees its event for a redelivery within the lease).
 - ``Lock``: a named lock with a TTL that is renewed in the background while held (every
   ``ttl_s / 3``), so a long job keeps it and a crashed holder loses it within ``ttl_s``.
@@ -343,33 +343,53 @@ async def claim_all(idempotency: Idempotency, keys: list[str], ttl_s: float) -> 
     return claimed
 
 
-class HeldClaims(list[str]):
-    """The keys claimed for one event while its turn runs (``hold_claims``).
+class Claim:
+    """The dedupe keys claimed for one event, held until its turn ends (``take_claim``).
 
-    They are held for ``lease_s`` and renewed every ``lease_s / 3``: a process that dies mid-turn
-    stops renewing, and its event can be claimed (and answered) on a redelivery ``lease_s`` later.
+    With ``lease_s`` the keys are held for that long and renewed every ``lease_s / 3`` while the turn
+    runs (``held``): a process that dies mid-turn stops renewing, and its event can be claimed (and
+    answered) on a redelivery ``lease_s`` later. Without, they are claimed for ``ttl_s`` at once.
     ``finish`` keeps them for the dedupe ``ttl_s`` after an answer, or releases them after a failure.
+    A claim with no keys (the store failed: answered without dedupe) holds nothing.
     """
 
-    def __init__(self, idempotency: Idempotency, keys: list[str], *, ttl_s: float, lease_s: float):
-        super().__init__(keys)
+    def __init__(self, idempotency: Idempotency, keys: list[str], *, ttl_s: float, lease_s: float | None = None):
         self.idempotency = idempotency
+        self.keys: tuple[str, ...] = tuple(keys)
         self.ttl_s = ttl_s
         self.lease_s = lease_s
-        self._renewal = asyncio.create_task(self._renew(), name="renew claims") if keys else None
+        self._renewal = (asyncio.create_task(self._renew(), name="renew claims")
+                         if lease_s is not None and keys else None)
+        self._finished = False
+
+    def __repr__(self) -> str:
+        return f"Claim({list(self.keys)!r}, lease_s={self.lease_s})"
+
+    @property
+    def held(self) -> bool:
+        """Held on a renewed lease (a turn recorded as pending needs one)."""
+        return self.lease_s is not None and bool(self.keys)
+
+    @property
+    def message_key(self) -> str:
+        """The question's own key (the last one): one pending entry per question, whichever delivery."""
+        return self.keys[-1]
 
     async def renew(self) -> None:
-        """Extend every claim by ``lease_s`` once (a ``TurnLease`` renews them with its entry)."""
-        for key in self:
+        """Extend every key by ``lease_s`` once (a ``TurnLease`` renews them with its entry)."""
+        if self.lease_s is None:
+            return
+        for key in self.keys:
             await self.idempotency.extend(key, self.lease_s)
 
     async def _renew(self) -> None:
+        assert self.lease_s is not None
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
                 await self.renew()
             except Exception:  # the next round tries again; the lease covers two misses
-                logger.exception("could not renew the claims %s", list(self))
+                logger.exception("could not renew the claims %s", list(self.keys))
 
     async def stop_renewing(self) -> None:
         if self._renewal is not None:
@@ -379,23 +399,30 @@ class HeldClaims(list[str]):
             self._renewal = None
 
     async def finish(self, answered: bool) -> None:
+        """The event is handled: kept for ``ttl_s`` (answered) or released (a redelivery may try again).
+        Finishing twice does nothing (a command's ``finally`` after its own finish)."""
         await self.stop_renewing()
-        if not answered:
-            await release_all(self.idempotency, list(self))
+        if self._finished:
             return
+        self._finished = True
+        if not answered:
+            await release_all(self.idempotency, list(self.keys))
+            return
+        if self.lease_s is None:
+            return  # claimed for ttl_s already
         try:
-            for key in self:
+            for key in self.keys:
                 await self.idempotency.extend(key, self.ttl_s)
         except Exception:
             logger.exception("could not keep the claims %s; a redelivery after %.0f s could be answered again",
-                             list(self), self.lease_s)
+                             list(self.keys), self.lease_s)
 
 
-async def hold_claims(idempotency: Idempotency, keys: list[str], *, ttl_s: float,
-                      lease_s: float) -> HeldClaims | None:
-    """``claim_all`` for a turn: the keys held for ``lease_s`` and renewed until ``finish``."""
-    claimed = await claim_all(idempotency, keys, lease_s)
-    return None if claimed is None else HeldClaims(idempotency, claimed, ttl_s=ttl_s, lease_s=lease_s)
+async def take_claim(idempotency: Idempotency, keys: list[str], *, ttl_s: float,
+                     lease_s: float | None = None) -> Claim | None:
+    """``claim_all`` as a ``Claim``: ``None`` for a duplicate; with ``lease_s`` held on a renewed lease."""
+    claimed = await claim_all(idempotency, keys, lease_s if lease_s is not None else ttl_s)
+    return None if claimed is None else Claim(idempotency, claimed, ttl_s=ttl_s, lease_s=lease_s)
 
 
 async def release_all(idempotency: Idempotency, keys: list[str]) -> None:
@@ -408,7 +435,8 @@ async def release_all(idempotency: Idempotency, keys: list[str]) -> None:
 
 
 class TaskSet:
-    """An adapter's handler tasks in flight: shutdown drains them, tests wait until they settle."""
+    """Tasks in flight (a platform's handlers, turns taken over): shutdown drains them, tests wait
+    until they settle."""
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()

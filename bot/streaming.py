@@ -8,7 +8,7 @@ Two pieces, neither of which knows a platform:
   (``RetryAfter``), the writer sleeps N s and then sends the *latest* text, so intermediate
   states are dropped but the final text never is. Sends never overlap and never reorder,
   unlike updates fired from a new task per delta.
-- ``RateBudget``: token buckets per ``(scope, method)``, shared by all answers in the process and,
+- ``PlatformRates``: token buckets per ``(scope, method)``, shared by all answers in the process and,
   with ``REDIS_URL``, by every replica (``bot.rate_buckets``), so that every concurrent answer of
   one workspace (the scope) stays inside a method's rate tier together. A 429 on one answer
   ``hold``s the bucket for everyone, on every replica. When callers wait for a
@@ -16,8 +16,10 @@ Two pieces, neither of which knows a platform:
   first (``Priority``): a busy budget is spent on finishing answers, not on showing more of
   unfinished ones.
 
-A Slack sink calls ``chat.appendStream`` or ``chat.update``; a Telegram sink would call
-``sendMessageDraft`` or ``editMessageText`` with the same writer and budget.
+Each platform's reply has a sink of its own on the same writer and budget: Slack's calls
+``chat.appendStream`` or ``chat.update`` (``adapters/slack_reply.py``), Telegram's ``sendMessageDraft``
+or ``editMessageText`` (``adapters/telegram_reply.py``). What surrounds them (claims, take-over,
+failure display, the final reconciliation) is ``bot/delivery.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Protocol
 from bot.metrics import METRICS
 from bot.rate_buckets import BucketStore, MemoryBuckets, Rate
 
-__all__ = ["COMPLETES", "STARTS", "Cadence", "DeliveryFailed", "Priority", "Rate", "RateBudget", "RetryAfter",
+__all__ = ["COMPLETES", "STARTS", "Cadence", "DeliveryFailed", "Priority", "Rate", "PlatformRates", "RetryAfter",
            "Sink", "StreamWriter", "TokenBucket", "cut_point", "in_background", "split_message"]
 
 log = logging.getLogger("kbbot.streaming")
@@ -395,7 +397,7 @@ class TokenBucket:
 
 
 @dataclass
-class RateBudget:
+class PlatformRates:
     """Token buckets by ``(scope, method)``: every answer with the same scope shares them, in this
     process (``MemoryBuckets``, the default) or across replicas (``bot.rate_buckets.RedisBuckets``).
 

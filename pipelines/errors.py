@@ -5,11 +5,16 @@ libraries we call (the model SDKs, httpx, the Weaviate and Redis clients) are fi
 never by their names. The model SDKs speak HTTP through ``httpx2`` (a stream cut mid-answer raises
 its errors unwrapped), other clients through ``httpx``. A ``Diagnosis`` keeps what the user may read
 (``reason``: "timed out", "HTTP 503") apart from what the log gets (``detail``: the exception itself).
+
+The Weaviate client is not imported here (it takes seconds and hundreds of modules, and the embedded
+store never needs it): its exceptions are looked up in ``sys.modules``, since none of them can have
+been raised in a process that never imported it.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 import anthropic
@@ -17,7 +22,6 @@ import httpx
 import httpx2
 import openai
 import redis.exceptions
-import weaviate.exceptions
 from haystack.core.errors import PipelineRuntimeError
 
 
@@ -64,18 +68,30 @@ class Diagnosis:
     detail: str  # for the log
 
 
-#: Library errors by the dependency they mean, checked in this order.
-_KINDS: tuple[tuple[ErrorKind, tuple[type[BaseException], ...]], ...] = (
-    (ErrorKind.MODEL, (anthropic.APIError, openai.APIError, httpx.TransportError, httpx2.TransportError,
-                       TimeoutError)),
-    (ErrorKind.STORE, (weaviate.exceptions.WeaviateBaseError,)),
-    (ErrorKind.STATE, (redis.exceptions.RedisError,)),
-)
+_Types = tuple[type[BaseException], ...]
+
+
+def _weaviate(name: str) -> _Types:
+    """The Weaviate client's exception ``name``, if the client was imported (else none can exist)."""
+    module = sys.modules.get("weaviate.exceptions")
+    return (getattr(module, name),) if module is not None else ()
+
+
+def _kinds() -> tuple[tuple[ErrorKind, _Types], ...]:
+    """Library errors by the dependency they mean, checked in this order."""
+    return (
+        (ErrorKind.MODEL, (anthropic.APIError, openai.APIError, httpx.TransportError, httpx2.TransportError,
+                           TimeoutError)),
+        (ErrorKind.STORE, _weaviate("WeaviateBaseError")),
+        (ErrorKind.STATE, (redis.exceptions.RedisError,)),
+    )
+
+
 _TIMEOUTS = (TimeoutError, httpx.TimeoutException, httpx2.TimeoutException, anthropic.APITimeoutError, openai.APITimeoutError,
-             weaviate.exceptions.WeaviateTimeoutError, redis.exceptions.TimeoutError)
+             redis.exceptions.TimeoutError)
 _RATE_LIMITS = (anthropic.RateLimitError, openai.RateLimitError)
 _CONNECTIONS = (ConnectionError, httpx.TransportError, httpx2.TransportError, anthropic.APIConnectionError, openai.APIConnectionError,
-                weaviate.exceptions.WeaviateConnectionError, redis.exceptions.ConnectionError)
+                redis.exceptions.ConnectionError)
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -99,11 +115,11 @@ def _reason(exc: BaseException) -> str:
         return "rate limited"
     if isinstance(exc, anthropic.OverloadedError) or status == 529:
         return "overloaded"
-    if isinstance(exc, _TIMEOUTS):
+    if isinstance(exc, _TIMEOUTS + _weaviate("WeaviateTimeoutError")):
         return "timed out"
     if isinstance(status, int):
         return f"HTTP {status}"
-    if isinstance(exc, _CONNECTIONS):
+    if isinstance(exc, _CONNECTIONS + _weaviate("WeaviateConnectionError")):
         return "connection lost"
     return type(exc).__name__
 
@@ -113,7 +129,7 @@ def diagnose(exc: BaseException) -> Diagnosis:
     detail = f"{type(cause).__name__}: {cause}"
     if isinstance(cause, KbbotError):
         return Diagnosis(cause.kind, cause.reason, detail)
-    for kind, types in _KINDS:
+    for kind, types in _kinds():
         if isinstance(cause, types):
             return Diagnosis(kind, _reason(cause), detail)
     return Diagnosis(ErrorKind.INTERNAL, type(cause).__name__, detail)

@@ -32,7 +32,7 @@ from pipelines.components.guard import TopicGuard
 from pipelines.components.judge import AnswerabilityJudge
 from pipelines.components.prompt import compiled_chat_prompt_builder
 from pipelines.components.reformulate import QueryReformulator
-from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge
+from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge, retriever_for
 from pipelines.components.rewrite import QueryRewriter
 from pipelines.components.turn import TurnBudget
 from pipelines.grounding import SentenceEmbedder
@@ -48,7 +48,7 @@ def _add_retrieval(pipe: Pipeline, store: KnowledgeStore, text_embedder: Any | N
         if text_embedder is None:
             raise ValueError(f"{mode} retrieval needs a text embedder")
         pipe.add_component("embed", text_embedder)
-    pipe.add_component("retrieve", store.retriever(mode=mode, candidates=candidates, fusion=fusion, alpha=alpha))
+    pipe.add_component("retrieve", retriever_for(store, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha))
     pipe.add_component("current", CurrentKnowledge(store))
     if mode != "bm25":
         pipe.connect("embed.embedding", "retrieve.query_embedding")

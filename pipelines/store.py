@@ -21,20 +21,12 @@ from haystack import Document
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 from haystack.document_stores.types import DuplicatePolicy
 
-from pipelines.components.retrievers import InMemoryHybridRetriever
+from pipelines.filters import space_filter as space_filter
 from pipelines.keyword_index import KeywordIndex
 from pipelines.records import DEFAULT_SPACE as DEFAULT_SPACE
 from pipelines.records import DocRecord as DocRecord
 from pipelines.records import chunk_id as chunk_id
 from pipelines.records import prepare_chunks as prepare_chunks
-
-
-def space_filter(spaces: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """The Haystack filter that keeps retrieval inside the spaces a conversation may see. No spaces is
-    an error, never "no filter": a configuration mistake must not open every space."""
-    if isinstance(spaces, str) or not spaces or not all(isinstance(s, str) and s for s in spaces):
-        raise ValueError(f"knowledge spaces must be a non-empty list of names, got {spaces!r}")
-    return {"field": "meta.space", "operator": "in", "value": list(spaces)}
 
 
 class KnowledgeStore(Protocol):
@@ -61,10 +53,6 @@ class KnowledgeStore(Protocol):
 
     def close(self) -> None:
         """Releases connections (a no-op for the in-memory store)."""
-        ...
-
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
-        """A Haystack component: (query, query_embedding, filters, top_k) -> documents, dense_documents."""
         ...
 
 
@@ -121,8 +109,6 @@ class InMemoryKnowledgeStore:
     def close(self) -> None:
         pass
 
-    def retriever(self, *, mode: str, candidates: int, fusion: str = "relative_score", alpha: float | str = "auto") -> Any:
-        return InMemoryHybridRetriever(self, mode=mode, candidates=candidates, fusion=fusion, alpha=alpha)
 
     # --- writing -------------------------------------------------------------------------
     def publish(self, record: DocRecord, chunks: list[Document]) -> DocRecord:

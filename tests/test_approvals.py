@@ -65,7 +65,7 @@ async def memory_runtime(kb_data_dir: Path, tmp_path: Path) -> AsyncIterator[Run
     """The indexed sample KB, extractive answers, the answer cache and preferences in Redis if available."""
     async with started(memory_settings(kb_data_dir), tmp_path) as runtime:
         if REDIS_URL:
-            assert type(runtime.answers.inner).__name__ == "RedisAnswerCache"  # under the turn records' wrapper
+            assert type(runtime.approved.inner).__name__ == "RedisAnswerCache"  # under the turn records' wrapper
         yield runtime
 
 

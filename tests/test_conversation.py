@@ -19,23 +19,24 @@ async def test_a_claim_is_kept_after_an_answer_and_released_after_a_failure(kb_r
     turns: list[TurnRecord] = []
     conversations = kb_runtime.conversations(on_turn=turns.append)
     claimed = await conversations.claim(["test:event:1"], 60)
-    answer = await conversations.answer(inquiry(QUESTION, "a"), RecordingReply(), claimed=claimed or [],
+    answer = await conversations.answer(inquiry(QUESTION, "a"), RecordingReply(), claimed=claimed,
                                         event_id="1", kind="dm")
     assert answer is not None and answer.outcome is Outcome.ANSWERED
     assert await conversations.claim(["test:event:1"], 60) is None, "answered: a redelivery is not answered again"
 
     claimed = await conversations.claim(["test:event:2"], 60)
     reply = RecordingReply()
-    failed = await conversations.answer(inquiry("   ", "b"), reply, claimed=claimed or [], event_id="2", kind="dm")
+    failed = await conversations.answer(inquiry("   ", "b"), reply, claimed=claimed, event_id="2", kind="dm")
     assert failed is not None and failed.outcome is Outcome.ERROR and reply.failure
-    assert await conversations.claim(["test:event:2"], 60) == ["test:event:2"], "failed: a redelivery may try again"
+    again = await conversations.claim(["test:event:2"], 60)
+    assert again is not None and again.keys == ("test:event:2",), "failed: a redelivery may try again"
     assert [(t.event_id, t.kind, t.answer.outcome) for t in turns] == [("1", "dm", Outcome.ANSWERED),
                                                                        ("2", "dm", Outcome.ERROR)]
 
 
 async def test_reviews_say_what_happened(kb_runtime: Runtime):
     conversations = kb_runtime.conversations()
-    first = await conversations.answer(inquiry(QUESTION, "r"), RecordingReply(), claimed=[], event_id="1", kind="dm")
+    first = await conversations.answer(inquiry(QUESTION, "r"), RecordingReply(), claimed=None, event_id="1", kind="dm")
     assert first is not None and first.approvable
     turn_id = first.trace.turn_id
 
@@ -51,7 +52,7 @@ async def test_reviews_say_what_happened(kb_runtime: Runtime):
     assert "4,000" in approved.answer.text
     assert await review(False) is ReviewStatus.WITHDRAWN
     assert await review(False) is ReviewStatus.NOTHING_TO_WITHDRAW
-    off = Conversations(kb_runtime.answerer, kb_runtime.idempotency, kb_runtime.history, answers=None)
+    off = Conversations(kb_runtime.answerer, kb_runtime.idempotency, kb_runtime.history, approved=None)
     assert (await off.review(turn_id, approving=True, reviewer=True, user="R1", display_name="",
                              tenant="test:t1")).status is ReviewStatus.DISABLED
 
@@ -76,7 +77,7 @@ async def test_memory_commands_and_a_thread_afresh(kb_runtime: Runtime):
     await conversations.memory_command("test", "t1", "u1", ["prefs", "lang", "zh"], prefix="/")
     assert await conversations.user_language("test", "t1", "u1") == "zh"
 
-    await conversations.answer(inquiry(QUESTION, "f"), RecordingReply(), claimed=[], event_id="1", kind="dm")
+    await conversations.answer(inquiry(QUESTION, "f"), RecordingReply(), claimed=None, event_id="1", kind="dm")
     assert await conversations.answered_before("test:f")
     assert await conversations.start_afresh("test:f")
     assert not await conversations.answered_before("test:f")

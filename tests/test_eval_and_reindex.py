@@ -13,6 +13,7 @@ from haystack import Document
 from haystack.document_stores.types import DuplicatePolicy
 
 from adapters.cli import main, run_reindex
+from pipelines.components.retrievers import retriever_for
 from pipelines.store import DocRecord, prepare_chunks
 from pipelines.weaviate_store import (
     SEARCH_TEXT_PROPERTY,
@@ -120,7 +121,7 @@ def test_an_outdated_collection_is_refused_until_reindexed(tmp_path, capsys):
     assert run_reindex(settings) == 0
     assert "reindexed the keywords of 1 chunks" in capsys.readouterr().out
     reopened = WeaviateKnowledgeStore(WEAVIATE_URL, collection=name)
-    found = reopened.retriever(mode="bm25", candidates=5).run(query="replacing impellers")["documents"]
+    found = retriever_for(reopened, mode="bm25", candidates=5).run(query="replacing impellers")["documents"]
     assert [d.meta["doc_id"] for d in found] == ["d1"]
     assert "search_text" not in found[0].meta
     reopened.drop()

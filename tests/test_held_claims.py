@@ -1,4 +1,4 @@
-"""An event's claims while its turn runs (``bot.state.HeldClaims``): a short renewed lease, kept
+"""An event's claims while its turn runs (``bot.state.Claim`` on a lease): a short renewed lease, kept
 for the dedupe TTL after an answer, released after a failure, and free again soon after the
 holder dies (its renewal stops), in process and in Redis alike."""
 
@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.redis_state import RedisIdempotency
-from bot.state import Idempotency, MemoryIdempotency, hold_claims
+from bot.state import Idempotency, MemoryIdempotency, take_claim
 
 REDIS_URL = os.environ.get("REDIS_URL")
 LEASE = 0.6
@@ -32,25 +32,27 @@ async def idempotency(request: pytest.FixtureRequest) -> AsyncIterator[Idempoten
 
 
 async def test_a_running_turn_keeps_its_claims_beyond_the_lease(idempotency: Idempotency):
-    held = await hold_claims(idempotency, ["event:1", "message:1"], ttl_s=60, lease_s=LEASE)
-    assert held == ["event:1", "message:1"]
+    held = await take_claim(idempotency, ["event:1", "message:1"], ttl_s=60, lease_s=LEASE)
+    assert held is not None and held.keys == ("event:1", "message:1") and held.held
     await asyncio.sleep(LEASE * 2.5)  # renewed meanwhile
-    assert await hold_claims(idempotency, ["event:1"], ttl_s=60, lease_s=LEASE) is None
+    assert await take_claim(idempotency, ["event:1"], ttl_s=60, lease_s=LEASE) is None
     await held.finish(answered=True)
     await asyncio.sleep(LEASE * 1.5)  # kept for the dedupe TTL now, with no renewal running
     assert not await idempotency.claim("event:1", 60) and not await idempotency.claim("message:1", 60)
 
 
 async def test_a_failed_turn_releases_its_claims_for_a_redelivery(idempotency: Idempotency):
-    held = await hold_claims(idempotency, ["event:2"], ttl_s=60, lease_s=LEASE)
+    held = await take_claim(idempotency, ["event:2"], ttl_s=60, lease_s=LEASE)
+    assert held is not None
     await held.finish(answered=False)
-    again = await hold_claims(idempotency, ["event:2"], ttl_s=60, lease_s=LEASE)
-    assert again == ["event:2"]
+    again = await take_claim(idempotency, ["event:2"], ttl_s=60, lease_s=LEASE)
+    assert again is not None and again.keys == ("event:2",)
     await again.finish(answered=True)
 
 
 async def test_a_dead_holder_frees_the_event_within_the_lease(idempotency: Idempotency):
-    held = await hold_claims(idempotency, ["event:3"], ttl_s=3600, lease_s=LEASE)
+    held = await take_claim(idempotency, ["event:3"], ttl_s=3600, lease_s=LEASE)
+    assert held is not None and held._renewal is not None
     held._renewal.cancel()  # the process died: nobody renews, nobody finishes
     assert not await idempotency.claim("event:3", 60)
     await asyncio.sleep(LEASE * 1.3)

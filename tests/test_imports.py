@@ -1,8 +1,9 @@
 """The project's modules import one another without a cycle, and the layers point one way:
 ``adapters`` -> ``bot`` -> ``pipelines``.
 
-Every import counts, those inside functions too (a cycle hidden in a function is still a cycle);
-only imports under ``if TYPE_CHECKING:`` are left out, since they never run."""
+Every import counts: those inside functions (a cycle hidden in a function is still a cycle) and those
+under ``if TYPE_CHECKING:`` (they never run, but a cycle that only type checking sees is still two
+modules that cannot be understood apart)."""
 
 from __future__ import annotations
 
@@ -27,25 +28,13 @@ def project_modules() -> dict[str, Path]:
     return modules
 
 
-def _runs(node: ast.AST) -> bool:
-    """False for ``if TYPE_CHECKING:`` blocks."""
-    test = node.test if isinstance(node, ast.If) else None
-    return not (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-
-
 def imported_names(tree: ast.AST) -> list[str]:
     names: list[str] = []
-    pending = [tree]
-    while pending:
-        node = pending.pop()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names += [f"{node.module}.{alias.name}" for alias in node.names]
-        if isinstance(node, ast.If) and not _runs(node):
-            pending.extend(node.orelse)
-            continue
-        pending.extend(ast.iter_child_nodes(node))
     return names
 
 
@@ -107,10 +96,10 @@ def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_type_checking_imports_do_not_count():
+def test_type_checking_and_in_function_imports_count():
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bot.x\nelse:\n"
                      "    import bot.y\ndef f():\n    import bot.z\n")
-    assert sorted(imported_names(tree)) == ["bot.y", "bot.z", "typing.TYPE_CHECKING"]
+    assert sorted(imported_names(tree)) == ["bot.x", "bot.y", "bot.z", "typing.TYPE_CHECKING"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

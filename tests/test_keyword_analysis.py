@@ -9,8 +9,8 @@ import pytest
 from haystack import Document
 
 from pipelines.analysis import analyze, chunk_search_text, search_text, unigrams
-from pipelines.components.retrievers import adaptive_alpha, check_alpha, fuse, relative_score_fusion
 from pipelines.evaluation import EvalQuery, miss_cause
+from pipelines.fusion import adaptive_alpha, check_alpha, fuse, relative_score_fusion
 from pipelines.store import DocRecord, InMemoryKnowledgeStore
 
 

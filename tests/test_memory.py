@@ -124,7 +124,7 @@ async def test_an_approved_first_question_is_served_from_cache_and_follow_ups_ne
     runtime = kb_runtime
     first = await runtime.answerer.answer(inquiry("How long is the standard warranty?", "c1"), RecordingReply())
     assert first.outcome is Outcome.ANSWERED
-    assert await runtime.answers.approve(first.trace.turn_id, "reviewer")
+    assert await runtime.approved.approve(first.trace.turn_id, "reviewer")
 
     reply = RecordingReply()
     again = await runtime.answerer.answer(inquiry("how long is the standard warranty?  ", "c2"), reply)
@@ -139,13 +139,13 @@ async def test_an_approved_first_question_is_served_from_cache_and_follow_ups_ne
     await runtime.answerer.answer(inquiry("What does fault E-004 mean?", "c4"), RecordingReply())
     follow = await runtime.answerer.answer(inquiry("How long is the standard warranty?", "c4"), RecordingReply())
     assert follow.outcome is Outcome.ANSWERED  # a later turn of a thread is not served from cache
-    assert await runtime.answers.approve(follow.trace.turn_id, "reviewer") is None  # nor offered
+    assert await runtime.approved.approve(follow.trace.turn_id, "reviewer") is None  # nor offered
 
 
 async def test_a_refresh_that_advances_the_knowledge_version_makes_the_cache_miss(kb_runtime, monkeypatch):
     runtime = kb_runtime
     first = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v1"), RecordingReply())
-    await runtime.answers.approve(first.trace.turn_id, "reviewer")
+    await runtime.approved.approve(first.trace.turn_id, "reviewer")
     assert (await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v2"),
                                           RecordingReply())).outcome is Outcome.CACHED
     version = runtime.store.knowledge_version

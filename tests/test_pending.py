@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.conversation import Conversations
+from bot.conversation import Conversations, TakeOver
+from bot.delivery import Delivery
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
 from bot.redis_state import RedisIdempotency, RedisPendingTurns
@@ -69,7 +70,13 @@ def pending_turn(n: int = 1, *, platform: str = "slack", lease_s: float = LEASE)
                       received_at=1000.0 + n, spaces=("default", "drives"))
     return PendingTurn(id=f"{platform}:message:{n}", inquiry=inquiry, target={"channel": "C1", "n": n},
                        claim_keys=[f"{platform}:event:{n}", f"{platform}:message:{n}"], event_id=f"Ev{n}",
-                       kind="mention", crashed="Something went wrong.", lease_s=lease_s, dedupe_ttl_s=60)
+                       kind="mention", crashed="Something went wrong.", lease_s=lease_s, dedupe_ttl_s=60,
+                       account=account(platform))
+
+
+def account(platform: str = "slack") -> str:
+    """The platform account of these tests' turns (a bot of that platform)."""
+    return f"{platform}:B1"
 
 
 # --- the store ---------------------------------------------------------------------------------------
@@ -77,30 +84,30 @@ async def test_an_entry_is_its_owners_until_its_lease_expires_then_one_other_tak
     store = stores.pending
     turn = pending_turn()
     await store.add(turn, "A")
-    assert await store.renew(turn.id, "A", ["m1", "m2"])
-    assert not await store.renew(turn.id, "B"), "only the owner renews"
-    assert await store.take_expired("B", ["slack"], 10) == []
+    assert await store.renew(turn, "A", ["m1", "m2"])
+    assert not await store.renew(turn, "B"), "only the owner renews"
+    assert await store.take_expired("B", [account("slack")], 10) == []
     await asyncio.sleep(EXPIRED)
 
-    taken = await asyncio.gather(store.take_expired("B", ["slack"], 10), store.take_expired("C", ["slack"], 10))
+    taken = await asyncio.gather(store.take_expired("B", [account("slack")], 10), store.take_expired("C", [account("slack")], 10))
     assert sorted(len(t) for t in taken) == [0, 1], "two replicas never take the same entry"
     [got] = taken[0] or taken[1]
     assert got == dataclasses.replace(turn, attempts=2, messages=["m1", "m2"])  # the whole turn, rebuilt
     new_owner = "B" if taken[0] else "C"
-    assert not await store.renew(turn.id, "A"), "the old owner learns it lost the turn"
-    assert not await store.remove(turn.id, "A")
-    assert await store.take_expired("A", ["slack"], 10) == [], "taken on a new lease"
-    assert await store.remove(turn.id, new_owner)
+    assert not await store.renew(turn, "A"), "the old owner learns it lost the turn"
+    assert not await store.remove(turn, "A")
+    assert await store.take_expired("A", [account("slack")], 10) == [], "taken on a new lease"
+    assert await store.remove(turn, new_owner)
     await asyncio.sleep(EXPIRED)
-    assert await store.take_expired("A", ["slack"], 10) == []
+    assert await store.take_expired("A", [account("slack")], 10) == []
 
 
 async def test_a_replica_takes_only_the_platforms_it_serves(stores: Stores):
     await stores.pending.add(pending_turn(1, platform="telegram"), "A")
     await stores.pending.add(pending_turn(2, platform="slack"), "A")
     await asyncio.sleep(EXPIRED)
-    assert [t.platform for t in await stores.pending.take_expired("B", ["slack"], 10)] == ["slack"]
-    assert [t.platform for t in await stores.pending.take_expired("B", ["telegram"], 10)] == ["telegram"]
+    assert [t.platform for t in await stores.pending.take_expired("B", [account("slack")], 10)] == ["slack"]
+    assert [t.platform for t in await stores.pending.take_expired("B", [account("telegram")], 10)] == ["telegram"]
 
 
 # --- replicas ----------------------------------------------------------------------------------------
@@ -116,8 +123,12 @@ class Posting(RecordingReply):
         self.posted.append(f"m{len(self.posted) + 1}")
 
 
+    def message_ids(self) -> list[str]:
+        return list(self.posted)
+
+
 class Platform:
-    """A ``Resumer``: the replies it rebuilt and the half-written messages it retired."""
+    """A ``bot.delivery.Platform``: the replies it rebuilt and the half-written messages it retired."""
 
     name = "slack"
 
@@ -125,14 +136,20 @@ class Platform:
         self.resumed: list[tuple[PendingTurn, Posting]] = []
         self.retired: list[str] = []
 
-    async def resume(self, turn: PendingTurn) -> Reply:
-        self.retired += turn.messages
+    async def account(self) -> str:
+        return account("slack")
+
+    def rebuild(self, turn: PendingTurn) -> Reply:
         reply = Posting()
         self.resumed.append((turn, reply))
         return reply
 
-    def message_ids(self, reply: Any) -> list[str]:
-        return list(reply.posted)
+    async def delete(self, target: dict[str, Any], message_id: str) -> bool:
+        self.retired.append(message_id)
+        return True
+
+    async def edit(self, target: dict[str, Any], message_id: str, text: str) -> None:
+        raise AssertionError("every message is deleted")
 
 
 class Answers:
@@ -152,11 +169,13 @@ class Answers:
         return answer
 
 
-def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, **options: Any) -> tuple[Conversations, Platform]:
+def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, *, pending: PendingTurns | None = None,
+            max_attempts: int = 3) -> tuple[Conversations, Platform]:
     platform = Platform()
-    options = {"pending": stores.pending, "replica": name, "resumers": {"slack": platform}, **options}
+    takeover = TakeOver(pending or stores.pending, name, max_attempts=max_attempts)
     conversations = Conversations(answerer or Answers(), stores.idempotency, SqliteHistory(tmp / f"{name}.sqlite3"),
-                                  **options)
+                                  takeover=takeover)
+    conversations.serve(Delivery(conversations, platform))
     return conversations, platform
 
 
@@ -167,7 +186,7 @@ async def accept(conversations: Conversations, n: int, reply: Reply) -> asyncio.
     assert claimed is not None
     inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", QUESTION)
     return asyncio.create_task(conversations.answer(inquiry, reply, claimed=claimed, event_id=f"Ev{n}",
-                                                    kind="mention", target={"n": n}))
+                                                    kind="mention", target={"n": n}, account=account()))
 
 
 async def recover(conversations: Conversations) -> int:
@@ -195,7 +214,7 @@ async def test_a_turn_whose_replica_died_is_answered_by_another_once(tmp_path: P
     assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED and reply.final is None
     assert await b.claim(["slack:event:1"], 60) is None, "a redelivery is not answered again"
     await asyncio.sleep(EXPIRED)
-    assert await recover(b) == 0 and await stores.pending.take_expired("C", ["slack"], 10) == [], "entry removed"
+    assert await recover(b) == 0 and await stores.pending.take_expired("C", [account("slack")], 10) == [], "entry removed"
 
 
 async def test_a_slow_owner_that_cannot_renew_stops_before_another_takes_over(tmp_path: Path, stores: Stores):
@@ -224,7 +243,7 @@ async def test_an_owner_whose_event_loop_stalled_while_another_took_over_does_no
     async def take_over() -> None:  # B, in another process, while A's event loop is stuck
         await asyncio.sleep(EXPIRED + 0.1)
         async with stores.elsewhere() as pending:
-            taken.extend(await pending.take_expired("B", ["slack"], 10))
+            taken.extend(await pending.take_expired("B", [account("slack")], 10))
 
     elsewhere = threading.Thread(target=asyncio.run, args=(take_over(),))
     handler = await accept(a, 3, reply := Posting())
@@ -277,8 +296,8 @@ async def test_a_turn_that_failed_is_over_and_a_turn_left_behind_after_its_answe
     failed = Posting()
     keys = ["slack:event:5", "slack:message:5"]
     claimed = await a.claim(keys, 60, lease_s=LEASE)
-    answer = await a.answer(Inquiry("slack", "T1", "C1", "slack:T1:C1:5", "U1", "   "), failed, claimed=claimed or [],
-                            event_id="Ev5", kind="mention", target={})
+    answer = await a.answer(Inquiry("slack", "T1", "C1", "slack:T1:C1:5", "U1", "   "), failed, claimed=claimed,
+                            event_id="Ev5", kind="mention", target={}, account=account())
     assert answer is not None and answer.outcome is Outcome.ERROR and failed.failure
     # The user saw the Answerer's message: not retried. A replica that died after keeping an answered
     # turn's claims but before removing its entry leaves an entry the recovery drops unanswered.

@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.rate_buckets import MemoryBuckets, Rate, RedisBuckets
-from bot.streaming import COMPLETES, RateBudget
+from bot.streaming import COMPLETES, PlatformRates
 from tests.private_redis import private_redis  # noqa: F401 - a fixture
 
 needs_redis = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (make test starts Redis)")
 
 
 @pytest.fixture
-async def replicas() -> AsyncIterator[tuple[RateBudget, RateBudget]]:
+async def replicas() -> AsyncIterator[tuple[PlatformRates, PlatformRates]]:
     """Two budgets, each on a Redis client of its own, with one prefix: two replicas of one app."""
     from bot.redis_state import connect_redis
 
@@ -30,25 +30,25 @@ async def replicas() -> AsyncIterator[tuple[RateBudget, RateBudget]]:
     rates = {"chat.update": Rate(per_minute=600, burst=3), "send": Rate(per_minute=600, burst=2),
              "bot": Rate(per_minute=600, burst=1)}
     try:
-        yield RateBudget(rates, store=RedisBuckets(clients[0], prefix)), RateBudget(rates, store=RedisBuckets(clients[1], prefix))
+        yield PlatformRates(rates, store=RedisBuckets(clients[0], prefix)), PlatformRates(rates, store=RedisBuckets(clients[1], prefix))
     finally:
         for client in clients:
             await client.aclose()
 
 
 @needs_redis
-async def test_two_replicas_stay_inside_the_tier_together(replicas: tuple[RateBudget, RateBudget]):
+async def test_two_replicas_stay_inside_the_tier_together(replicas: tuple[PlatformRates, PlatformRates]):
     """Two replicas, six callers each, all waiting for one workspace's chat.update (10/s, burst 3):
     in any window of a second the grants of both together are at most burst + rate."""
     grants: list[float] = []
 
-    async def caller(budget: RateBudget) -> None:
+    async def caller(rates: PlatformRates) -> None:
         for _ in range(3):
-            await budget.acquire("T1", "chat.update", (COMPLETES, 1, time.monotonic()))
+            await rates.acquire("T1", "chat.update", (COMPLETES, 1, time.monotonic()))
             grants.append(time.monotonic())
 
     started = time.monotonic()
-    await asyncio.gather(*(caller(budget) for budget in replicas for _ in range(6)))
+    await asyncio.gather(*(caller(rates) for rates in replicas for _ in range(6)))
     assert len(grants) == 36
     grants.sort()
     worst = max(sum(1 for g in grants[i:] if g < start + 1.0) for i, start in enumerate(grants))
@@ -58,7 +58,7 @@ async def test_two_replicas_stay_inside_the_tier_together(replicas: tuple[RateBu
 
 
 @needs_redis
-async def test_a_429_seen_by_one_replica_holds_the_bucket_for_the_other(replicas: tuple[RateBudget, RateBudget]):
+async def test_a_429_seen_by_one_replica_holds_the_bucket_for_the_other(replicas: tuple[PlatformRates, PlatformRates]):
     one, two = replicas
     await one.hold("T1", "chat.update", 1.5)  # replica one got 429 + Retry-After: 1.5
     assert await two.try_acquire("T1", "chat.update") is False, "held for every replica"
@@ -71,7 +71,7 @@ async def test_a_429_seen_by_one_replica_holds_the_bucket_for_the_other(replicas
 
 @needs_redis
 async def test_a_spare_only_call_on_one_replica_yields_to_a_waiter_on_the_other(
-        replicas: tuple[RateBudget, RateBudget]):
+        replicas: tuple[PlatformRates, PlatformRates]):
     one, two = replicas
     assert await one.try_acquire("T1", "bot") is True  # the only token (burst 1, one per 0.1 s)
     waiter = asyncio.create_task(one.acquire("T1", "bot"))  # a final text waits on replica one
@@ -86,7 +86,7 @@ async def test_a_spare_only_call_on_one_replica_yields_to_a_waiter_on_the_other(
 
 
 @needs_redis
-async def test_several_buckets_are_taken_all_or_none_across_replicas(replicas: tuple[RateBudget, RateBudget]):
+async def test_several_buckets_are_taken_all_or_none_across_replicas(replicas: tuple[PlatformRates, PlatformRates]):
     one, two = replicas
     assert await one.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
     assert await two.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
@@ -102,8 +102,8 @@ async def test_a_full_bucket_leaves_no_key_behind():
     client = await connect_redis(os.environ["REDIS_URL"])
     prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
     try:
-        budget = RateBudget({"m": Rate(per_minute=6000, burst=2)}, store=RedisBuckets(client, prefix))
-        await budget.acquire("s", "m")
+        rates = PlatformRates({"m": Rate(per_minute=6000, burst=2)}, store=RedisBuckets(client, prefix))
+        await rates.acquire("s", "m")
         assert 0 < await client.pttl(f"{prefix}s:m") <= 1100, "expires once it would be full again"
     finally:
         await client.aclose()
@@ -142,22 +142,22 @@ async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_r
 
     client = await connect_redis(private_redis.url, retries=0, socket_timeout=0.5, connect_timeout=0.5)
     store = RedisBuckets(client, "test-rate:", outage_retry_s=0.2)
-    budget = RateBudget({"chat.update": Rate(per_minute=600, burst=2)}, store=store)
+    rates = PlatformRates({"chat.update": Rate(per_minute=600, burst=2)}, store=store)
     try:
-        assert await budget.try_acquire("T1", "chat.update")
+        assert await rates.try_acquire("T1", "chat.update")
         private_redis.stop()
         with caplog.at_level(logging.WARNING, logger="kbbot.rate"):
             started = time.monotonic()
-            waits = [await budget.acquire("T1", "chat.update") for _ in range(4)]
+            waits = [await rates.acquire("T1", "chat.update") for _ in range(4)]
         assert time.monotonic() - started < 2.0, "an outage slows nothing down to a stop"
         assert waits[:2] == [0.0, 0.0] and waits[2] > 0.05, "the local bucket still keeps the rate"
         assert sum("Redis out of reach" in r.getMessage() for r in caplog.records) == 1
-        await budget.hold("T1", "chat.update", 0.5)  # a 429 during the outage still holds (locally)
-        assert await budget.try_acquire("T1", "chat.update") is False
+        await rates.hold("T1", "chat.update", 0.5)  # a 429 during the outage still holds (locally)
+        assert await rates.try_acquire("T1", "chat.update") is False
         private_redis.start()
         await asyncio.sleep(0.3)
         with caplog.at_level(logging.WARNING, logger="kbbot.rate"):
-            assert await budget.try_acquire("T1", "chat.update") is True, "Redis' bucket is full again"
+            assert await rates.try_acquire("T1", "chat.update") is True, "Redis' bucket is full again"
         assert any("Redis is back" in r.getMessage() for r in caplog.records)
         assert await client.exists("test-rate:T1:chat.update") == 1, "the shared bucket is used again"
     finally:
@@ -184,9 +184,9 @@ async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp
         [slack] = [a for a in adapters if isinstance(a, SlackAdapter)]
         [telegram] = [a for a in adapters if isinstance(a, TelegramAdapter)]
         prefix = settings.redis_prefix
-        assert isinstance(slack.budget.store, RedisBuckets) and slack.budget.store.prefix == f"{prefix}rate:slack:"
-        assert isinstance(telegram.budget.store, RedisBuckets)
-        assert telegram.budget.store.prefix == f"{prefix}rate:telegram:123456789:"
+        assert isinstance(slack.rates.store, RedisBuckets) and slack.rates.store.prefix == f"{prefix}rate:slack:"
+        assert isinstance(telegram.rates.store, RedisBuckets)
+        assert telegram.rates.store.prefix == f"{prefix}rate:telegram:123456789:"
         await telegram.bot.session.close()  # never started: only its HTTP session to close
     finally:
         await runtime.close()

@@ -24,13 +24,13 @@ from slack_sdk.signature import SignatureVerifier
 
 from adapters.server import build_web_app
 from adapters.slack import SlackAdapter
-from adapters.slack_reply import make_budget
+from adapters.slack_reply import make_rates
 from adapters.slack_text import neutralise, question_text, stable_prefix
 from bot.conversation import TurnRecord
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
-from bot.streaming import Rate, RateBudget, split_message
+from bot.streaming import PlatformRates, Rate, split_message
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
@@ -115,16 +115,19 @@ class Slack:
 
 
 @contextlib.asynccontextmanager
-async def slack_app(runtime: Runtime, fake: FakeSlack, *, budget: RateBudget | None = None,
+async def slack_app(runtime: Runtime, fake: FakeSlack, *, rates: PlatformRates | None = None,
                     idempotency: Any = None, admin: Any = None, answerer: Any = None, replica: str | None = None,
                     **overrides: Any) -> AsyncIterator[Slack]:
     options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
+    takeover = conversations.takeover
+    if takeover is not None and replica is not None:
+        takeover = replace(takeover, replica=replica)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
-                            answerer=answerer or conversations.answerer, replica=replica or conversations.replica)
-    adapter = SlackAdapter(conversations, settings, budget=budget)
+                            answerer=answerer or conversations.answerer, takeover=takeover)
+    adapter = SlackAdapter(conversations, settings, rates=rates)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -427,9 +430,9 @@ async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_s
     text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(25))
     model.responder = lambda req: Script(text, tokens_per_second=120)
     fake_slack.limit("chat.update", calls=4, per_s=1.0)
-    budget = make_budget(SlackSettings())
-    budget.rates = {**budget.rates, "chat.update": Rate(per_minute=60, burst=3)}
-    async with slack_app(runtime, fake_slack, budget=budget, stream_mode="edit", edit_interval_s=0.2) as slack:
+    rates = make_rates(SlackSettings())
+    rates.rates = {**rates.rates, "chat.update": Rate(per_minute=60, burst=3)}
+    async with slack_app(runtime, fake_slack, rates=rates, stream_mode="edit", edit_interval_s=0.2) as slack:
         mentions = [slack.mention() for _ in range(3)]
         for mention in mentions:
             await slack.send(mention, settle=False)
@@ -450,9 +453,9 @@ async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(cl
     model, runtime = claude
     text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(20))
     model.responder = lambda req: Script(text, tokens_per_second=150)
-    budget = make_budget(SlackSettings())
-    budget.rates = {**budget.rates, "chat.startStream": Rate(per_minute=6, burst=1)}  # one start per 10 s
-    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+    rates = make_rates(SlackSettings())
+    rates.rates = {**rates.rates, "chat.startStream": Rate(per_minute=6, burst=1)}  # one start per 10 s
+    async with slack_app(runtime, fake_slack, rates=rates) as slack:
         mentions = [slack.mention(channel=f"C0TEAM{i}") for i in range(4)]
         for mention in mentions:
             await slack.send(mention, settle=False)
@@ -481,10 +484,10 @@ def acknowledgements(fake: FakeSlack, channel: str, thread_ts: str) -> list[Any]
         or (c.method == "reactions.add" and (c.args.get("channel"), c.args.get("timestamp")) == (channel, thread_ts)))]
 
 
-def busy_channel_budget(**rates: Rate) -> RateBudget:
-    budget = make_budget(SlackSettings())
-    budget.rates = {**budget.rates, **{method.replace("_", "."): rate for method, rate in rates.items()}}
-    return budget
+def busy_channel_rates(**tiers: Rate) -> PlatformRates:
+    rates = make_rates(SlackSettings())
+    rates.rates = {**rates.rates, **{method.replace("_", "."): rate for method, rate in tiers.items()}}
+    return rates
 
 
 async def test_a_busy_channel_acknowledges_every_question_at_once_from_tiers_of_their_own(claude, fake_slack):
@@ -498,9 +501,9 @@ async def test_a_busy_channel_acknowledges_every_question_at_once_from_tiers_of_
     fake_slack.limit("chat.postMessage", calls=4, per_s=1.0, per="channel")
     fake_slack.limit("assistant.threads.setStatus", calls=3, per_s=60.0)
     fake_slack.limit("reactions.add", calls=50, per_s=60.0)
-    budget = busy_channel_budget(chat_postMessage=Rate(120, burst=2), chat_startStream=Rate(6, burst=1),
+    rates = busy_channel_rates(chat_postMessage=Rate(120, burst=2), chat_startStream=Rate(6, burst=1),
                                  assistant_threads_setStatus=Rate(3, burst=3), reactions_remove=Rate(60, burst=8))
-    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+    async with slack_app(runtime, fake_slack, rates=rates) as slack:
         mentions = [slack.mention(f"{QUESTION} (ticket {i})", channel="C0BUSY", user=f"U0ASKER{i}") for i in range(8)]
         await asyncio.gather(*(slack.send(m, settle=False) for m in mentions))
         await slack.adapter.settle()
@@ -535,10 +538,10 @@ async def test_a_busy_channel_posts_a_complete_answer_before_others_first_texts(
     model.responder = lambda body: (Script(short_text, tokens_per_second=200) if "(short)" in json.dumps(body)
                                     else Script(long_text, tokens_per_second=20))
     fake_slack.limit("chat.postMessage", calls=3, per_s=1.0, per="channel")
-    budget = busy_channel_budget(chat_postMessage=Rate(120, burst=1), chat_startStream=Rate(1, burst=1))
-    await budget.try_acquire(TEAM, "chat.startStream")  # no stream can start: every answer posts
-    await budget.hold(f"{TEAM}:C0BUSY", "chat.postMessage", 3.0)
-    async with slack_app(runtime, fake_slack, budget=budget, stream_mode="native") as slack:
+    rates = busy_channel_rates(chat_postMessage=Rate(120, burst=1), chat_startStream=Rate(1, burst=1))
+    await rates.try_acquire(TEAM, "chat.startStream")  # no stream can start: every answer posts
+    await rates.hold(f"{TEAM}:C0BUSY", "chat.postMessage", 3.0)
+    async with slack_app(runtime, fake_slack, rates=rates, stream_mode="native") as slack:
         waiting = [slack.mention(f"{QUESTION} (long {i})", channel="C0BUSY", user=f"U0LONG{i}") for i in range(4)]
         await asyncio.gather(*(slack.send(m, settle=False) for m in waiting))
         await asyncio.sleep(0.3)
@@ -562,10 +565,10 @@ async def test_a_complete_answer_stuck_behind_a_busy_channel_takes_a_free_stream
     stopped with its sources then, not posted 20 s later."""
     model, runtime = claude
     model.responder = lambda req: Script("Grease the bearings every 4,000 operating hours [1].", tokens_per_second=100)
-    budget = busy_channel_budget(chat_startStream=Rate(60, burst=1))
-    await budget.try_acquire(TEAM, "chat.startStream")
-    await budget.hold(f"{TEAM}:C0BUSY", "chat.postMessage", 20.0)
-    async with slack_app(runtime, fake_slack, budget=budget) as slack:
+    rates = busy_channel_rates(chat_startStream=Rate(60, burst=1))
+    await rates.try_acquire(TEAM, "chat.startStream")
+    await rates.hold(f"{TEAM}:C0BUSY", "chat.postMessage", 20.0)
+    async with slack_app(runtime, fake_slack, rates=rates) as slack:
         mention = (await slack.send(slack.mention(channel="C0BUSY")))["event"]
 
     [message] = slack.thread(mention)
@@ -600,9 +603,9 @@ async def test_reactions_follow_slack_s_rules_in_the_fake(fake_slack):
 def test_the_apps_slack_rates_are_the_tiers_with_the_overrides():
     # Slack limits the app per workspace and channel, whichever process calls: replicas share these
     # buckets in Redis (tests/test_rate_buckets.py), so no process takes a share of them.
-    budget = make_budget(SlackSettings())
-    assert budget.rates["chat.stopStream"] == Rate(20, burst=10)
-    custom = make_budget(SlackSettings(rate_limits={"chat.update": 100}))
+    rates = make_rates(SlackSettings())
+    assert rates.rates["chat.stopStream"] == Rate(20, burst=10)
+    custom = make_rates(SlackSettings(rate_limits={"chat.update": 100}))
     assert custom.rates["chat.update"] == Rate(100, burst=5)
 
 

@@ -12,8 +12,8 @@ from bot.streaming import (
     STARTS,
     Cadence,
     DeliveryFailed,
+    PlatformRates,
     Rate,
-    RateBudget,
     RetryAfter,
     StreamWriter,
     TokenBucket,
@@ -287,8 +287,8 @@ async def test_try_acquire_takes_only_a_free_token_and_never_jumps_the_queue():
     assert await queued.try_acquire() is False, "but a caller (a final) waits for it: spare-only callers get nothing"
     woken.set()
     assert await waiter == pytest.approx(1.0)
-    budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)})
-    assert await budget.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
+    rates = PlatformRates({"chat.update": Rate(per_minute=60, burst=1)})
+    assert await rates.try_acquire("T1", "chat.postMessage") is True, "a method without a rate is not limited"
 
 
 async def test_waiting_callers_get_tokens_by_priority_a_completing_call_first():
@@ -332,27 +332,27 @@ async def test_a_cancelled_waiter_takes_no_token():
 
 async def test_try_acquire_all_takes_every_bucket_or_none():
     t = FakeTime()
-    budget = RateBudget({"send": Rate(per_minute=60, burst=2), "bot": Rate(per_minute=60, burst=1)},
+    rates = PlatformRates({"send": Rate(per_minute=60, burst=2), "bot": Rate(per_minute=60, burst=1)},
                         clock=t.clock, sleep=t.sleep)
-    assert await budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
-    assert await budget.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
-    assert await budget.bucket("chat1", "send").tokens() == pytest.approx(1.0), "the chat's token was not taken"
-    assert await budget.try_acquire_all(("chat1", "send"), ("all", "unlimited")) is True
+    assert await rates.try_acquire_all(("chat1", "send"), ("all", "bot")) is True
+    assert await rates.try_acquire_all(("chat1", "send"), ("all", "bot")) is False, "the bot-wide bucket is empty"
+    assert await rates.bucket("chat1", "send").tokens() == pytest.approx(1.0), "the chat's token was not taken"
+    assert await rates.try_acquire_all(("chat1", "send"), ("all", "unlimited")) is True
 
 
 async def test_budget_is_shared_per_scope_and_method():
     t = FakeTime()
-    budget = RateBudget({"chat.update": Rate(per_minute=60, burst=1)}, clock=t.clock, sleep=t.sleep)
-    assert await budget.acquire("T1", "chat.update") == 0.0
-    assert await budget.acquire("T2", "chat.update") == 0.0, "another workspace has its own bucket"
-    assert await budget.acquire("T1", "chat.postMessage") == 0.0, "a method without a rate is not limited"
-    assert await budget.acquire("T1", "chat.update") == pytest.approx(1.0)
-    assert budget.bucket("T1", "chat.update") is budget.bucket("T1", "chat.update")
+    rates = PlatformRates({"chat.update": Rate(per_minute=60, burst=1)}, clock=t.clock, sleep=t.sleep)
+    assert await rates.acquire("T1", "chat.update") == 0.0
+    assert await rates.acquire("T2", "chat.update") == 0.0, "another workspace has its own bucket"
+    assert await rates.acquire("T1", "chat.postMessage") == 0.0, "a method without a rate is not limited"
+    assert await rates.acquire("T1", "chat.update") == pytest.approx(1.0)
+    assert rates.bucket("T1", "chat.update") is rates.bucket("T1", "chat.update")
 
 
 async def test_concurrent_answers_of_one_workspace_stay_inside_the_tier_together():
     """Four answers stream at once; together they stay within the method's rate, and all finish."""
-    budget = RateBudget({"update": Rate(per_minute=1200, burst=2)})  # 20/s for the whole workspace
+    rates = PlatformRates({"update": Rate(per_minute=1200, burst=2)})  # 20/s for the whole workspace
     calls: list[float] = []
 
     class BudgetedSink:
@@ -360,7 +360,7 @@ async def test_concurrent_answers_of_one_workspace_stay_inside_the_tier_together
             self.final: str | None = None
 
         async def send(self, text: str, final: bool) -> bool:
-            await budget.acquire("T1", "update")
+            await rates.acquire("T1", "update")
             calls.append(time.monotonic())
             if final:
                 self.final = text

@@ -29,13 +29,13 @@ async def test_slack_half_written_answer_of_a_dead_replica_is_replaced_by_one_wh
     async with slack_app(kb_runtime, fake_slack, answerer=stuck, replica="A", claim_lease_s=LEASE) as a, \
             slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
         for replica in (a, b):  # as build_adapters does for kbbot serve
-            replica.adapter.conversations.resumers["slack"] = replica.adapter
+            replica.adapter.conversations.serve(replica.adapter.delivery)
         body = await a.send(a.mention(), settle=False)
         event = body["event"]
         await until(lambda: any(m.body.strip() for m in fake_slack.thread(event["channel"], event["ts"])))
         [orphan] = fake_slack.thread(event["channel"], event["ts"])
         await asyncio.sleep(0.5)  # A's lease records the message's id
-        for task in list(a.adapter._tasks._tasks):  # SIGKILL: nothing more from A
+        for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from A
             task.cancel()
         conversations = b.adapter.conversations
         assert await conversations.recover() == 0, "A's lease has not expired yet"
@@ -55,16 +55,18 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
                                                                                              fake_tg: FakeTelegram):
     stuck = Stuck(PARTIAL)
     async with telegram_bot(kb_runtime, fake_tg, answerer=stuck, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.resumers["telegram"] = a.adapter  # as build_adapters does for kbbot serve
+        a.adapter.conversations.serve(a.adapter.delivery)  # as build_adapters does for kbbot serve
         fake_tg.push(message_update(QUESTION, chat_id=7002))
         await until(lambda: bool(fake_tg.chat(7002)))
         [orphan] = fake_tg.chat(7002)
         await asyncio.sleep(0.5)  # the lease records the message's id
-        for task in list(a.adapter._tasks._tasks):  # SIGKILL: nothing more from this process
+        for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from this process
             task.cancel()
     async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as b:
         conversations = b.adapter.conversations
-        conversations.replica, conversations.resumers["telegram"] = "B", b.adapter
+        assert conversations.takeover is not None
+        conversations.takeover.replica = "B"
+        conversations.serve(b.adapter.delivery)
         await asyncio.sleep(LEASE * 1.6)
         assert await conversations.recover() == 1
         await conversations.recovering.settle(0.05)

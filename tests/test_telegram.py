@@ -25,7 +25,7 @@ from bot.conversation import TurnRecord
 from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
-from bot.state import HeldClaims, MemoryIdempotency
+from bot.state import Claim, MemoryIdempotency
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
@@ -60,7 +60,7 @@ class Tg:
 
 @contextlib.asynccontextmanager
 async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any = None, admin: Any = None,
-                       answerer: Any = None, budget: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
+                       answerer: Any = None, rates: Any = None, **overrides: Any) -> AsyncIterator[Tg]:
     options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                **overrides}
     settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
@@ -68,7 +68,7 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
-    adapter = TelegramAdapter(conversations, settings, budget=budget)
+    adapter = TelegramAdapter(conversations, settings, rates=rates)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)
@@ -312,7 +312,7 @@ async def test_a_message_whose_process_died_mid_turn_is_answered_when_it_comes_a
         message = f"telegram:message:{tg.adapter.bot_id}:{update['message']['chat']['id']}:" \
                   f"{update['message']['message_id']}"
         claimed = await tg.adapter.conversations.claim([message], 60, lease_s=0.5)
-        assert isinstance(claimed, HeldClaims)
+        assert isinstance(claimed, Claim) and claimed.held and claimed._renewal is not None
         claimed._renewal.cancel()  # the process that claimed it died: nobody renews, nobody finishes
         await tg.send({**update, "update_id": fake_tg.new_update_id()})  # at once: still held
         assert tg.turns == []

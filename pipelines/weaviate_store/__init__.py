@@ -7,7 +7,10 @@ module             holds
                    the rewrite ``kbbot reindex`` runs
 ``manifest``       the manifest collection: document records, sequence numbers, the knowledge version
 ``store``          ``WeaviateKnowledgeStore``: publish, revoke, commit, records, languages
-``retriever``      ``WeaviateHybridRetriever`` (BM25, vector, hybrid; fusion done by Weaviate)
+``options``        the query options a store is opened with: fusion, vector weight, query timeout
+``retriever``      ``WeaviateHybridRetriever`` (BM25, vector, hybrid; fusion done by Weaviate); it
+                   imports the store, never the other way (``components.retrievers.retriever_for``
+                   picks it for a store)
 ``scores``         dense candidates and per-question re-weighing read from a hybrid query's explanations
 ``connection``     the clients, reconnection, and ``WeaviateUnavailable``
 ``integration``    what reaches into weaviate-haystack's private API (and why), in one place
@@ -19,13 +22,8 @@ usual way in. This package is imported only when a Weaviate store is opened: the
 
 from pipelines.weaviate_store.connection import WeaviateUnavailable
 from pipelines.weaviate_store.integration import ChunkDocumentStore, to_document, weaviate_filters
-from pipelines.weaviate_store.retriever import (
-    DEFAULT_ALPHA,
-    DEFAULT_FUSION,
-    DEFAULT_QUERY_TIMEOUT_S,
-    FUSIONS,
-    WeaviateHybridRetriever,
-)
+from pipelines.weaviate_store.options import DEFAULT_ALPHA, DEFAULT_FUSION, DEFAULT_QUERY_TIMEOUT_S, FUSIONS
+from pipelines.weaviate_store.retriever import WeaviateHybridRetriever
 from pipelines.weaviate_store.schema import (
     DEFAULT_GRPC_PORT,
     DEFAULT_TOKENIZATION,

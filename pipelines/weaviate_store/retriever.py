@@ -11,40 +11,31 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from haystack import Document, component
 from weaviate.classes.query import HybridFusion, MetadataQuery
 
 from pipelines.analysis import analyze
 from pipelines.components.embedders import QueryVector
-from pipelines.components.retrievers import (
-    AUTO_ALPHA,
-    LANGUAGES,
-    MODES,
-    DenseCandidates,
-    as_list,
-    check_alpha,
-    check_choice,
-    retrieved,
-)
-from pipelines.components.retrievers import DEFAULT_ALPHA as RETRIEVAL_ALPHA
+from pipelines.fusion import AUTO_ALPHA, LANGUAGES, MODES, DenseCandidates, as_list, check_alpha, check_choice, retrieved
 from pipelines.weaviate_store.connection import WeaviateUnavailable
 from pipelines.weaviate_store.integration import to_document, weaviate_filters
+from pipelines.weaviate_store.options import (
+    DEFAULT_ALPHA,
+    DEFAULT_FUSION,
+    DEFAULT_QUERY_TIMEOUT_S,
+    FUSION_ALIASES,
+    FUSIONS,
+)
 from pipelines.weaviate_store.schema import QUERY_PROPERTIES
 from pipelines.weaviate_store.scores import PROBE_ALPHA, dense_of, hybrid_with_dense, merge_dense, reweighed
-
-if TYPE_CHECKING:
-    from pipelines.weaviate_store.store import WeaviateKnowledgeStore
+from pipelines.weaviate_store.store import WeaviateKnowledgeStore
 
 log = logging.getLogger("kbbot.weaviate")
 
-DEFAULT_FUSION = "relative_score"
-DEFAULT_ALPHA = RETRIEVAL_ALPHA  # the same weighting as the in-memory store's relative score fusion
-# How long a retrieval may take before it is reported as Weaviate being unreachable.
-DEFAULT_QUERY_TIMEOUT_S = 10.0
-FUSIONS = {"ranked": HybridFusion.RANKED, "relative_score": HybridFusion.RELATIVE_SCORE}
-FUSION_ALIASES = {"dbsf": "relative_score", "rrf": "ranked"}  # the in-memory retriever's names
+#: Weaviate's server-side fusion for each of ``FUSIONS``.
+HYBRID_FUSIONS = {"ranked": HybridFusion.RANKED, "relative_score": HybridFusion.RELATIVE_SCORE}
 
 
 @component
@@ -78,6 +69,15 @@ class WeaviateHybridRetriever:
     thread that bounds the wait (the same query without it: x1.01); ``run_async`` needs none.
     No answer within ``timeout_s`` raises WeaviateUnavailable.
     """
+
+    @classmethod
+    def of(cls, store: WeaviateKnowledgeStore, *, mode: str, candidates: int, fusion: str | None = None,
+           alpha: float | str | None = None) -> WeaviateHybridRetriever:
+        """The retriever of ``store``; ``fusion`` also takes the in-memory store's names: ``dbsf``
+        (score-based, like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the
+        store's own fusion and ``alpha``."""
+        chosen = FUSION_ALIASES.get(fusion, fusion) if fusion else store.fusion
+        return cls(store, mode=mode, candidates=candidates, fusion=chosen, alpha=store.alpha if alpha is None else alpha)
 
     def __init__(self, store: WeaviateKnowledgeStore, mode: str = "hybrid", candidates: int = 30,
                  fusion: str = DEFAULT_FUSION, alpha: float | str = DEFAULT_ALPHA,
@@ -118,7 +118,7 @@ class WeaviateHybridRetriever:
                                   "return_metadata": MetadataQuery(score=True, explain_score=explained or self.auto)}
         if self.mode == "hybrid":
             alpha = PROBE_ALPHA if self.alpha == AUTO_ALPHA else self.alpha
-            kwargs.update(vector=query_embedding, alpha=alpha, fusion_type=FUSIONS[self.fusion])
+            kwargs.update(vector=query_embedding, alpha=alpha, fusion_type=HYBRID_FUSIONS[self.fusion])
         return kwargs
 
     @staticmethod

@@ -14,7 +14,7 @@ from typing import Any
 
 from haystack import Document
 
-from pipelines.components.retrievers import adaptive_alpha
+from pipelines.fusion import adaptive_alpha
 from pipelines.weaviate_store.integration import to_document
 
 

@@ -32,19 +32,13 @@ from haystack.document_stores.types import DuplicatePolicy
 from weaviate.classes.query import Filter
 
 from pipelines.analysis import ANALYSIS_VERSION, chunk_search_text
-from pipelines.components.retrievers import LANGUAGES
+from pipelines.fusion import LANGUAGES
 from pipelines.records import DocRecord, prepare_chunks
 from pipelines.redact import redact_url
 from pipelines.weaviate_store import schema
 from pipelines.weaviate_store.connection import Connection
 from pipelines.weaviate_store.manifest import META_OBJECT, Manifest, record_of
-from pipelines.weaviate_store.retriever import (
-    DEFAULT_ALPHA,
-    DEFAULT_FUSION,
-    FUSION_ALIASES,
-    FUSIONS,
-    WeaviateHybridRetriever,
-)
+from pipelines.weaviate_store.options import DEFAULT_ALPHA, DEFAULT_FUSION, FUSIONS
 from pipelines.weaviate_store.schema import StoreOutdated
 
 # A query reads the index, then (in CurrentKnowledge) the manifest. Were the manifest switched
@@ -274,15 +268,6 @@ class WeaviateKnowledgeStore:
                 filters=Filter.by_property("language").equal(lang), limit=1, return_properties=[]).objects)
         self._languages = (key, present)
         return present
-
-    def retriever(self, *, mode: str, candidates: int, fusion: str | None = None,
-                  alpha: float | str | None = None) -> WeaviateHybridRetriever:
-        """Our retriever; ``fusion`` also takes the in-memory store's names: ``dbsf`` (score-based,
-        like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the store's own
-        fusion and ``alpha``."""
-        chosen = FUSION_ALIASES.get(fusion, fusion) if fusion else self.fusion
-        return WeaviateHybridRetriever(self, mode=mode, candidates=candidates, fusion=chosen,
-                                       alpha=self.alpha if alpha is None else alpha)
 
     # --- writing ----------------------------------------------------------------------------
     def _delete_chunks(self, doc_id: str, *, below: int | None = None, above: int | None = None) -> None:

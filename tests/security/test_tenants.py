@@ -98,7 +98,7 @@ async def test_in_a_turn_the_cache_is_per_tenant_and_preference_shaped_answers_a
     runtime = kb_runtime
     question = "How long is the standard warranty?"
     first = await runtime.answerer.answer(inquiry(question, "a"), RecordingReply())
-    assert first.approvable and await runtime.answers.approve(first.trace.turn_id, "R", tenant="slack:T1")
+    assert first.approvable and await runtime.approved.approve(first.trace.turn_id, "R", tenant="slack:T1")
     same_team = await runtime.answerer.answer(inquiry(question, "b"), RecordingReply())
     assert same_team.outcome is Outcome.CACHED
     other_team = await runtime.answerer.answer(inquiry(question, "c", tenant="T2"), RecordingReply())
@@ -110,4 +110,4 @@ async def test_in_a_turn_the_cache_is_per_tenant_and_preference_shaped_answers_a
     await runtime.preferences.save("slack", "T3", "u9", concise)
     shaped = await runtime.answerer.answer(inquiry(question, "e", tenant="T3", user="u9"), RecordingReply())
     assert shaped.outcome is Outcome.ANSWERED and not shaped.approvable
-    assert await runtime.answers.approve(shaped.trace.turn_id, "R", tenant="slack:T3") is None
+    assert await runtime.approved.approve(shaped.trace.turn_id, "R", tenant="slack:T3") is None

@@ -1,0 +1,263 @@
+"""Delivery: what every chat platform does around a turn, written once; a platform supplies the rest.
+
+A platform adapter (``adapters/slack.py``, ``adapters/telegram.py``) translates its events and renders
+its messages; everything between is here, platform-free, and both adapters go through it:
+
+- the gate (``Delivery.admit``): each handler is tracked (shutdown drains it, tests settle on it) and
+  passes the access checks: the shared ones (a click must name a turn id kbbot made) and those the
+  adapter registered once with ``Delivery.check`` (workspaces, channels, users), like bolt's middleware
+  or aiogram's filters. A check registered here cannot exist on one platform and not on the other path;
+- claims: an event's dedupe keys are claimed only once it passed the gate, as a ``bot.state.Claim`` on a
+  renewed lease; ``Delivery.claimed`` finishes a command's claim whatever happens to the command;
+- the turn: ``Delivery.answer`` hands a question to the conversation service with this platform
+  account, so the pending entry (``bot.pending``) is kept for the account that accepted it;
+- take-over: ``Delivery.resume`` refuses a turn of any other account, deletes the messages a dead
+  replica left half-written (or marks them, where the platform refuses), and rebuilds the reply;
+- what a platform refused (streaming in a workspace, drafts on a Bot API server) is remembered for an
+  hour (``Refusals``), so later answers go the other way at once;
+- failure display (``show_failure``: the partial answer replaced, else the message posted, past rate
+  limits) and final-text reconciliation (``reconcile``: each message already shown kept, edited or
+  deleted, the rest posted) for every platform's reply.
+
+What a platform supplies is ``Platform``: its name and account, how to rebuild a reply from a pending
+turn's target, how to delete and edit one of its messages; its replies post, edit, stream and react
+through its own SDK, paced by ``bot.streaming`` (``StreamWriter``, ``PlatformRates`` with its rate tiers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from bot.conversation import Conversations
+from bot.messages import say
+from bot.pending import PendingTurn
+from bot.state import Claim, TaskSet
+from bot.streaming import RetryAfter, StreamWriter
+from bot.types import Answer, Inquiry, Reply
+
+log = logging.getLogger("kbbot.delivery")
+
+#: What ``bot.types.Trace`` makes turn ids of: uuid4 hex. A click naming anything else is refused.
+TURN_ID = re.compile(r"[0-9a-f]{32}")
+#: How long a platform's refusal of a capability (streaming, drafts) is remembered.
+REFUSAL_MEMORY_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who asks for what, as the gate sees it (the same fields on every platform)."""
+
+    what: str  # question | command | click
+    user: str
+    tenant: str = ""  # Slack workspace, Telegram bot
+    chat: str = ""  # channel or chat id
+    private: bool = False  # a direct message / private chat
+    turn_id: str | None = None  # the turn a click names
+
+
+#: An access check: the reason ``access`` is refused (logged), or None.
+Check = Callable[[Access], str | None]
+
+
+def _click_names_a_turn(access: Access) -> str | None:
+    if access.what == "click" and not TURN_ID.fullmatch(access.turn_id or ""):
+        return f"a click that names no turn of kbbot ({(access.turn_id or '')[:40]!r})"
+    return None
+
+
+class Platform(Protocol):
+    """What a chat platform supplies to its ``Delivery``."""
+
+    name: str
+
+    async def account(self) -> str:
+        """The platform account this process serves, ``{name}:{id}`` (Telegram: the bot id; Slack: the
+        bot user of the app's token)."""
+
+    def rebuild(self, turn: PendingTurn) -> Reply:
+        """The reply of a turn taken over, from the target its adapter recorded (``turn.target``)."""
+
+    async def delete(self, target: dict[str, Any], message_id: str) -> bool:
+        """Delete one of the answer's messages; True when it is gone (or was already), False when the
+        platform refused."""
+
+    async def edit(self, target: dict[str, Any], message_id: str, text: str) -> None:
+        """Replace one message's text (raises the platform's error when it cannot)."""
+
+
+class Refusals:
+    """What a platform refused, by key, remembered for ``memory_s`` (then tried again)."""
+
+    def __init__(self, memory_s: float = REFUSAL_MEMORY_S, *, clock: Callable[[], float] = time.monotonic):
+        self.memory_s = memory_s
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def refuse(self, key: str) -> None:
+        self._until[key] = self._clock() + self.memory_s
+
+    def refused(self, key: str) -> bool:
+        until = self._until.get(key)
+        return until is not None and until > self._clock()
+
+
+class Delivery:
+    """One platform account's side of every turn: gate, claims, tracking, take-over (see the module)."""
+
+    def __init__(self, conversations: Conversations, platform: Platform):
+        self.conversations = conversations
+        self.platform = platform
+        self.name = platform.name
+        self.tasks = TaskSet()
+        self.refusals = Refusals()
+        self._checks: list[Check] = [_click_names_a_turn]
+        self._account: str | None = None
+
+    # --- the gate -------------------------------------------------------------------------------
+    def check(self, check: Check) -> Check:
+        """Register an access check (once, when the adapter is built); usable as a decorator."""
+        self._checks.append(check)
+        return check
+
+    def admit(self, access: Access) -> bool:
+        """The first call of every handler: tracks it, then runs every check; False (logged) when one
+        refuses."""
+        self.tasks.track_current()
+        for check in self._checks:
+            reason = check(access)
+            if reason is not None:
+                log.info("%s: ignoring a %s from %s: %s", self.name, access.what, access.user or "?", reason)
+                return False
+        return True
+
+    def background(self, task: asyncio.Task[Any]) -> None:
+        """Work a handler left running (a reaction taken back): drained at shutdown too."""
+        self.tasks.track(task)
+
+    @property
+    def in_progress(self) -> int:
+        return len(self.tasks)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Wait for the handlers in progress (shutdown)."""
+        await self.tasks.drain(timeout_s)
+
+    async def settle(self, quiet_s: float = 0.05) -> None:
+        """Wait until every admitted event has been handled (tests)."""
+        await self.tasks.settle(quiet_s)
+
+    # --- claims and turns -----------------------------------------------------------------------
+    async def claim(self, keys: list[str], ttl_s: float, lease_s: float) -> Claim | None:
+        """The event's claim on a renewed lease, or None: it was already handled (a redelivery)."""
+        return await self.conversations.claim(keys, ttl_s, lease_s=lease_s)
+
+    @contextlib.asynccontextmanager
+    async def claimed(self, keys: list[str], ttl_s: float, lease_s: float) -> AsyncIterator[Claim | None]:
+        """A command's claim, finished (kept as answered) however the command ends, unless the command
+        finished it itself (``claim.finish(answered=False)``: a redelivery may try again)."""
+        claim = await self.claim(keys, ttl_s, lease_s)
+        try:
+            yield claim
+        finally:
+            if claim is not None:
+                await claim.finish(answered=True)
+
+    async def answer(self, inquiry: Inquiry, reply: Reply, *, claim: Claim, event_id: str, kind: str,
+                     crashed: str, target: dict[str, Any]) -> Answer | None:
+        """A question's turn, recorded as pending for this account while it runs."""
+        return await self.conversations.answer(inquiry, reply, claimed=claim, event_id=event_id, kind=kind,
+                                               crashed=crashed, target=target, account=await self.account())
+
+    # --- take-over ------------------------------------------------------------------------------
+    async def account(self) -> str:
+        if self._account is None:
+            self._account = await self.platform.account()
+        return self._account
+
+    async def resume(self, turn: PendingTurn) -> Reply | None:
+        """The reply of a turn taken over from a replica that died: the messages it left half-written
+        retired, so the new answer is the one the user reads. A turn of another account is refused."""
+        account = await self.account()
+        if turn.account != account:
+            log.warning("%s: refusing pending turn %s of %s; this process serves %s", self.name, turn.id,
+                        turn.account or "an unknown account", account)
+            return None
+        language = str(turn.target.get("language") or "en")
+        for message_id in turn.messages:
+            await self._retire(turn.target, message_id, language)
+        return self.platform.rebuild(turn)
+
+    async def _retire(self, target: dict[str, Any], message_id: str, language: str) -> None:
+        """Deleted, so the conversation ends with one whole answer; where the platform refuses (a message
+        too old), edited to say the answer continues below."""
+        try:
+            if await self.platform.delete(target, message_id):
+                return
+        except Exception as exc:  # noqa: BLE001 - marked below instead
+            log.info("%s: could not delete the interrupted message %s (%s); marking it", self.name, message_id, exc)
+        try:
+            await self.platform.edit(target, message_id, say("interrupted", language))
+        except Exception as exc:  # noqa: BLE001 - a courtesy: the new answer follows anyway
+            log.warning("%s: the interrupted message %s stays as it was (%s)", self.name, message_id, exc)
+
+
+# --- what every platform's reply does ---------------------------------------------------------------
+class StreamedReply:
+    """What every chat platform's ``Reply`` does the same way: ``start`` acknowledges the question (if
+    the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``. A platform's
+    reply adds ``acknowledge``, ``finish`` and ``fail``."""
+
+    writer: StreamWriter
+
+    async def acknowledge(self) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        await self.acknowledge()  # already done when the Answerer acknowledged first
+
+    async def push(self, delta: str) -> None:
+        self.writer.push(delta)
+
+
+async def show_failure(replace: Callable[[], Awaitable[bool]], post: Callable[[], Awaitable[None]], *,
+                       attempts: int = 4) -> None:
+    """A failed turn's message: ``replace`` puts it in the message being filled (False: there is none,
+    or the platform refused), else ``post`` sends it; a ``RetryAfter`` is slept out, ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            if not await replace():
+                await post()
+            return
+        except RetryAfter as wait:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(wait.seconds)
+
+
+Shown = TypeVar("Shown")
+Part = TypeVar("Part")
+
+
+async def reconcile(shown: list[Shown], parts: Sequence[Part], *, same: Callable[[Shown, Part, bool], bool],
+                    edit: Callable[[Shown, Part, bool], Awaitable[None]], add: Callable[[Part, bool], Awaitable[None]],
+                    delete: Callable[[Shown], Awaitable[None]]) -> None:
+    """The final text, as ``parts``, over the messages already ``shown`` for an answer: each shown
+    message that already holds its part (``same``; the last part carries sources and buttons) stays, the
+    others are edited, the parts beyond them are added (``add`` appends to ``shown``) and the messages
+    beyond the parts are deleted (``delete`` removes from ``shown``)."""
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if i < len(shown):
+            if not same(shown[i], part, last):
+                await edit(shown[i], part, last)
+        else:
+            await add(part, last)
+    while len(shown) > len(parts):  # the final text is shorter than what was shown
+        await delete(shown[-1])
