@@ -54,6 +54,9 @@ _NUMBER_UNIT = re.compile(r"(\d+(?:\.\d+)?)[A-Za-z]{1,3}")
 _LINE_START = re.compile(r"^[\s*_>#-]*$")
 _LIST_MARK = re.compile(r"[.)、](?:\s|$)")
 _STEP_WORD = re.compile(r"(?:\bsteps?|\bno\.|#|第)\s*$", re.I)
+# Slack's mention markup (<@U0BOSS>, <!subteam^S0TEAM|@ops>) names people, not values: the Slack
+# adapter defuses it; the ids in it are no fact a source must hold.
+_CHAT_MENTION = re.compile(r"<[@#!][^<>\s|]*(?:\|[^<>]*)?>")
 _CJK_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _ZH_FUNCTION = frozenset("的了吗呢是在和与怎么什如何哪个我你请要有吧啊就都也把被这那")
 
@@ -66,16 +69,18 @@ def _number(text: str) -> str:
 def facts(text: str) -> set[str]:
     """The values and codes ``text`` states, normalised ("4,000" -> "4000", "1.50" -> "1.5", codes
     lower-cased): what a supported sentence must take from its sources exactly. A list position
-    ("1." opening a line, "Step 2") is not a value."""
+    ("1." opening a line, "Step 2") is not a value, nor a chat mention's id."""
     found = set()
+    text = _CHAT_MENTION.sub(" ", text)
     for match in _TOKEN.finditer(text):
         token = match.group()
         if not any(ch.isdigit() for ch in token):
             continue
         if _NUMBER.fullmatch(token):
             before = text[: match.start()]
-            if len(token) <= 2 and (_STEP_WORD.search(before)
-                                    or (_LINE_START.match(before) and _LIST_MARK.match(text, match.end()))):
+            if token.isdigit() and _STEP_WORD.search(before):
+                continue  # "Step 12", "第 105 步"
+            if len(token) <= 2 and _LINE_START.match(before) and _LIST_MARK.match(text, match.end()):
                 continue
             found.add(_number(token))
         elif unit := _NUMBER_UNIT.fullmatch(token):

@@ -54,17 +54,35 @@ def default_reply(kind: str, body: dict[str, Any]) -> Script | str:
     return default_responder(body)
 
 
+def source_claims(body: dict[str, Any], number: int) -> list[str]:
+    """The sentences of the prompt's source ``number`` that state something (table rows left out),
+    without their closing full stop."""
+    found = re.search(rf'<source id="{number}" title="[^"]*">\n(.*?)\n</source>', _last_user(body), re.S)
+    text = found.group(1) if found else ""
+    return [s.rstrip("。.") for s in split_sentences("\n".join(text.split("\n")[1:])) if is_claim(s) and "|" not in s]
+
+
 def quoting(number: int = 1, sentences: int = 1) -> Callable[[dict[str, Any]], str]:
     """An answer responder that writes what a faithful model would: the first ``sentences`` sentences
     of source ``number`` that state something, each cited ``[number]`` (the sentence gate shows only
     what a cited source holds, so a scripted answer about nothing in the sources shows nothing)."""
     def respond(body: dict[str, Any]) -> str:
-        found = re.search(rf'<source id="{number}" title="[^"]*">\n(.*?)\n</source>', _last_user(body), re.S)
-        text = found.group(1) if found else ""
-        picked = [s for s in split_sentences("\n".join(text.split("\n")[1:])) if is_claim(s) and "|" not in s]
-        return " ".join(f"{s.rstrip('。.')} [{number}]." for s in picked[:sentences]) or "(no source)"
+        picked = source_claims(body, number)
+        return " ".join(f"{s} [{number}]." for s in picked[:sentences]) or "(no source)"
 
     return respond
+
+
+def steps(body: dict[str, Any], count: int = 0, number: int = 1, per_paragraph: int = 3, chars: int = 0) -> str:
+    """A long faithful answer: ``count`` sentences (or as many as make ``chars`` characters)
+    "Step i: <a sentence of source ``number``> [number].", going round the source's sentences,
+    ``per_paragraph`` to a paragraph. Each step's number makes its sentence a new one (the gate shows
+    a sentence said before once) and a step number is no value the source must hold."""
+    claims = source_claims(body, number) or ["(no source)"]
+    said: list[str] = []
+    while len(said) < count or sum(len(s) + 1 for s in said) < chars:
+        said.append(f"Step {len(said) + 1}: {claims[len(said) % len(claims)]} [{number}].")
+    return "\n\n".join(" ".join(said[i:i + per_paragraph]) for i in range(0, len(said), per_paragraph))
 
 
 class ModelRouter:

@@ -27,8 +27,10 @@ from tests.fakes.anthropic_server import Script
 
 TOKEN = "kbbot-test-token-0123456789"
 QUESTION = "How often should the bearings be greased?"
-STREAMED = ("Grease the HL-M200 bearings every **4,000 operating hours** [1]. Use 15 g of lithium-complex grease "
-            "per bearing and check the seals at the same time [1].")
+# Three sentences of the maintenance schedule (source 1 of QUESTION): the gate shows what sources hold.
+STREAMED = ("Grease HL-M200 bearings every **4,000 operating hours** with 15 g of lithium-complex grease [1]. "
+            "Wipe the grease nipple clean before applying the grease gun [1]. "
+            "Do not mix greases with different thickeners [1].")
 
 
 class Api:

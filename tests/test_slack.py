@@ -35,6 +35,7 @@ from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
 from tests.fakes.slack_server import STREAM_METHODS, FakeSlack, Message
+from tests.model_router import quoting, steps
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TEAM = "T0KBBOT"
@@ -223,8 +224,7 @@ async def test_a_redelivered_event_gets_no_second_answer(kb_runtime, fake_slack)
 
 async def test_a_429_storm_delays_but_loses_nothing(claude, fake_slack):
     model, runtime = claude
-    text = " ".join(f"Step {i}: check the bearing seal and regrease if needed [1]." for i in range(12))
-    model.responder = lambda req: Script(text, tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 12), tokens_per_second=150)
     fake_slack.rate_limit("chat.appendStream", times=2, retry_after=1)
     fake_slack.rate_limit("chat.stopStream", times=2, retry_after=1)
     async with slack_app(runtime, fake_slack) as slack:
@@ -269,8 +269,7 @@ async def test_refused_streaming_falls_back_to_chat_update_with_the_same_final_t
 
 async def test_a_stream_that_expires_mid_answer_is_finished_with_chat_update(claude, fake_slack):
     model, runtime = claude
-    text = " ".join(f"Check item {i} of the maintenance list [1]." for i in range(60))
-    model.responder = lambda req: Script(text, tokens_per_second=200)
+    model.responder = lambda req: Script(steps(req, 60), tokens_per_second=200)
     fake_slack.expire_streams_after(1)
     async with slack_app(runtime, fake_slack, buffer_size=60) as slack:
         mention = (await slack.send(slack.mention()))["event"]
@@ -282,12 +281,14 @@ async def test_a_stream_that_expires_mid_answer_is_finished_with_chat_update(cla
 
 async def test_a_15000_character_answer_arrives_complete_in_several_messages(claude, fake_slack):
     model, runtime = claude
-    paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
-                 "seals must be inspected at the same time [1]. ")
-    # Numbered: a paragraph said again verbatim is kept once (a small model's loop; see citations).
-    text = "\n\n".join(f"({i}) " + paragraph * 3 for i in range(40))[:15000].rstrip() + " [2]"
-    assert len(text) >= 14900
-    model.responder = lambda req: Script(text, tokens_per_second=None)
+
+    def long_answer(body: dict) -> Script:
+        # Distinct steps from source 1 (a sentence said again is shown once), then one of source 2.
+        text = steps(body, chars=15000) + " " + quoting(2)(body)
+        assert len(text) >= 14900, len(text)
+        return Script(text, tokens_per_second=None)
+
+    model.responder = long_answer
     async with slack_app(runtime, fake_slack) as slack:
         mention = (await slack.send(slack.mention()))["event"]
     answer = slack.only_turn().answer
@@ -304,8 +305,9 @@ async def test_a_15000_character_answer_arrives_complete_in_several_messages(cla
 async def test_mentions_written_by_the_model_are_defused(claude, fake_slack):
     model, runtime = claude
     model.responder = lambda req: Script(
-        "Attention <!channel>: grease the bearings every 4,000 hours [1]. <!here|here> ask <@U0BOSS> "
-        "or @everyone in <!subteam^S0TEAM|@maintenance>.", tokens_per_second=100)
+        "Attention <!channel>: grease the bearings every 4,000 hours [1]. <!here|here> grease HL-M200 bearings "
+        "every 4,000 operating hours with 15 g of lithium-complex grease, ask <@U0BOSS> "
+        "or @everyone in <!subteam^S0TEAM|@maintenance> [1].", tokens_per_second=100)
     async with slack_app(runtime, fake_slack) as slack:
         mention = (await slack.send(slack.mention()))["event"]
     [message] = slack.thread(mention)
@@ -410,16 +412,18 @@ async def test_edit_mode_from_config_never_streams(kb_runtime, fake_slack):
     assert [c.method for c in fake_slack.calls if c.method.startswith("chat.")][0] == "chat.postMessage"
 
 
-async def test_streamed_text_the_final_answer_changed_is_repaired(claude, fake_slack):
-    """An invented source number is removed from the final answer after it was already streamed."""
+async def test_an_invented_source_number_never_streams(claude, fake_slack):
+    """An invented source number is repaired before its sentence shows (the sentence gate credits the
+    sentence to the source that holds it): the stream never carries it, and what streamed is the
+    final answer."""
     model, runtime = claude
-    model.responder = lambda req: Script("Grease every 4,000 hours [42]. " + "Use lithium-complex grease [1]. " * 12,
-                                         tokens_per_second=60)
+    model.responder = lambda req: Script("Grease every 4,000 hours [42]. " + steps(req, 12), tokens_per_second=60)
     async with slack_app(runtime, fake_slack, buffer_size=40) as slack:
         mention = (await slack.send(slack.mention()))["event"]
     answer = slack.only_turn().answer
     [message] = slack.thread(mention)
-    assert "[42]" in " ".join(c.text_sent for c in stream_calls(fake_slack))
+    streamed = " ".join(c.text_sent for c in stream_calls(fake_slack))
+    assert "Grease every 4,000 hours" in streamed and "[42]" not in streamed
     assert "[42]" not in answer.text and message.body == answer.text
     assert message.blocks_of("context_actions")
 
@@ -427,8 +431,7 @@ async def test_streamed_text_the_final_answer_changed_is_repaired(claude, fake_s
 async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_slack):
     """Three answers at once, edit mode: together they stay inside chat.update's (scaled) tier."""
     model, runtime = claude
-    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(25))
-    model.responder = lambda req: Script(text, tokens_per_second=120)
+    model.responder = lambda req: Script(steps(req, 25), tokens_per_second=120)
     fake_slack.limit("chat.update", calls=4, per_s=1.0)
     rates = make_rates(SlackSettings())
     rates.rates = {**rates.rates, "chat.update": Rate(per_minute=60, burst=3)}
@@ -451,8 +454,7 @@ async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(cl
     every answer shows its first text without waiting for a stream start, and the workspace keeps
     streaming afterwards (a spent budget is not a refusal)."""
     model, runtime = claude
-    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(20))
-    model.responder = lambda req: Script(text, tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 20), tokens_per_second=150)
     rates = make_rates(SlackSettings())
     rates.rates = {**rates.rates, "chat.startStream": Rate(per_minute=6, burst=1)}  # one start per 10 s
     async with slack_app(runtime, fake_slack, rates=rates) as slack:
@@ -495,8 +497,7 @@ async def test_a_busy_channel_acknowledges_every_question_at_once_from_tiers_of_
     the status or, the status budget spent after three, 👀, before the answers queue for the channel;
     every answer arrives whole, each 👀 is taken back once its answer is shown, and nothing gets a 429."""
     model, runtime = claude
-    text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(10))
-    model.responder = lambda req: Script(text, tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 10), tokens_per_second=150)
     # A token bucket of burst b and rate r stays inside a window of b + r * seconds calls.
     fake_slack.limit("chat.postMessage", calls=4, per_s=1.0, per="channel")
     fake_slack.limit("assistant.threads.setStatus", calls=3, per_s=60.0)
@@ -533,10 +534,9 @@ async def test_a_busy_channel_posts_a_complete_answer_before_others_first_texts(
     show their first text and a short one completes: when the budget frees, the complete answer is
     posted first, although the others were waiting before it; and they still all arrive."""
     model, runtime = claude
-    long_text = " ".join(f"Check point {i} of the lubrication plan [1]." for i in range(8))
     short_text = "Grease the bearings every 4,000 operating hours [1]."
     model.responder = lambda body: (Script(short_text, tokens_per_second=200) if "(short)" in json.dumps(body)
-                                    else Script(long_text, tokens_per_second=20))
+                                    else Script(steps(body, 8), tokens_per_second=20))
     fake_slack.limit("chat.postMessage", calls=3, per_s=1.0, per="channel")
     rates = busy_channel_rates(chat_postMessage=Rate(120, burst=1), chat_startStream=Rate(1, burst=1))
     await rates.try_acquire(TEAM, "chat.startStream")  # no stream can start: every answer posts

@@ -30,6 +30,7 @@ from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update, user
+from tests.model_router import quoting, steps
 
 QUESTION = "How often should the bearings be greased?"
 SECRET = "s3cret-Webhook_42"
@@ -92,14 +93,16 @@ def flat(text: str) -> str:
     return "".join(text.split())
 
 
-STREAMED = ("Grease the HL-M200 bearings every **4,000 operating hours** [1]. Use 15 g of lithium-complex grease "
-            "per bearing and check the seals at the same time [1]. ") * 3
+def streamed(body: dict) -> str:
+    """A faithful answer of nine sentences from source 1 (the gate shows only what sources hold),
+    its first words in bold."""
+    return steps(body, 9).replace("Step 1:", "**Step 1:**", 1)
 
 
 # --- the tests -------------------------------------------------------------------------------------
 async def test_a_private_message_becomes_drafts_then_one_final_message_with_sources_and_buttons(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=60)
     async with telegram_bot(runtime, fake_tg) as tg:
         await tg.send(message_update(QUESTION))
         turn = tg.only_turn()
@@ -135,7 +138,7 @@ async def test_a_private_message_becomes_drafts_then_one_final_message_with_sour
 
 async def test_groups_only_when_enabled_and_mentioned_then_answered_by_edits(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=60)
     async with telegram_bot(runtime, fake_tg) as tg:
         await tg.send(mention())
     assert tg.turns == [] and fake_tg.chat(GROUP) == [], "groups are off by default"
@@ -161,7 +164,7 @@ async def test_groups_only_when_enabled_and_mentioned_then_answered_by_edits(cla
 
 async def test_a_429_storm_delays_but_loses_nothing(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=150)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=150)
     fake_tg.rate_limit("sendMessageDraft", times=2, retry_after=1)
     fake_tg.rate_limit("sendMessage", times=2, retry_after=1)
     async with telegram_bot(runtime, fake_tg) as tg:
@@ -179,7 +182,7 @@ async def test_a_429_storm_delays_but_loses_nothing(claude, fake_tg):
 
 async def test_edit_mode_survives_a_429_storm_on_edits(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=100)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=100)
     fake_tg.rate_limit("editMessageText", times=3, retry_after=1)
     async with telegram_bot(runtime, fake_tg, stream_mode="edit") as tg:
         await tg.send(message_update(QUESTION))
@@ -191,12 +194,14 @@ async def test_edit_mode_survives_a_429_storm_on_edits(claude, fake_tg):
 
 async def test_a_9000_character_answer_arrives_whole_split_at_paragraphs(claude, fake_tg):
     model, runtime = claude
-    paragraph = ("The HL-M200 bearings need 15 g of lithium-complex grease every 4,000 operating hours, and the "
-                 "seals must be inspected at the same time [1]. ") * 3
-    # Numbered: a paragraph said again verbatim is kept once (a small model's loop; see citations).
-    text = "\n\n".join(f"({i}) " + paragraph.strip() for i in range(30))[:9000].rstrip() + " [2]"
-    assert len(text) >= 8900
-    model.responder = lambda req: Script(text, tokens_per_second=None)
+
+    def long_answer(body: dict) -> Script:
+        # Distinct steps from source 1 (a sentence said again is shown once), then one of source 2.
+        text = steps(body, chars=9000) + " " + quoting(2)(body)
+        assert len(text) >= 8900, len(text)
+        return Script(text, tokens_per_second=None)
+
+    model.responder = long_answer
     async with telegram_bot(runtime, fake_tg) as tg:
         await tg.send(message_update(QUESTION))
     answer = tg.only_turn().answer
@@ -217,7 +222,7 @@ async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_
     still being answered; typing is renewed (it shows for 5 s) until text appears, then stops, and the
     reaction is taken back once the answer is shown."""
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=60, first_token_delay=5.5)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=60, first_token_delay=5.5)
     async with telegram_bot(runtime, fake_tg, ack_reaction="👀", stream_mode="edit") as tg:
         asked = time.monotonic()
         first = fake_tg.push(message_update(QUESTION))
@@ -247,7 +252,7 @@ async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_
 
 async def test_a_refused_reaction_costs_the_answer_nothing(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=120)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=120)
     async with telegram_bot(runtime, fake_tg, ack_reaction="🦄") as tg:  # not one of Telegram's reactions
         await tg.send(message_update(QUESTION))
     assert tg.only_turn().answer.outcome is Outcome.ANSWERED
@@ -384,7 +389,7 @@ async def test_refused_users_get_one_polite_line_once_and_chats_map_to_spaces(kb
 
 async def test_refused_drafts_fall_back_to_one_edited_message(claude, fake_tg):
     model, runtime = claude
-    model.responder = lambda req: Script(STREAMED.strip(), tokens_per_second=80)
+    model.responder = lambda req: Script(streamed(req), tokens_per_second=80)
     fake_tg.refuse_drafts()
     fake_tg.reject_entities("editMessageText", times=1)
     async with telegram_bot(runtime, fake_tg) as tg:

@@ -34,6 +34,7 @@ from haystack import Document, component
 from pipelines.analysis import unigrams
 from pipelines.components.retrievers import DenseCandidates
 from pipelines.components.turn import TurnBudget
+from pipelines.grounding import facts
 
 COVER_OVER = 3
 # Words that carry a question's form, not what it asks about ("what does E-004 mean", "which grease
@@ -108,18 +109,33 @@ def cover(query: str, chunks: Sequence[Document], pool: Sequence[Document]) -> f
     return max(sum(w for t, w in weight.items() if t in terms_of(c)) / total for c in chunks) if total else 0.0
 
 
+def codes_held(query: str, chunks: Sequence[Document]) -> bool:
+    """Whether the question names codes or model numbers (``E-004``, ``K8-44``, ``6309-2Z``: tokens of
+    letters and digits, not bare numbers or years) and one of ``chunks`` holds every one of them.
+
+    The embedding model reads a code as a few characters, so a short question about one ("What does
+    fault E-004 mean?") is far in meaning from the table row that answers it (cosine 0.82 on the
+    sample knowledge base, under the similarity floor) although that row holds exactly what it asks
+    about. Where a chunk holds the codes and nearly all of the rest of the question's content (cover
+    at least its typical value), closeness in meaning counts as typical: content alone decides."""
+    named = {f for f in facts(query) if any(ch.isalpha() for ch in f)}
+    return bool(named) and any(named <= facts(c.content or "") for c in chunks)
+
+
 _TERMS: dict[str, frozenset[str]] = {}
 _TERMS_KEPT = 20000
 
 
 def terms_of(chunk: Document) -> frozenset[str]:
-    """A chunk's analysed terms; a chunk id names one immutable version of its text, so they are kept
-    by id (questions find the same chunks again and again)."""
-    found = _TERMS.get(chunk.id)
+    """A chunk's analysed terms, kept by its text (questions find the same chunks again and again).
+    Keyed by the text, not the chunk id: an id is a source's position, and a page edited in place
+    keeps its ids while its text changes."""
+    text = chunk.content or ""
+    found = _TERMS.get(text)
     if found is None:
         if len(_TERMS) >= _TERMS_KEPT:
             _TERMS.clear()
-        found = _TERMS[chunk.id] = frozenset(unigrams(chunk.content or ""))
+        found = _TERMS[text] = frozenset(unigrams(text))
     return found
 
 
@@ -137,10 +153,14 @@ class EvidenceCheck:
     def run(self, query: str, documents: list[Document], budget: TurnBudget, candidates: list[Document] | None = None,
             dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
         found = signals(query, documents, candidates or documents, dense_documents)
+        similarity = found.similarity  # as measured, for the trace
+        named = found.cover >= self.calibration.typical.cover and codes_held(query, documents[:COVER_OVER])
+        if named:
+            found = Signals(max(found.similarity, self.calibration.typical.similarity), found.cover)
         score = self.calibration.margin(found)
         answerable = self.margin is None or score >= self.margin
-        budget.note("answerable", score=round(score, 4), similarity=round(found.similarity, 4),
-                    cover=round(found.cover, 4), answerable=answerable)
+        budget.note("answerable", score=round(score, 4), similarity=round(similarity, 4),
+                    cover=round(found.cover, 4), codes_held=named, answerable=answerable)
         return {"documents": documents, "query": query} if answerable else {"not_found": score}
 
     @component.output_types(documents=list[Document], query=str, not_found=float)

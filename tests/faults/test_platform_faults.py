@@ -8,12 +8,11 @@ from adapters.server import instrument
 from bot.types import Outcome
 from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import _ApiError, message_update
+from tests.model_router import steps
 from tests.test_slack import fake_slack, slack_app  # noqa: F401 - fixture
 from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
 
 QUESTION = "How often should the bearings be greased?"
-ANSWER = ("Grease the HL-M200 bearings every 4,000 operating hours [1]. Use 15 g of lithium-complex grease "
-          "per bearing and check the seals at the same time [1]. ") * 3
 
 
 def server_errors(fake, method: str, times: int) -> None:
@@ -32,7 +31,7 @@ def server_errors(fake, method: str, times: int) -> None:
 
 async def test_slack_5xx_on_stream_calls_loses_nothing(claude, fake_slack):  # noqa: F811
     model, runtime = claude
-    model.responder = lambda req: Script(ANSWER.strip(), tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 9), tokens_per_second=150)
     fake_slack.fail("chat.appendStream", error="internal_error", status=500, times=3)
     fake_slack.fail("chat.stopStream", error="internal_error", status=503, times=1)
     async with slack_app(runtime, fake_slack) as slack:
@@ -47,7 +46,7 @@ async def test_slack_5xx_on_stream_calls_loses_nothing(claude, fake_slack):  # n
 
 async def test_telegram_5xx_on_drafts_and_the_final_message_loses_nothing(claude, fake_tg):  # noqa: F811
     model, runtime = claude
-    model.responder = lambda req: Script(ANSWER.strip(), tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 9), tokens_per_second=150)
     server_errors(fake_tg, "sendMessageDraft", 2)
     server_errors(fake_tg, "sendMessage", 1)
     async with telegram_bot(runtime, fake_tg) as tg:
@@ -63,7 +62,7 @@ async def test_telegram_5xx_on_drafts_and_the_final_message_loses_nothing(claude
 
 async def test_telegram_429_storm_on_every_call_of_a_turn_loses_nothing(claude, fake_tg):  # noqa: F811
     model, runtime = claude
-    model.responder = lambda req: Script(ANSWER.strip(), tokens_per_second=150)
+    model.responder = lambda req: Script(steps(req, 9), tokens_per_second=150)
     for method in ("sendChatAction", "sendMessageDraft", "sendMessage"):
         fake_tg.rate_limit(method, times=2, retry_after=1)  # Telegram's retry_after is whole seconds
     async with telegram_bot(runtime, fake_tg) as tg:

@@ -67,8 +67,10 @@ def test_links_to_hosts_no_source_is_on_are_removed_and_the_rest_kept():
 
 async def test_a_phishing_link_in_the_models_answer_is_not_posted(claude):
     fake, runtime = claude
-    fake.enqueue("Regrease the bearings every 3,000 operating hours [1]. Order grease at "
-                 "[our shop](https://grease-deals.example/pay) or https://evil.example/login.")
+    # The sentence with the links is otherwise the source's (the gate shows only what sources hold).
+    fake.enqueue("Regrease the bearings every 3,000 operating hours [1]. Grease HL-M200 bearings every 4,000 "
+                 "operating hours with 15 g of lithium-complex grease, order it at "
+                 "[our shop](https://grease-deals.example/pay) or https://evil.example/login [1].")
     inquiry = Inquiry("slack", "T1", "C1", "slack:T1:C1:links", "u1", "How often should the bearings be greased?")
     reply = RecordingReply()
     answer = await runtime.answerer.answer(inquiry, reply)
