@@ -81,11 +81,35 @@ def test_the_evidence_needs_both_closeness_and_content():
 
     assert "documents" in run(holds, floors.similarity + 0.01)
     assert "not_found" in run(lacks, 0.95)  # close in meaning, but it never mentions what was asked
-    assert "not_found" in run(holds, floors.similarity - 0.01)  # holds the words, far in meaning
+    assert "documents" in run(holds, floors.similarity - 0.01)  # far in meaning, but it holds the model and all
+    plain = "Which refrigerant gas does the motor use?"  # no code: closeness in meaning is needed
+    dense = DenseCandidates([Document(id=holds.id, content=holds.content, score=floors.similarity - 0.01)])
+    assert "not_found" in check.run(query=plain, documents=[holds], budget=TurnBudget(), candidates=[holds, *pool],
+                                    dense_documents=dense)
     assert CALIBRATION.margin(Signals(floors.similarity, floors.cover)) == pytest.approx(-0.2)
     budget = TurnBudget()
     assert "documents" in EvidenceCheck(None).run(query=question, documents=[lacks], budget=budget)
     assert budget.steps[0]["step"] == "answerable" and budget.steps[0]["answerable"] is True
+
+
+def test_a_question_about_a_code_is_answered_by_the_chunk_that_holds_it():
+    """The embedding model reads "E-004" as characters: the row that explains the fault is far in
+    meaning from the short question (0.82 on the sample knowledge base). A chunk holding the code and
+    the rest of the question's content answers it; one holding the words but another code does not."""
+    check = EvidenceCheck(-0.2)
+    low = CALIBRATION.floors(-0.2).similarity - 0.02
+    pool = [Document(id=f"p{i}", content=f"Fault E-00{i} of the HL-D50 drive and what to check.") for i in range(5, 9)]
+    question = "What does fault E-004 mean?"
+
+    def run(top: Document) -> dict:
+        dense = DenseCandidates([Document(id=top.id, content=top.content, score=low)])
+        budget = TurnBudget()
+        out = check.run(query=question, documents=[top], budget=budget, candidates=[top, *pool], dense_documents=dense)
+        return out | {"step": budget.steps[0]}
+
+    answered = run(Document(id="a", content="| E-004 | Overcurrent during acceleration: this fault means the ramp is too short |"))
+    assert "documents" in answered and answered["step"]["codes_held"] and answered["step"]["similarity"] == round(low, 4)
+    assert "not_found" in run(Document(id="b", content="| E-005 | Overcurrent: this fault means the ramp is too short |"))
 
 
 @pytest.mark.parametrize(("setting", "value", "message"), [
