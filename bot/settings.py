@@ -168,7 +168,7 @@ class LocalModelSettings(Section):
     turn_timeout_s: Positive = 300            # replaces answering.turn_timeout_s
     #: The model's P(yes) that the sources answer the question, below which the turn ends not_found
     #: (pipelines/components/judge.py; 0: no judgement). One extra request sharing the answer's prompt.
-    judge_threshold: Fraction = 0.5
+    judge_threshold: Fraction = 0  # off: the default 1.5B model's judgement did not separate (README, "Answers")
 
 
 class GeneratorSettings(Section):

@@ -14,10 +14,12 @@ Supported means (``SupportCheck.holds``):
   code or model number (``E-004``, ``HL-M200``) appears in the cited chunks: a sentence that changes
   "15 g" into "25 g" keeps most of its words and is still wrong;
 - and either at least ``LEXICAL_SUPPORT`` of its content terms (English stems without stop words,
-  Chinese characters and character pairs) are in the cited chunks, or its embedding is close to one
-  of their sentences: ``SEMANTIC_SUPPORT`` within a language (paraphrases), ``TRANSLATION_SUPPORT``
-  across Chinese and English (a faithful translation shares no words with its source; the values
-  rule above carries most of the weight there).
+  Chinese characters and character pairs) are in the cited chunks, or, for a sentence in another
+  language than a cited chunk, its embedding is within ``TRANSLATION_SUPPORT`` of one of that chunk's
+  sentences (a faithful translation shares no words with its source; the values rule above carries
+  most of the weight there). Within one language the words decide alone: every faithful paraphrase
+  of the bilingual set shares 60 % of its terms with its source, and embedding a chunk's sentences
+  cost ~350 ms of CPU a turn (``bench.turn``) where the words had already decided.
 
 A sentence that cites nothing is credited to the one source that supports it (as the final text's
 marker repair does), else left out. Lines kbbot writes itself (the extractive answer's label) and
@@ -28,6 +30,7 @@ until the next sentence is shown, so an answer whose every claim is left out sho
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,11 +41,10 @@ from pipelines.analysis import unigrams
 from pipelines.citations import MARKER, normalize_markers
 from pipelines.text import detect_language, restrict_links, split_sentences
 
-# Shares and cosines, chosen on the bilingual set in tests/test_grounding.py (faithful and unfaithful
-# paraphrases and translations of examples/kb sentences) and on the groundedness definition of
-# pipelines/answer_eval.py, whose 60 % and 0.9 they keep for the same language.
+# The share and the cosine, chosen on the bilingual set in tests/test_grounding.py (faithful and
+# unfaithful paraphrases and translations of examples/kb sentences); the share is the groundedness
+# definition's of pipelines/answer_eval.py.
 LEXICAL_SUPPORT = 0.6
-SEMANTIC_SUPPORT = 0.9
 TRANSLATION_SUPPORT = 0.815
 
 # Tokens that hold a digit: numbers as written ("4,000", "1.5", "60–80" is two), a number with its unit
@@ -123,6 +125,24 @@ class _Source:
     vectors: np.ndarray | None = None
 
 
+# Source sentences' passage vectors, by text, across turns: the chunks a knowledge base's questions
+# cite recur, and embedding one chunk's sentences costs ~0.3 s of CPU (bench.turn). 4,096 vectors of
+# 384 floats: 6 MB.
+# Kept per embedder (another model's vectors are not comparable), for as long as it lives.
+_VECTORS: weakref.WeakKeyDictionary[SentenceEmbedder, dict[str, np.ndarray]] = weakref.WeakKeyDictionary()
+_VECTORS_KEPT = 4096
+
+
+def _passage_vectors(embedder: SentenceEmbedder, sentences: list[str]) -> list[np.ndarray]:
+    kept = _VECTORS.setdefault(embedder, {})
+    missing = [s for s in dict.fromkeys(sentences) if s not in kept]
+    if missing:
+        if len(kept) + len(missing) > _VECTORS_KEPT:
+            kept.clear()
+        kept.update(zip(missing, embedder.passages(missing), strict=True))
+    return [kept[s] for s in sentences]
+
+
 class SupportCheck:
     """Whether numbered sources (the texts a model was shown, in ``[n]`` order) hold a sentence.
 
@@ -149,7 +169,7 @@ class SupportCheck:
     def _vectors(self, source: _Source) -> np.ndarray:
         if source.vectors is None:
             assert self.embedder is not None
-            source.vectors = self.embedder.passages(source.sentences)
+            source.vectors = np.stack(_passage_vectors(self.embedder, source.sentences))
         return source.vectors
 
     def holds(self, sentence: str, numbers: Collection[int], *, by_meaning: bool = True) -> bool:
@@ -171,15 +191,12 @@ class SupportCheck:
     def _close_in_meaning(self, sentence: str, cited: list[_Source]) -> bool:
         if self.embedder is None or not any(s.sentences for s in cited):
             return False
-        vector = self.embedder.query(sentence)
         language = detect_language(sentence)
-        for source in cited:
-            if not source.sentences:
-                continue
-            floor = SEMANTIC_SUPPORT if source.language == language else TRANSLATION_SUPPORT
-            if float(np.max(self._vectors(source) @ vector)) >= floor:
-                return True
-        return False
+        other = [s for s in cited if s.sentences and s.language != language]
+        if not other:
+            return False  # same language: the shared words have decided
+        vector = self.embedder.query(sentence)
+        return any(float(np.max(self._vectors(source) @ vector)) >= TRANSLATION_SUPPORT for source in other)
 
     def holder(self, sentence: str) -> int | None:
         """The source that supports an uncited ``sentence`` on its own: by shared terms first (the one

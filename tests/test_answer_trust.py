@@ -182,6 +182,7 @@ async def test_the_local_models_judgement_shares_the_answer_prompt_and_decides(k
     async with FakeOpenAI(reply=lambda body: "Regrease with the motor running [1].",
                           alternatives=lambda body: {"yes": p_yes, "no": 1 - p_yes}) as fake:
         settings = make_settings(kb_data_dir)
+        settings.generator.local.judge_threshold = 0.5  # off by default (config/kbbot.yaml says why)
         runtime = build_runtime(settings)
         runtime.settings.data_dir = tmp_path
         url = f"{fake.base_url}/v1"
