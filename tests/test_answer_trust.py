@@ -13,7 +13,7 @@ from haystack import Document
 from bot.runtime import Generators, build_runtime
 from bot.settings import SettingsError, load_settings
 from bot.types import Inquiry, Outcome
-from pipelines.components.answerability import CALIBRATION, EvidenceCheck, Signals
+from pipelines.components.answerability import CALIBRATION, EvidenceCheck, Signals, cover
 from pipelines.components.judge import INSTRUCTION, yes_probability
 from pipelines.components.retrievers import DenseCandidates
 from pipelines.components.turn import TurnBudget
@@ -90,6 +90,16 @@ def test_the_evidence_needs_both_closeness_and_content():
     budget = TurnBudget()
     assert "documents" in EvidenceCheck(None).run(query=question, documents=[lacks], budget=budget)
     assert budget.steps[0]["step"] == "answerable" and budget.steps[0]["answerable"] is True
+
+
+def test_a_page_edited_in_place_is_judged_on_its_new_words():
+    """A chunk id names a position in a source (Confluence page 7, chunk 0), not a text: after an edit
+    the same id holds other words, and the decision must read those (it once read the old ones)."""
+    question = "What does alarm K8-44 on the HL-K8 mean?"
+    before = Document(id="page-7#0", content="The HL-K8 compressor seal must be replaced every 7,200 operating hours.")
+    after = Document(id="page-7#0", content="Alarm K8-44 on the HL-K8 compressor means the oil separator is saturated.")
+    assert cover(question, [before], [before]) < 0.5
+    assert cover(question, [after], [after]) == 1.0
 
 
 def test_a_question_about_a_code_is_answered_by_the_chunk_that_holds_it():
