@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from haystack import Document, Pipeline
@@ -65,6 +66,37 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
     return cleaned, [cited[n] for n in sorted(cited)]
 
 
+@dataclass(frozen=True)
+class TurnLimits:
+    """What one turn may take (``answering.*``): its time, its question's length, its model calls (the
+    answer's included) and retrieval's retries."""
+
+    timeout_s: float = 120
+    max_question_chars: int = 4000
+    max_model_calls: int = 8
+    max_retries: int = 2
+
+
+@dataclass
+class Admission:
+    """What a question passes before its turn runs, in this order: the rate limits (``bot.limits``),
+    the process's capacity of turns running and queued (``bot.capacity``), and its thread's lock (one
+    turn per thread at a time, across replicas with Redis)."""
+
+    limiter: RateLimiter | None = None
+    gate: TurnGate | None = None
+    thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
+
+
+@dataclass
+class Approvals:
+    """The approved-answer cache and what its keys hold besides the question and the spaces."""
+
+    cache: AnswerCache | None = None
+    identity: tuple[str, str] = ("extractive", "1")  # (model, policy version)
+    knowledge_version: Callable[[], int] | None = None
+
+
 class Answerer:
     """Runs turns: history, the query pipeline with streaming, outcome, citations checked against
     the current knowledge (regenerated once if a cited document changed meanwhile), history, trace."""
@@ -77,19 +109,12 @@ class Answerer:
         is_current: Callable[[str, int], bool] | None = None,
         topics: Topics | None = None,
         handoff: dict[str, str] | None = None,
-        turn_timeout_s: float = 120,
-        max_question_chars: int = 4000,
-        max_model_calls: int = 8,
-        max_retries: int = 2,
         model_answers: bool = True,
-        cache: AnswerCache | None = None,
-        cache_identity: tuple[str, str] = ("extractive", "1"),
-        knowledge_version: Callable[[], int] | None = None,
+        limits: TurnLimits | None = None,
+        admission: Admission | None = None,
+        approvals: Approvals | None = None,
         preferences: PreferenceStore | None = None,
         learner: Callable[[str], Awaitable[str | None]] | None = None,
-        limiter: RateLimiter | None = None,
-        gate: TurnGate | None = None,
-        thread_locks: ThreadLocks | None = None,
         turns: TurnRecorder | None = None,
     ):
         self.pipeline = pipeline
@@ -97,19 +122,12 @@ class Answerer:
         self.is_current = is_current
         self.topics = topics or Topics()
         self.handoff = handoff or {}
-        self.turn_timeout_s = turn_timeout_s
-        self.max_question_chars = max_question_chars
-        self.max_model_calls = max_model_calls
-        self.max_retries = max_retries
         self.model_answers = model_answers  # False for extractive answers: they cost no model call
-        self.cache = cache
-        self.cache_identity = cache_identity  # (model, policy version): part of every cache key
-        self.knowledge_version = knowledge_version
+        self.limits = limits or TurnLimits()
+        self.admission = admission or Admission()
+        self.approvals = approvals or Approvals()
         self.preferences = preferences
         self.learner = learner  # one helper model call: system prompt in, reply out
-        self.limiter = limiter  # per-user and per-channel rate limits (bot.limits)
-        self.gate = gate  # turns in flight and queued, process-wide (bot.capacity)
-        self.thread_locks = thread_locks or ThreadLocks()  # one turn per thread at a time
         self.turns = turns  # turn records for the report and the admin page (bot.insights)
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
@@ -121,7 +139,7 @@ class Answerer:
         token = current_turn.set(trace.turn_id)  # every log line of the turn carries its id
         METRICS.in_progress.inc()
         try:
-            refusal = await self.limiter.check(inquiry) if self.limiter is not None else None
+            refusal = await self.admission.limiter.check(inquiry) if self.admission.limiter is not None else None
             if refusal is not None:
                 log.info("turn %s refused: %s rate limit (%d per %g s)", trace.turn_id, refusal.scope,
                          refusal.limit, refusal.window_s)
@@ -130,9 +148,9 @@ class Answerer:
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
                 answer = await self._refuse(reply, trace, refusal_message(refusal, language))
                 METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
-            elif self.gate is not None and not self.gate.admit():
+            elif self.admission.gate is not None and not self.admission.gate.admit():
                 log.warning("turn %s refused: %d turns admitted (%d running, %d queued): busy", trace.turn_id,
-                            self.gate.admitted, self.gate.running, self.gate.queued)
+                            self.admission.gate.admitted, self.admission.gate.running, self.admission.gate.queued)
                 METRICS.limit_refusals.labels("busy").inc()
                 trace.steps = [{"step": "busy"}]
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
@@ -142,8 +160,8 @@ class Answerer:
                 try:
                     answer = await self._turn(inquiry, reply, trace)
                 finally:
-                    if self.gate is not None:
-                        self.gate.leave()
+                    if self.admission.gate is not None:
+                        self.admission.gate.leave()
                 METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
             if self.turns is not None:
                 await self.turns.keep(inquiry, answer)
@@ -161,22 +179,22 @@ class Answerer:
             return await self._refuse(reply, trace, say("internal", language, turn_id=trace.turn_id))
         if not question:
             return await self._refuse(reply, trace, say("empty_question", language))
-        if len(question) > self.max_question_chars:
+        if len(question) > self.limits.max_question_chars:
             return await self._refuse(
-                reply, trace, say("too_long", language, length=len(question), limit=self.max_question_chars)
+                reply, trace, say("too_long", language, length=len(question), limit=self.limits.max_question_chars)
             )
         if isinstance(reply, Acknowledges):
             await reply.acknowledge()  # a question queued behind others is still seen to be taken
         try:
-            async with self.thread_locks.hold(inquiry.thread_key), self._running():
+            async with self.admission.thread_locks.hold(inquiry.thread_key), self._running():
                 return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),
-                                              self.turn_timeout_s)
+                                              self.limits.timeout_s)
         except LockNotAcquired:  # another replica kept the thread's lock past the wait
             log.warning("turn %s: the thread %s stayed locked elsewhere", trace.turn_id, inquiry.thread_key)
             return await self._refuse(reply, trace, say("busy", language))
         except TimeoutError:
-            log.warning("turn %s timed out after %.0f s", trace.turn_id, self.turn_timeout_s)
-            return await self._refuse(reply, trace, say("timeout", language, seconds=self.turn_timeout_s))
+            log.warning("turn %s timed out after %.0f s", trace.turn_id, self.limits.timeout_s)
+            return await self._refuse(reply, trace, say("timeout", language, seconds=self.limits.timeout_s))
         except Exception as exc:  # every failure ends with a visible message, never silence
             diagnosis = diagnose(exc)
             log.error("turn %s failed: %s (%s)", trace.turn_id, diagnosis.kind.value, diagnosis.detail,
@@ -186,7 +204,7 @@ class Answerer:
                                                         turn_id=trace.turn_id))
 
     def _running(self) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.gate.slot() if self.gate is not None else contextlib.nullcontext()
+        return self.admission.gate.slot() if self.admission.gate is not None else contextlib.nullcontext()
 
     async def _refuse(self, reply: Reply, trace: Trace, message: str) -> Answer:
         await reply.fail(message)
@@ -240,10 +258,10 @@ class Answerer:
         return [c for c, ok in zip(answer.citations, checks) if not ok]
 
     async def _cache_key(self, inquiry: Inquiry, question: str) -> CacheKey | None:
-        if self.cache is None or self.knowledge_version is None:
+        if self.approvals.cache is None or self.approvals.knowledge_version is None:
             return None
-        version = await asyncio.to_thread(self.knowledge_version)
-        return CacheKey.of(question, inquiry.spaces, version, *self.cache_identity, tenant=tenant_of(inquiry))
+        version = await asyncio.to_thread(self.approvals.knowledge_version)
+        return CacheKey.of(question, inquiry.spaces, version, *self.approvals.identity, tenant=tenant_of(inquiry))
 
     def _learn_later(self, inquiry: Inquiry, question: str, prefs: Preferences) -> None:
         """Background: explicit answering preferences in the message, for a user who opted in."""
@@ -279,7 +297,7 @@ class Answerer:
         # ("and the second one?"), so they are neither served from nor offered to the cache.
         key = await self._cache_key(inquiry, question) if not history else None
         if key is not None and not fresh:
-            hit = await self.cache.lookup(key)
+            hit = await self.approvals.cache.lookup(key)
             if hit is not None:
                 answer = hit.to_answer()
                 answer.trace = trace
@@ -298,8 +316,8 @@ class Answerer:
             await reply.push(chunk.content)
 
         note = prefs.prompt_note()
-        budget = TurnBudget.start(max_model_calls=self.max_model_calls, timeout_s=self.turn_timeout_s,
-                                  max_retries=self.max_retries)
+        budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
+                                  max_retries=self.limits.max_retries)
         with record_stages(trace.stages, reply.progress if isinstance(reply, ShowsProgress) else None):
             result = await self._run(question, inquiry, history, budget, on_chunk, note)
         answer = self._outcome(result, question, trace)
@@ -313,7 +331,7 @@ class Answerer:
             log.warning("turn %s: cited %s changed during generation; regenerating", trace.turn_id,
                         ", ".join(sorted({c.doc_id for c in stale})))
             trace.regenerated = True
-            again = TurnBudget(max_model_calls=max(self.max_model_calls - calls, 1), deadline=budget.deadline,
+            again = TurnBudget(max_model_calls=max(self.limits.max_model_calls - calls, 1), deadline=budget.deadline,
                                retries_left=0)
             result = await self._run(question, inquiry, history, again, None, note)
             answer = self._outcome(result, question, trace)
@@ -328,7 +346,7 @@ class Answerer:
         trace.model_calls = calls
         # An answer shaped by one user's preferences is not everyone's answer: it is not offered.
         if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated and not note:
-            await self.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
+            await self.approvals.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
             answer.approvable = True
         self._learn_later(inquiry, question, prefs)
         return await self._conclude(inquiry, question, answer, reply, started)

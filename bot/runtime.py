@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from bot.answering import Answerer
+from bot.answering import Admission, Answerer, Approvals, TurnLimits
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
 from bot.conversation import Conversations, TakeOver, TurnRecord
@@ -380,15 +380,15 @@ class Runtime:
             return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
 
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
-                        handoff=a.handoff, turn_timeout_s=generators.turn_timeout_s,
-                        max_question_chars=a.max_question_chars,
-                        max_model_calls=a.max_model_calls, max_retries=a.max_retries,
-                        model_answers=kind != "extractive", cache=self._approved,
-                        cache_identity=(model_name, s.memory.policy_version),
-                        knowledge_version=lambda: self.store.knowledge_version, preferences=self._preferences,
-                        learner=learner if helper is not None else None, limiter=self._limiter,
-                        gate=TurnGate(s.limits.max_turns_in_flight, s.limits.max_queued_turns),
-                        thread_locks=self._thread_locks, turns=self._turns)
+                        handoff=a.handoff, model_answers=kind != "extractive",
+                        limits=TurnLimits(generators.turn_timeout_s, a.max_question_chars, a.max_model_calls,
+                                          a.max_retries),
+                        admission=Admission(self._limiter, TurnGate(s.limits.max_turns_in_flight,
+                                                                    s.limits.max_queued_turns), self._thread_locks),
+                        approvals=Approvals(self._approved, (model_name, s.memory.policy_version),
+                                            lambda: self.store.knowledge_version),
+                        preferences=self._preferences, learner=learner if helper is not None else None,
+                        turns=self._turns)
 
 
 def build_runtime(settings: Settings, *, directory_name: str = "store", collection: str | None = None) -> Runtime:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ async def test_an_unparseable_grader_reply_keeps_the_ranking_and_is_logged(claud
 
 async def test_the_model_call_cap_holds_for_the_whole_turn(claude):
     fake, runtime = claude
-    runtime.answerer.max_model_calls = 3
+    runtime.answerer.limits = replace(runtime.answerer.limits, max_model_calls=3)
     router(fake).responders["grade"] = lambda body: json.dumps({"relevant": []})
     answer = await runtime.answerer.answer(inquiry("What tightening torque do the HL-M200 terminal box screws need?", "cap"),
                                            RecordingReply())
@@ -120,7 +121,7 @@ async def test_the_model_call_cap_holds_for_the_whole_turn(claude):
     assert answer.outcome is Outcome.NOT_FOUND
     assert {"step": "reformulate", "skipped": "model-call cap reached"} in answer.trace.steps
 
-    runtime.answerer.max_model_calls = 1  # only the answer: every helper step falls back to rules
+    runtime.answerer.limits = replace(runtime.answerer.limits, max_model_calls=1)  # only the answer: every helper step falls back to rules
     router(fake).kinds.clear()
     fake.enqueue("Every 4,000 operating hours [1].")
     answer = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "cap2"),

@@ -48,20 +48,20 @@ async def until(condition, timeout_s: float = 10.0) -> None:
 
 async def test_a_flood_beyond_the_queue_is_told_busy_at_once_and_the_rest_is_answered(kb_runtime):
     answerer = kb_runtime.answerer
-    answerer.gate = TurnGate(max_in_flight=2, max_queued=3)
-    answerer.limiter = None
+    answerer.admission.gate = TurnGate(max_in_flight=2, max_queued=3)
+    answerer.admission.limiter = None
     release = asyncio.Event()
     replies = [HeldReply(release) for _ in range(10)]
     turns = [asyncio.create_task(answerer.answer(ask(f"t{i}"), reply)) for i, reply in enumerate(replies)]
     await until(lambda: sum(r.failure is not None for r in replies) == 5)
-    assert answerer.gate.running == 2 and answerer.gate.queued == 3
+    assert answerer.admission.gate.running == 2 and answerer.admission.gate.queued == 3
     busy = [r for r in replies if r.failure is not None]
     assert all(r.failure == "I am answering many questions right now. Please ask again in a moment." for r in busy)
     assert not any(r.reached_start.is_set() for r in busy), "a refused turn did no work"
     release.set()
     answers = await asyncio.gather(*turns)
     assert sorted(a.outcome.value for a in answers) == ["answered"] * 5 + ["error"] * 5
-    assert answerer.gate.admitted == 0 and answerer.gate.running == 0
+    assert answerer.admission.gate.admitted == 0 and answerer.admission.gate.running == 0
 
 
 class AcknowledgingReply(HeldReply):
@@ -77,7 +77,7 @@ class AcknowledgingReply(HeldReply):
 
 async def test_a_question_waiting_for_its_thread_is_acknowledged_at_once(kb_runtime):
     answerer = kb_runtime.answerer
-    answerer.limiter = None
+    answerer.admission.limiter = None
     release = asyncio.Event()
     first_reply = HeldReply(release)
     first = asyncio.create_task(answerer.answer(ask("same"), first_reply))
@@ -94,8 +94,8 @@ async def test_a_question_waiting_for_its_thread_is_acknowledged_at_once(kb_runt
 
 async def test_the_rate_limit_is_checked_before_the_turn_waits_for_its_thread(kb_runtime):
     answerer = kb_runtime.answerer
-    answerer.limiter = MemoryRateLimiter(Limits(per_user=1, per_channel=0, window_s=60))
-    answerer.gate = TurnGate(max_in_flight=4, max_queued=4)
+    answerer.admission.limiter = MemoryRateLimiter(Limits(per_user=1, per_channel=0, window_s=60))
+    answerer.admission.gate = TurnGate(max_in_flight=4, max_queued=4)
     release = asyncio.Event()
     first_reply = HeldReply(release)
     first = asyncio.create_task(answerer.answer(ask("same"), first_reply))
@@ -103,14 +103,14 @@ async def test_the_rate_limit_is_checked_before_the_turn_waits_for_its_thread(kb
     flood = [RecordingReply() for _ in range(20)]
     refused = await asyncio.wait_for(asyncio.gather(*(answerer.answer(ask("same"), r) for r in flood)), 5)
     assert all(a.outcome is Outcome.ERROR and "faster than I can answer" in a.text for a in refused)
-    assert answerer.gate.admitted == 1, "refused questions never took a place in the queue"
+    assert answerer.admission.gate.admitted == 1, "refused questions never took a place in the queue"
     release.set()
     assert (await first).outcome is Outcome.ANSWERED
 
 
 async def test_model_calls_at_once_are_capped_process_wide(claude):
     fake, runtime = claude
-    runtime.answerer.limiter = None
+    runtime.answerer.admission.limiter = None
     assert runtime.model_calls.limit == runtime.settings.limits.concurrent_model_calls
     runtime.model_calls.__init__(1)  # one model call at a time, whatever the turns
     answers = await asyncio.gather(*(runtime.answerer.answer(ask(f"m{i}"), RecordingReply()) for i in range(6)))
