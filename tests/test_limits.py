@@ -89,7 +89,7 @@ async def test_redis_down_admits_the_question():
 
 async def test_a_refused_question_costs_nothing_but_one_clear_line(kb_runtime, monkeypatch):
     answerer = kb_runtime.answerer
-    monkeypatch.setattr(answerer, "limiter", MemoryRateLimiter(Limits(per_user=1, per_channel=2, window_s=60)))
+    monkeypatch.setattr(answerer.admission, "limiter", MemoryRateLimiter(Limits(per_user=1, per_channel=2, window_s=60)))
     first = await answerer.answer(ask(), RecordingReply())
     assert first.outcome is Outcome.ANSWERED
 
@@ -111,7 +111,7 @@ async def test_a_refused_question_costs_nothing_but_one_clear_line(kb_runtime, m
 
     # Chinese question, channel limit.
     monkeypatch.undo()
-    monkeypatch.setattr(answerer, "limiter", MemoryRateLimiter(Limits(per_user=5, per_channel=1, window_s=3600)))
+    monkeypatch.setattr(answerer.admission, "limiter", MemoryRateLimiter(Limits(per_user=5, per_channel=1, window_s=3600)))
     assert (await answerer.answer(ask(user="a", channel="zh"), RecordingReply())).outcome is not Outcome.ERROR
     reply = RecordingReply()
     await answerer.answer(ask(user="b", channel="zh", text="电机过热怎么办？"), reply)
