@@ -30,6 +30,11 @@ BM25_B = 0.4
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK_RUN = re.compile(f"[{_CJK}]+")
+CJK_CHAR = re.compile(f"[{_CJK}]")
+# Chinese function characters (particles, pronouns, question words): a term made of one, or a
+# character pair straddling one ("多少度" gives 少度, "是哪个" gives 是哪), says nothing about the
+# subject. The answerability decision and the sentence check leave them out of a text's content.
+ZH_FUNCTION = frozenset("的了吗呢是在和与怎么什如何哪个我你请要有吧啊就都也把被这那")
 # Words (letters/digits) with inner hyphens kept, so codes survive whole; CJK runs apart.
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)*")
 

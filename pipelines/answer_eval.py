@@ -41,7 +41,7 @@ from haystack import Document, Pipeline
 from pipelines.citations import MARKER, attach_missing_markers, cited_numbers, normalize_markers, sentence_citations
 from pipelines.components.extractive import HEADINGS
 from pipelines.components.turn import TurnBudget
-from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, read_jsonl
+from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, read_jsonl, step_value
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
 from pipelines.text import detect_language, split_sentences, terms
 
@@ -207,13 +207,11 @@ def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudg
 
 
 def _decisions(record: TurnRecord) -> None:
-    for noted in record.steps:
-        if noted.get("step") == "answerable":
-            record.evidence, record.evidence_passed = noted.get("score"), noted.get("answerable")
-        elif noted.get("step") == "judge" and "p_yes" in noted:
-            record.judge, record.judge_passed = noted.get("p_yes"), noted.get("answerable")
-        elif noted.get("step") == "check":
-            record.left_out = int(noted.get("left_out") or 0)
+    steps = record.steps
+    record.evidence, record.evidence_passed = step_value(steps, "answerable", "score"), \
+        step_value(steps, "answerable", "answerable")
+    record.judge, record.judge_passed = step_value(steps, "judge", "p_yes"), step_value(steps, "judge", "answerable")
+    record.left_out = int(step_value(steps, "check", "left_out") or 0)
 
 
 def _share(values: list[bool]) -> float | None:

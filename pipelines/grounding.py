@@ -37,7 +37,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipelines.analysis import unigrams
+from pipelines.analysis import CJK_CHAR, ZH_FUNCTION, unigrams
 from pipelines.citations import MARKER, normalize_markers
 from pipelines.text import detect_language, restrict_links, split_sentences
 
@@ -59,8 +59,6 @@ _STEP_WORD = re.compile(r"(?:\bsteps?|\bno\.|#|第)\s*$", re.I)
 # Slack's mention markup (<@U0BOSS>, <!subteam^S0TEAM|@ops>) names people, not values: the Slack
 # adapter defuses it; the ids in it are no fact a source must hold.
 _CHAT_MENTION = re.compile(r"<[@#!][^<>\s|]*(?:\|[^<>]*)?>")
-_CJK_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_ZH_FUNCTION = frozenset("的了吗呢是在和与怎么什如何哪个我你请要有吧啊就都也把被这那")
 
 
 def _number(text: str) -> str:
@@ -94,7 +92,7 @@ def facts(text: str) -> set[str]:
 
 def content_terms(text: str) -> set[str]:
     """Stemmed English words without stop words, codes whole, Chinese characters and character pairs."""
-    chars = {c for c in _CJK_CHAR.findall(text) if c not in _ZH_FUNCTION}
+    chars = {c for c in CJK_CHAR.findall(text) if c not in ZH_FUNCTION}
     return set(unigrams(text)) | chars
 
 
@@ -126,9 +124,8 @@ class _Source:
 
 
 # Source sentences' passage vectors, by text, across turns: the chunks a knowledge base's questions
-# cite recur, and embedding one chunk's sentences costs ~0.3 s of CPU (bench.turn). 4,096 vectors of
-# 384 floats: 6 MB.
-# Kept per embedder (another model's vectors are not comparable), for as long as it lives.
+# cite recur, and embedding one chunk's sentences costs ~0.3 s of CPU (bench.turn). Kept per embedder
+# (another model's vectors are not comparable) for as long as it lives; 4,096 vectors of 384 floats: 6 MB.
 _VECTORS: weakref.WeakKeyDictionary[SentenceEmbedder, dict[str, np.ndarray]] = weakref.WeakKeyDictionary()
 _VECTORS_KEPT = 4096
 
@@ -146,8 +143,9 @@ def _passage_vectors(embedder: SentenceEmbedder, sentences: list[str]) -> list[n
 class SupportCheck:
     """Whether numbered sources (the texts a model was shown, in ``[n]`` order) hold a sentence.
 
-    ``embedder`` enables the paraphrase and translation paths; without it only shared terms count. Each source is analysed once, when a
-    sentence first needs it, and its sentences embedded once, when a sentence first fails on terms.
+    ``embedder`` enables the translation path; without it only shared terms count. Each source is
+    analysed once, when a sentence first needs it, and its sentences embedded once, when a sentence in
+    another language first fails on terms.
     """
 
     def __init__(self, sources: Sequence[str], embedder: SentenceEmbedder | None = None):
@@ -189,7 +187,7 @@ class SupportCheck:
         return by_meaning and self._close_in_meaning(bare, cited)
 
     def _close_in_meaning(self, sentence: str, cited: list[_Source]) -> bool:
-        if self.embedder is None or not any(s.sentences for s in cited):
+        if self.embedder is None:
             return False
         language = detect_language(sentence)
         other = [s for s in cited if s.sentences and s.language != language]

@@ -5,10 +5,9 @@ A question the knowledge base does not answer still finds passages about its top
 must hold for it to be answered (README, Evaluation, "Abstention", has each one's figures alone
 and together, on Wikipedia questions, device manuals, Chinese and the sample knowledge base):
 
-- the closest chunk is close in meaning: its cosine with the question (multilingual-e5-small)
-  reaches ``min_similarity``;
-- the best of the first ``COVER_OVER`` kept chunks holds what the question asks about: at least
-  ``min_cover`` of the question's content, its terms weighted by their inverse document frequency
+- the closest chunk is close in meaning: its cosine with the question (multilingual-e5-small);
+- the best of the first ``COVER_OVER`` kept chunks holds what the question asks about: its share of
+  the question's content (``cover``), the terms weighted by their inverse document frequency
   among everything retrieval found (so the product name every candidate shares weighs little, and
   "refrigerant", which none of them mentions, weighs most).
 
@@ -18,8 +17,9 @@ content separates a product question about something the manuals never mention (
 does the HL-M200 use?" is close in meaning to the HL-M200's data sheet: the sample knowledge base,
 AUC 0.68 against 0.95). Both floors sit at the same low percentile of answerable development
 questions (clapnq and emanual: ``CALIBRATION``), the one setting that moves them together being how
-far below that percentile a question may fall (``evidence_floor``): a property of the embedding model
-and of the analysis, not of one knowledge base.
+far below that percentile a question may fall (``answering.evidence_margin``): a property of the
+embedding model and of the analysis, not of one knowledge base. A question about codes the embedding
+model cannot read is the exception (``codes_held``).
 """
 
 from __future__ import annotations
@@ -31,17 +31,16 @@ from typing import Any
 
 from haystack import Document, component
 
-from pipelines.analysis import unigrams
+from pipelines.analysis import CJK_CHAR, ZH_FUNCTION, unigrams
 from pipelines.components.retrievers import DenseCandidates
 from pipelines.components.turn import TurnBudget
 from pipelines.grounding import facts
 
 COVER_OVER = 3
 # Words that carry a question's form, not what it asks about ("what does E-004 mean", "which grease
-# does it use"): left out of the content a chunk must hold. Chinese pairs of characters that straddle
-# a function character ("多少度" gives 少度, "是哪个" gives 是哪) are not words either.
+# does it use"): left out of the content a chunk must hold, as are Chinese terms holding a function
+# character (``ZH_FUNCTION``).
 QUESTION_FORM = frozenset({"mean", "use", "happen", "work", "need", "get", "make", "tell", "know", "explain"})
-ZH_FUNCTION = frozenset("的了吗呢是在和与怎么什如何哪个我你请要有吧啊就都也把被这那")
 
 
 @dataclass(frozen=True)
@@ -77,12 +76,9 @@ CALIBRATION = Calibration(low=Signals(similarity=0.850, cover=0.2885), typical=S
 
 def content_terms(question: str) -> set[str]:
     """The question's terms that say what it asks about (analysed as BM25 analyses it)."""
+    # A unigram is all CJK or none of it: its first character tells.
     return {t for t in unigrams(question)
-            if t not in QUESTION_FORM and not (_is_cjk(t) and any(ch in ZH_FUNCTION for ch in t))}
-
-
-def _is_cjk(term: str) -> bool:
-    return any("\u3400" <= ch <= "\u9fff" or "\uf900" <= ch <= "\ufaff" for ch in term)
+            if t not in QUESTION_FORM and not (CJK_CHAR.match(t) and any(ch in ZH_FUNCTION for ch in t))}
 
 
 def signals(query: str, documents: Sequence[Document], candidates: Sequence[Document],
