@@ -285,7 +285,7 @@ class AdminSite:
     async def approve(self, request: web.Request) -> web.Response:
         turn_id = request.match_info["turn_id"]
         if self.runtime.approved is None:
-            raise web.HTTPConflict(text="Approved answers are off (memory.approved_answers).")
+            raise web.HTTPConflict(text="Approved answers are off (approvals.enabled).")
         approved = await self.runtime.approved.approve(turn_id, REVIEWER, "admin page")
         log.info("admin: turn %s %s", turn_id, "approved" if approved else "could not be approved")
         raise self._back("approved" if approved else "not_approvable", f"/admin/turns/{turn_id}")
@@ -293,7 +293,7 @@ class AdminSite:
     async def withdraw(self, request: web.Request) -> web.Response:
         turn_id = request.match_info["turn_id"]
         if self.runtime.approved is None:
-            raise web.HTTPConflict(text="Approved answers are off (memory.approved_answers).")
+            raise web.HTTPConflict(text="Approved answers are off (approvals.enabled).")
         withdrawn = await self.runtime.approved.withdraw(turn_id)
         log.info("admin: turn %s approval %s", turn_id, "withdrawn" if withdrawn else "not found")
         raise self._back("withdrawn" if withdrawn else "not_approved", f"/admin/turns/{turn_id}")

@@ -61,10 +61,10 @@ from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
-from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
+from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
 from bot.streaming import PlatformRates, split_message
 from bot.types import Inquiry
@@ -74,7 +74,7 @@ log = logging.getLogger("kbbot.slack")
 SLASH_COMMAND = "/kbbot"
 #: How the catalogue's words name this platform's commands and settings.
 NAMES = {"commands": "`/kbbot status` and `/kbbot refresh`", "admins": "`slack.admins`",
-         "reviewers": "`slack.reviewers`", "approved_answers": " (`memory.approved_answers`)"}
+         "reviewers": "`slack.reviewers`", "approved_answers": " (`approvals.enabled`)"}
 
 #: Errors meaning this workspace or token cannot stream at all (remembered, so later answers edit directly).
 WORKSPACE_STREAM_REFUSALS = frozenset({
@@ -307,7 +307,7 @@ class SlackAdapter:
         verb, _, rest = " ".join(str(command.get("text") or "").split()).partition(" ")
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
-            text = await self.conversations.memory_command("slack", team, user, [verb, *rest.split()],
+            text = await self.conversations.preference_command("slack", team, user, [verb, *rest.split()],
                                                            prefix=f"{SLASH_COMMAND} ")
             await ack(text=text)
             return

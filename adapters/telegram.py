@@ -68,10 +68,10 @@ from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
-from bot.memory_commands import VERBS as PREFERENCE_VERBS
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
+from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
 from bot.state import Claim
 from bot.streaming import PlatformRates, RetryAfter
@@ -438,7 +438,7 @@ class TelegramAdapter:
             if claim is None or (user := message.from_user) is None:
                 return
             words = [command.command.lower(), *(command.args or "").split()]
-            text = await self.conversations.memory_command("telegram", str(self.bot_id), str(user.id), words,
+            text = await self.conversations.preference_command("telegram", str(self.bot_id), str(user.id), words,
                                                            prefix="/", language=user_language(user.language_code))
             await self._say(message, text)
 

@@ -444,7 +444,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         settings = load_settings(REPO / "config" / "kbbot.yaml",
                                  env={"KBBOT_DATA_DIR": str(data), "ANTHROPIC_API_KEY": "sk-bench"})
         settings.limits.per_user = settings.limits.per_channel = 0
-        settings.memory.approved_answers = False
+        settings.approvals.enabled = False
         settings.generator.max_tokens = 4096
         settings.answering.turn_timeout_s = turn_timeout_s
         runtime = build_runtime(settings)

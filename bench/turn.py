@@ -87,7 +87,7 @@ async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
     os.environ.update({"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-bench"})
     settings = load_settings(REPO / "config" / "kbbot.yaml", env=env)
     settings.limits.per_user = settings.limits.per_channel = 0
-    settings.memory.approved_answers = False
+    settings.approvals.enabled = False
     runtime = build_runtime(settings)
     runtime.indexer.index([REPO / "examples" / "kb"])
     await runtime.start()

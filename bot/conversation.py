@@ -33,8 +33,8 @@ from bot.cache import AnswerCache
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
-from bot.memory_commands import run_command
 from bot.pending import LeasedReply, PendingTurn, PendingTurns, PostsMessages, Resumer, TurnLease, replica_id
+from bot.preference_commands import run_command
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
 from bot.state import Claim, Idempotency, TaskSet, ThreadLocks, take_claim
@@ -60,7 +60,7 @@ class ReviewStatus(str, enum.Enum):
     APPROVED = "approved"
     WITHDRAWN = "withdrawn"
     NOT_REVIEWER = "not_reviewer"
-    DISABLED = "disabled"  # approved answers are off (memory.approved_answers)
+    DISABLED = "disabled"  # approved answers are off (approvals.enabled)
     EXPIRED = "expired"  # the turn was never offered, or its offer expired
     NOTHING_TO_WITHDRAW = "nothing_to_withdraw"
     FAILED = "failed"
@@ -332,7 +332,7 @@ class Conversations:
             return AdminResult(AdminStatus.FAILED)
         return AdminResult(AdminStatus.DONE, text)
 
-    async def memory_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
+    async def preference_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
                              language: str = "en") -> str:
         """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words."""
         return await run_command(self.preferences, platform, tenant, user, words, prefix=prefix, language=language,

@@ -163,11 +163,11 @@ MESSAGES: dict[str, dict[str, str]] = {
               "changed since).",
         "zh": "这个回答没有可撤销的批准（已被撤销，或知识库已更新）。",
     },
-    "review_disabled": {"en": "Approved answers are turned off (memory.approved_answers).",
-                        "zh": "已关闭批准回答功能（memory.approved_answers）。"},
+    "review_disabled": {"en": "Approved answers are turned off (approvals.enabled).",
+                        "zh": "已关闭批准回答功能（approvals.enabled）。"},
     "review_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
                       "zh": "抱歉，暂时无法保存，请重试。"},
-    # --- preference commands (bot.memory_commands) -------------------------------------------------
+    # --- preference commands (bot.preference_commands) ---------------------------------------------
     "prefs_now": {
         "en": "Your answering preferences (for your questions in every thread here): {described}.",
         "zh": "您的回答偏好（适用于您在这里所有对话中的提问）：{described}。",

@@ -193,7 +193,7 @@ class Runtime:
         """Connects Redis when ``REDIS_URL`` is set (raises ``RedisUnavailable`` with the URL)."""
         if self._history is not None:
             return
-        h, m = self.settings.history, self.settings.memory
+        h, a, p = self.settings.history, self.settings.approvals, self.settings.preferences
         if self.settings.redis_url:
             self._redis = await connect_redis(self.settings.redis_url)
             prefix = self.settings.redis_prefix
@@ -202,20 +202,20 @@ class Runtime:
                                          replica_acks=self.settings.redis_replica_acks)
             self._idempotency = RedisIdempotency(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
             self._pending = RedisPendingTurns(self._redis, prefix, replica_acks=self.settings.redis_replica_acks)
-            self._approved = RedisAnswerCache(self._redis, prefix, pending_ttl_s=m.pending_days * 86400,
+            self._approved = RedisAnswerCache(self._redis, prefix, pending_ttl_s=a.pending_days * 86400,
                                              knowledge_version=self._knowledge_version)
-            self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=m.preferences_ttl_days)
+            self._preferences = RedisPreferenceStore(self._redis, prefix, ttl_days=p.ttl_days)
             self._limiter = RedisRateLimiter(self._redis, self.limits, prefix=prefix)
         else:
             self._history = SqliteHistory(self.settings.data_dir / "history.sqlite3", max_turns=h.max_turns,
                                           max_chars=h.max_chars, ttl_days=h.ttl_days)
             self._idempotency = MemoryIdempotency()
             self._pending = MemoryPendingTurns()
-            self._approved = MemoryAnswerCache(pending_ttl_s=m.pending_days * 86400,
+            self._approved = MemoryAnswerCache(pending_ttl_s=a.pending_days * 86400,
                                               knowledge_version=self._knowledge_version)
-            self._preferences = MemoryPreferenceStore(ttl_days=m.preferences_ttl_days)
+            self._preferences = MemoryPreferenceStore(ttl_days=p.ttl_days)
             self._limiter = MemoryRateLimiter(self.limits)
-        if not m.approved_answers:
+        if not a.enabled:
             self._approved = None
         if self._redis is not None:
             redis, wait_s = self._redis, self.settings.answering.turn_timeout_s
@@ -273,7 +273,7 @@ class Runtime:
 
     @property
     def approved(self) -> AnswerCache | None:
-        """The approved-answer cache (None when ``memory.approved_answers`` is off)."""
+        """The approved-answer cache (None when ``approvals.enabled`` is off)."""
         return self._approved
 
     @property
@@ -385,7 +385,7 @@ class Runtime:
                                           a.max_retries),
                         admission=Admission(self._limiter, TurnGate(s.limits.max_turns_in_flight,
                                                                     s.limits.max_queued_turns), self._thread_locks),
-                        approvals=Approvals(self._approved, (model_name, s.memory.policy_version),
+                        approvals=Approvals(self._approved, (model_name, s.approvals.policy_version),
                                             lambda: self.store.knowledge_version),
                         preferences=self._preferences, learner=learner if helper is not None else None,
                         turns=self._turns)

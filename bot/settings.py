@@ -8,6 +8,7 @@ out of every ``repr`` and log line. Which variable sets what is declared on each
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -43,6 +44,8 @@ from pipelines.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path("config/kbbot.yaml")
+
+log = logging.getLogger("kbbot.settings")
 
 #: Keys an older settings file may hold, with what replaced them.
 MOVED = {
@@ -215,11 +218,27 @@ class LimitsSettings(Section):
     concurrent_model_calls: int = Field(16, ge=1)
 
 
-class MemorySettings(Section):
-    approved_answers: StrictBool = True
+class ApprovalsSettings(Section):
+    """Answers a reviewer approved, given again for the same first question (``bot/cache.py``)."""
+
+    enabled: StrictBool = True
+    #: Part of an approval's key: changing it retires every approval at once.
     policy_version: Text = "1"
+    #: How long an answer stays approvable after it was sent.
     pending_days: Positive = 7
-    preferences_ttl_days: Positive = 30
+
+
+class PreferencesSettings(Section):
+    """Users' answering preferences (``/kbbot prefs``, ``/prefs``)."""
+
+    #: Kept this long after the last change.
+    ttl_days: Positive = 30
+
+
+#: The ``memory:`` section of older files, split into ``approvals:`` and ``preferences:`` ("memory"
+#: named the in-process backends too): old key -> (new section, new key).
+MEMORY_SPLIT = {"approved_answers": ("approvals", "enabled"), "policy_version": ("approvals", "policy_version"),
+                "pending_days": ("approvals", "pending_days"), "preferences_ttl_days": ("preferences", "ttl_days")}
 
 
 class HistorySettings(Section):
@@ -428,7 +447,8 @@ class Settings(BaseSettings):
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     answering: AnsweringSettings = Field(default_factory=AnsweringSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
-    memory: MemorySettings = Field(default_factory=MemorySettings)
+    approvals: ApprovalsSettings = Field(default_factory=ApprovalsSettings)
+    preferences: PreferencesSettings = Field(default_factory=PreferencesSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
@@ -570,6 +590,26 @@ def _base_folder(config_path: Path | None) -> Path:
     return config_path.parent if config_path else REPO_ROOT / "config"
 
 
+def _split_memory(raw: dict[str, Any], candidate: Path) -> None:
+    """An older file's ``memory:`` read as the ``approvals:`` and ``preferences:`` it became (``MEMORY_SPLIT``),
+    with a warning; a key given both ways is refused rather than one silently winning."""
+    old = raw.pop("memory", None)
+    if old is None:
+        return
+    if not isinstance(old, dict):
+        raise SettingsError(f"{candidate}: memory must be a mapping, got {type(old).__name__}")
+    for key, value in old.items():
+        if key not in MEMORY_SPLIT:
+            raise SettingsError(f"{candidate}: unknown setting memory.{key} (memory: is now approvals: and preferences:)")
+        section, new = MEMORY_SPLIT[key]
+        target = raw.setdefault(section, {})
+        if not isinstance(target, dict) or new in target:
+            raise SettingsError(f"{candidate}: memory.{key} and {section}.{new} both given; keep {section}.{new}")
+        target[new] = value
+    log.warning("%s: memory: is read as approvals: and preferences: (%s); rename it there", candidate,
+                ", ".join(f"memory.{k} -> {'.'.join(MEMORY_SPLIT[k])}" for k in old))
+
+
 def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read the settings file (``KBBOT_CONFIG``, else ``config/kbbot.yaml`` here or in the repo), then the
     environment (``env``, else ``os.environ``) over it."""
@@ -589,6 +629,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
     for key, fix in MOVED.items():
         if key in raw:
             raise SettingsError(f"{candidate}: {fix}")
+    _split_memory(raw, candidate)
     if "config_path" in raw:
         raise SettingsError(f"{candidate}: unknown setting config_path")
     refuse_environment_only(Settings, raw, str(candidate))

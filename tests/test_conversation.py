@@ -1,5 +1,5 @@
 """The conversation service on its own, on the indexed sample knowledge base: what every platform's
-adapter relies on (claims kept or released, reviews, admin and memory commands, a thread afresh)."""
+adapter relies on (claims kept or released, reviews, admin and preference commands, a thread afresh)."""
 
 from __future__ import annotations
 
@@ -69,12 +69,12 @@ async def test_admin_commands_are_refused_before_anything_starts(kb_runtime: Run
     assert (refused.status, unavailable.status, started) == (AdminStatus.NOT_ADMIN, AdminStatus.UNAVAILABLE, [])
 
 
-async def test_memory_commands_and_a_thread_afresh(kb_runtime: Runtime):
+async def test_preference_commands_and_a_thread_afresh(kb_runtime: Runtime):
     conversations = kb_runtime.conversations()
-    said = await conversations.memory_command("test", "t1", "u1", ["prefs", "concise"], prefix="/")
+    said = await conversations.preference_command("test", "t1", "u1", ["prefs", "concise"], prefix="/")
     assert said.startswith("Your answering preferences") and "concise" in said
     assert await conversations.user_language("test", "t1", "u1") is None
-    await conversations.memory_command("test", "t1", "u1", ["prefs", "lang", "zh"], prefix="/")
+    await conversations.preference_command("test", "t1", "u1", ["prefs", "lang", "zh"], prefix="/")
     assert await conversations.user_language("test", "t1", "u1") == "zh"
 
     await conversations.answer(inquiry(QUESTION, "f"), RecordingReply(), claimed=None, event_id="1", kind="dm")

@@ -21,7 +21,7 @@ from bot.insights.recorder import TurnRecorder
 from bot.insights.records import TurnRecord
 from bot.insights.report import build_report, embedder_function, format_report
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
-from bot.memory_commands import run_command
+from bot.preference_commands import run_command
 from bot.preferences import MemoryPreferenceStore
 from bot.settings import SettingsError
 from bot.state import MemoryIdempotency

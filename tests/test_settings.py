@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import Settings, SettingsError, load_settings
+from bot.settings import MEMORY_SPLIT, Settings, SettingsError, load_settings
 from tests.conftest import REPO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "settings"
@@ -66,10 +66,26 @@ def test_mains_settings_file_and_variables_load_as_they_did():
     made of ``kbbot-main.yaml`` (main's config/kbbot.yaml) and ``ENV``, with dataclasses.asdict."""
     before = json.loads((FIXTURES / "kbbot-main.json").read_text(encoding="utf-8")
                         .replace("<fixtures>", str(FIXTURES.parent.resolve())))
+    for key, value in before.pop("memory").items():  # the section since split: the same values, renamed
+        section, new = MEMORY_SPLIT[key]
+        before.setdefault(section, {})[new] = value
     settings = load_settings(FIXTURES / "kbbot-main.yaml", env=ENV)
     now = plain(settings) | {"anthropic_key_set": settings.anthropic_key_set}
     assert contained(before, now) == []
     assert [c.name for c in settings.api.callers] == ["default"]
+
+
+def test_an_older_memory_section_is_read_as_approvals_and_preferences(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture):
+    text = "memory:\n  approved_answers: false\n  policy_version: 2\n  preferences_ttl_days: 5\n"
+    with caplog.at_level(logging.WARNING, logger="kbbot.settings"):
+        settings = load_settings(write(tmp_path, text), env={"KBBOT_DATA_DIR": str(tmp_path)})
+    assert (settings.approvals.enabled, settings.approvals.policy_version) == (False, "2")
+    assert settings.approvals.pending_days == 7 and settings.preferences.ttl_days == 5
+    assert "memory.approved_answers -> approvals.enabled" in caplog.text
+    assert "memory.pending_days and approvals.pending_days both given" in refused(
+        tmp_path, "memory:\n  pending_days: 3\napprovals:\n  pending_days: 4\n")
+    assert "unknown setting memory.colour" in refused(tmp_path, "memory:\n  colour: red\n")
 
 
 def test_the_repositorys_file_loads_and_every_default_is_valid():
