@@ -540,7 +540,6 @@ class SlackReply(StreamedReply):
         #: How this question was acknowledged: STATUS, REACT, or None (not yet, or its text came first).
         self.acknowledged: str | None = None
         self._status_interrupted = False
-        self.failed: str | None = None
 
     def _deferred(self) -> None:
         self.writer.cadence = self.edit_cadence
@@ -656,24 +655,18 @@ class SlackReply(StreamedReply):
         if self._ack_task is None:
             self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
 
-    async def finish(self, answer: Answer) -> None:
+    def final_extras(self, answer: Answer) -> None:
         self.sink.tail = final_blocks(answer, feedback=self.settings.feedback,
                                       review=bool(self.settings.reviewers_of(self.where.team)))
         self.sink.expect_final(answer.text)
-        await self.writer.finish(answer.text)
-        if self._status_interrupted:
-            await self._clear_status()
-        self._take_back_reaction()
 
-    async def fail(self, message: str) -> None:
-        self.failed = message
-        await self.writer.close()
+    async def settle_acknowledgement(self) -> None:
         await self._ack_settled()
-        try:
-            await self.sink.show_failure(message)
-        except Exception:
-            log.exception("thread %s: could not show the failure message", self.where.key)
-        if self.acknowledged == STATUS or self._status_interrupted:
+
+    async def take_back(self, *, failed: bool) -> None:
+        """Slack clears a status when the answer is posted; one that landed late, or one a failure
+        message (possibly an edit, not a post) did not clear, is cleared here."""
+        if self._status_interrupted or (failed and self.acknowledged == STATUS):
             await self._clear_status()
         self._take_back_reaction()
 

@@ -319,7 +319,6 @@ class TelegramReply(StreamedReply):
         self._taken_at = rates.clock()
         #: The reaction put on the question (taken back with the answer), if any.
         self.reacted: str | None = None
-        self.failed: str | None = None
 
     def _drafts_refused(self, method_missing: bool) -> None:
         self.writer.cadence = self.edit_cadence
@@ -388,11 +387,6 @@ class TelegramReply(StreamedReply):
             self._typing.cancel()
             self._typing = None
 
-    def _after_answer(self) -> None:
-        self._stop_typing()
-        if self.reacted is not None:
-            in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
-
     # --- Reply ---------------------------------------------------------------------------------------
     def message_ids(self) -> list[str]:
         """``PostsMessages``: the ids of the messages sent for this answer so far (drafts have none)."""
@@ -403,24 +397,18 @@ class TelegramReply(StreamedReply):
         if self._typing is None and not (self.sink.posted or self.sink.drafted):
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
 
-    async def finish(self, answer: Answer) -> None:
+    def final_extras(self, answer: Answer) -> None:
         self.sink.citations = list(answer.citations)
         self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
                                          language=self.language)
-        try:
-            await self.writer.finish(answer.text)
-        finally:
-            self._after_answer()
 
-    async def fail(self, message: str) -> None:
-        self.failed = message
+    async def settle_acknowledgement(self) -> None:
         self._stop_typing()
-        await self.writer.close()
-        try:
-            await self.sink.show_failure(message)
-        except Exception:
-            log.exception("chat %s: could not show the failure message", self.where.chat_id)
-        self._after_answer()
+
+    async def take_back(self, *, failed: bool) -> None:
+        self._stop_typing()
+        if self.reacted is not None:
+            in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
 
 
 def make_rates(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:

@@ -209,14 +209,37 @@ class Delivery:
 
 
 # --- what every platform's reply does ---------------------------------------------------------------
+class FailureShown(Protocol):
+    async def show_failure(self, message: str) -> None:
+        """The failed turn's message in place of what was being filled, else posted (``show_failure``)."""
+
+
 class StreamedReply:
-    """What every chat platform's ``Reply`` does the same way: ``start`` acknowledges the question (if
-    the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``. A platform's
-    reply adds ``acknowledge``, ``finish`` and ``fail``."""
+    """What every chat platform's ``Reply`` does the same way, in this order: ``start`` acknowledges the
+    question (if the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``,
+    ``finish`` adds the platform's sources and buttons and completes the text, ``fail`` closes the
+    stream and shows the failure, and after either the acknowledgement is taken back.
+
+    A platform's reply supplies ``acknowledge``, ``final_extras`` (what goes with the final text),
+    ``settle_acknowledgement`` (before a failure is shown: no acknowledgement may land after it) and
+    ``take_back`` (the acknowledgement's undoing once the answer or failure is shown).
+    """
 
     writer: StreamWriter
+    sink: FailureShown
+    #: The failure message shown, when the turn failed.
+    failed: str | None = None
 
     async def acknowledge(self) -> None:
+        raise NotImplementedError
+
+    def final_extras(self, answer: Answer) -> None:
+        raise NotImplementedError
+
+    async def settle_acknowledgement(self) -> None:
+        raise NotImplementedError
+
+    async def take_back(self, *, failed: bool) -> None:
         raise NotImplementedError
 
     async def start(self) -> None:
@@ -224,6 +247,23 @@ class StreamedReply:
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)
+
+    async def finish(self, answer: Answer) -> None:
+        self.final_extras(answer)
+        try:
+            await self.writer.finish(answer.text)
+        finally:
+            await self.take_back(failed=False)
+
+    async def fail(self, message: str) -> None:
+        self.failed = message
+        await self.writer.close()
+        await self.settle_acknowledgement()
+        try:
+            await self.sink.show_failure(message)
+        except Exception:
+            log.exception("%s: could not show the failure message", self.writer.name)
+        await self.take_back(failed=True)
 
 
 async def show_failure(replace: Callable[[], Awaitable[bool]], post: Callable[[], Awaitable[None]], *,

@@ -1,6 +1,7 @@
 """A third platform against the delivery layer (``bot/delivery.py``): a minimal console supplies only
 what differs (post, edit, delete, its account, how a reply is rebuilt) and gets the gate, claims,
-take-over of a dead replica's turn and failure display from the layer, as Slack and Telegram do."""
+take-over of a dead replica's turn, the paced stream, the final text and failure display from the
+layer, as Slack and Telegram do."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from bot.conversation import Conversations, TakeOver
-from bot.delivery import Access, Delivery, reconcile, show_failure
+from bot.delivery import Access, Delivery, StreamedReply, reconcile, show_failure
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn
 from bot.state import MemoryIdempotency
-from bot.streaming import split_message
+from bot.streaming import Cadence, StreamWriter, split_message
 from bot.types import Answer, Inquiry, Outcome
 from tests.replies import Stuck
 
@@ -47,23 +48,20 @@ class Line:
     text: str
 
 
-class ConsoleReply:
-    """Post, edit, delete: the platform's part of a reply. Reconciling the final text and showing a
-    failure are the delivery layer's (``reconcile``, ``show_failure``)."""
+class ConsoleSink:
+    """Post, edit, delete: the platform's part of a reply. Pacing the stream, reconciling the final
+    text and showing a failure past rate limits are the delivery layer's (``StreamWriter``,
+    ``reconcile``, ``show_failure``)."""
 
     def __init__(self, screen: Screen, width: int = 60):
         self.screen = screen
         self.width = width
         self.posted: list[Line] = []
-        self.text = ""
 
-    def message_ids(self) -> list[str]:
-        return [line.id for line in self.posted]
-
-    async def _post(self, text: str) -> None:
+    async def _post(self, text: str, last: bool = False) -> None:
         self.posted.append(Line(self.screen.write(text), text))
 
-    async def _edit(self, line: Line, text: str) -> None:
+    async def _edit(self, line: Line, text: str, last: bool = False) -> None:
         self.screen.lines[line.id] = line.text = text
 
     async def _delete(self, line: Line) -> None:
@@ -71,22 +69,12 @@ class ConsoleReply:
         self.screen.removed.append(line.id)
         self.posted.remove(line)
 
-    async def start(self) -> None:
-        pass
+    async def send(self, text: str, final: bool) -> bool:
+        await reconcile(self.posted, split_message(text, self.width), same=lambda line, part, last: line.text == part,
+                        edit=self._edit, add=self._post, delete=self._delete)
+        return True
 
-    async def push(self, delta: str) -> None:
-        self.text += delta
-        if self.posted:
-            await self._edit(self.posted[-1], self.text[-self.width:])
-        else:
-            await self._post(self.text[:self.width])
-
-    async def finish(self, answer: Answer) -> None:
-        await reconcile(self.posted, split_message(answer.text, self.width), same=lambda line, part, last: (
-            line.text == part), edit=lambda line, part, last: self._edit(line, part),
-            add=lambda part, last: self._post(part), delete=self._delete)
-
-    async def fail(self, message: str) -> None:
+    async def show_failure(self, message: str) -> None:
         async def replace() -> bool:
             if not self.posted:
                 return False
@@ -94,6 +82,30 @@ class ConsoleReply:
             return True
 
         await show_failure(replace, lambda: self._post(f"! {message}"))
+
+
+class ConsoleReply(StreamedReply):
+    """A reply of the console: its sink, and nothing to acknowledge or take back. Streaming, finishing
+    and failing come from ``StreamedReply``."""
+
+    def __init__(self, screen: Screen):
+        self.sink = ConsoleSink(screen)
+        self.writer = StreamWriter(self.sink, Cadence(min_interval_s=0.01), name="console")
+
+    def message_ids(self) -> list[str]:
+        return [line.id for line in self.sink.posted]
+
+    async def acknowledge(self) -> None:
+        pass
+
+    def final_extras(self, answer: Answer) -> None:
+        pass
+
+    async def settle_acknowledgement(self) -> None:
+        pass
+
+    async def take_back(self, *, failed: bool) -> None:
+        pass
 
 
 class Console:
