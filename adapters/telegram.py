@@ -373,7 +373,7 @@ class TelegramAdapter:
     def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
         draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refusals.refused("drafts")
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
-        review = self.conversations.approved is not None and (
+        review = self.conversations.kept.approved is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         return TelegramReply(self.bot, where, self.settings, self.rates, draft=draft, language=language,
                              on_drafts_unavailable=self._drafts_unavailable, review=review,

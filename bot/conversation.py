@@ -88,6 +88,17 @@ class AdminResult:
 
 
 @dataclass
+class Kept:
+    """What turns leave beyond their thread, kept together as the runtime builds them: 👍/👎, approved
+    answers (None: approvals are off), users' preferences and the turn log (None: not recorded)."""
+
+    feedback: FeedbackStore = field(default_factory=MemoryFeedback)
+    approved: AnswerCache | None = None
+    preferences: PreferenceStore | None = None
+    turns: TurnRecorder | None = None
+
+
+@dataclass
 class TakeOver:
     """What answers the turns of replicas that died (``bot.pending``)."""
 
@@ -109,10 +120,7 @@ class Conversations:
     idempotency: Idempotency
     history: HistoryStore
     thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
-    feedback: FeedbackStore = field(default_factory=MemoryFeedback)
-    approved: AnswerCache | None = None  # approved answers; None: approvals are off
-    preferences: PreferenceStore | None = None
-    turns: TurnRecorder | None = None
+    kept: Kept = field(default_factory=Kept)
     admin: KnowledgeAdmin | None = None
     on_turn: Callable[[TurnRecord], None] | None = None
     #: None: turns are not recorded as pending (nothing is taken over).
@@ -273,7 +281,7 @@ class Conversations:
     # --- clicks -------------------------------------------------------------------------------------
     async def record_feedback(self, item: Feedback) -> bool:
         try:
-            await self.feedback.record(item)
+            await self.kept.feedback.record(item)
         except Exception:
             log.exception("turn %s: could not store the feedback", item.turn_id)
             return False
@@ -288,16 +296,17 @@ class Conversations:
         if not reviewer:
             log.info("refused %s of turn %s by %s: not a reviewer", what, turn_id, user)
             return Review(ReviewStatus.NOT_REVIEWER)
-        if self.approved is None:
+        cache = self.kept.approved
+        if cache is None:
             return Review(ReviewStatus.DISABLED)
         approved: Answer | None = None
         try:
             if approving:
-                approved = await self.approved.approve(turn_id, user, display_name, tenant=tenant)
+                approved = await cache.approve(turn_id, user, display_name, tenant=tenant)
                 if approved is None:
                     log.info("turn %s cannot be approved (expired or never offered); click by %s", turn_id, user)
                     return Review(ReviewStatus.EXPIRED)
-            elif not await self.approved.withdraw(turn_id):
+            elif not await cache.withdraw(turn_id):
                 log.info("turn %s: no approval to withdraw; click by %s", turn_id, user)
                 return Review(ReviewStatus.NOTHING_TO_WITHDRAW)
         except Exception:
@@ -335,14 +344,14 @@ class Conversations:
     async def preference_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
                              language: str = "en") -> str:
         """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words."""
-        return await run_command(self.preferences, platform, tenant, user, words, prefix=prefix, language=language,
-                                 turns=self.turns)
+        return await run_command(self.kept.preferences, platform, tenant, user, words, prefix=prefix, language=language,
+                                 turns=self.kept.turns)
 
     async def user_language(self, platform: str, tenant: str, user: str) -> str | None:
         """The language a user chose in their preferences, if any."""
-        if self.preferences is None:
+        if self.kept.preferences is None:
             return None
         try:
-            return (await self.preferences.load(platform, tenant, user)).effective().get("language") or None
+            return (await self.kept.preferences.load(platform, tenant, user)).effective().get("language") or None
         except Exception:  # noqa: BLE001 - only the language of a short notice depends on it
             return None

@@ -16,7 +16,7 @@ from typing import Any
 from bot.answering import Admission, Answerer, Approvals, TurnLimits
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
-from bot.conversation import Conversations, TakeOver, TurnRecord
+from bot.conversation import Conversations, Kept, TakeOver, TurnRecord
 from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
@@ -326,10 +326,9 @@ class Runtime:
         r = self.settings.recovery
         takeover = None if self._pending is None else TakeOver(self._pending, self.replica, max_attempts=r.max_attempts,
                                                                 batch=r.batch)
+        kept = Kept(feedback if feedback is not None else self.feedback, self._approved, self._preferences, self._turns)
         return Conversations(self.answerer, self.idempotency, self.history, thread_locks=self._thread_locks,
-                             feedback=feedback if feedback is not None else self.feedback, approved=self._approved,
-                             preferences=self._preferences, turns=self._turns, admin=admin, on_turn=on_turn,
-                             takeover=takeover)
+                             kept=kept, admin=admin, on_turn=on_turn, takeover=takeover)
 
     @property
     def idempotency(self) -> Idempotency:

@@ -52,7 +52,7 @@ async def test_reviews_say_what_happened(kb_runtime: Runtime):
     assert "4,000" in approved.answer.text
     assert await review(False) is ReviewStatus.WITHDRAWN
     assert await review(False) is ReviewStatus.NOTHING_TO_WITHDRAW
-    off = Conversations(kb_runtime.answerer, kb_runtime.idempotency, kb_runtime.history, approved=None)
+    off = Conversations(kb_runtime.answerer, kb_runtime.idempotency, kb_runtime.history)
     assert (await off.review(turn_id, approving=True, reviewer=True, user="R1", display_name="",
                              tenant="test:t1")).status is ReviewStatus.DISABLED
 

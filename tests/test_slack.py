@@ -372,7 +372,7 @@ async def test_a_feedback_click_is_acknowledged_and_stored_with_the_turn(kb_runt
         resp = await slack.post(urlencode({"payload": json.dumps(payload)}),
                                 content_type="application/x-www-form-urlencoded")
         assert resp.status == 200
-        stored = slack.adapter.conversations.feedback.items  # type: ignore[attr-defined]
+        stored = slack.adapter.conversations.kept.feedback.items  # type: ignore[attr-defined]
     turn_id = slack.only_turn().answer.trace.turn_id
     assert [(f.turn_id, f.rating, f.user_id, f.message_id) for f in stored] == [(turn_id, "down", "U0BOB", message.ts)]
 

@@ -130,7 +130,7 @@ async def test_a_private_message_becomes_drafts_then_one_final_message_with_sour
         assert [b["callback_data"] for b in message.buttons()] == [f"kbfb:up:{turn_id}", f"kbfb:down:{turn_id}"]
 
         await tg.send(callback_update(f"kbfb:down:{turn_id}", message=message, from_user=user(7002)))
-        stored = tg.adapter.conversations.feedback.items  # type: ignore[attr-defined]
+        stored = tg.adapter.conversations.kept.feedback.items  # type: ignore[attr-defined]
     assert [(f.turn_id, f.rating, f.user_id, f.platform) for f in stored] == [(turn_id, "down", "7002", "telegram")]
     [ack] = fake_tg.ok_calls("answerCallbackQuery")
     assert ack.args["text"] == "Thanks for the feedback!"

@@ -45,7 +45,7 @@ async def test_slack_commands_and_clicks_from_a_workspace_not_allowed_are_refuse
                                     content_type="application/x-www-form-urlencoded")
             assert resp.status == 200
             await slack.adapter.settle()
-            assert len(slack.adapter.conversations.feedback.items) == stored  # type: ignore[attr-defined]
+            assert len(slack.adapter.conversations.kept.feedback.items) == stored  # type: ignore[attr-defined]
         slack.adapter.settings.allowed_teams = ["T0ELSEWHERE"]
         status, body = await slash(slack, "prefs concise", "U0ALICE", "prefs")
         assert status == 200 and ack_text(body) == "Sorry, kbbot does not answer in this workspace."
@@ -58,7 +58,7 @@ async def test_telegram_clicks_from_users_not_allowed_and_invented_turn_ids_are_
         await tg.send(message_update("How often should the bearings be greased?", from_user=user(7001)))
         [message] = [m for m in fake_tg.chat(7001) if m.buttons()]
         turn_id = tg.turns[0].answer.trace.turn_id
-        stored = tg.adapter.conversations.feedback.items  # type: ignore[attr-defined]
+        stored = tg.adapter.conversations.kept.feedback.items  # type: ignore[attr-defined]
         await tg.send(callback_update(f"kbfb:down:{turn_id}", message=message, from_user=user(7666)))
         assert stored == [], "a user outside telegram.allowed_users"
         for forged in ("kbfb:up:" + "x" * 40, "kbfb:up:" + "0" * 32, "kbfb:up:../../etc"):
