@@ -175,12 +175,7 @@ class RenewingLock(ABC):
         if task is None or task.done():
             return
         task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
+        await reap(task)
 
 
 class MemoryIdempotency:
@@ -432,6 +427,18 @@ async def release_all(idempotency: Idempotency, keys: list[str]) -> None:
             await idempotency.release(key)
         except Exception:
             logger.exception("could not release the claim %s", key)
+
+
+async def reap(task: asyncio.Task[Any]) -> None:
+    """Await a task that was cancelled (or is ending): its cancellation stays its own, but the caller's
+    does not, so a shutdown that cancels the caller while it waits still stops it. An error the task
+    raised propagates."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
 
 
 class TaskSet:

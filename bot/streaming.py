@@ -25,6 +25,7 @@ failure display, the final reconciliation) is ``bot/delivery.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 
 from bot.metrics import METRICS
 from bot.rate_buckets import BucketStore, MemoryBuckets, Rate
+from bot.state import reap
 
 __all__ = ["COMPLETES", "STARTS", "Cadence", "DeliveryFailed", "Priority", "Rate", "PlatformRates", "RetryAfter",
            "Sink", "StreamWriter", "TokenBucket", "cut_point", "in_background", "split_message"]
@@ -177,14 +179,8 @@ class StreamWriter:
             return
         if not self._sending:
             task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-        except Exception:  # noqa: BLE001 - the error was logged by the loop; closing is best effort
-            pass
+        with contextlib.suppress(Exception):  # the error was logged by the loop; closing is best effort
+            await reap(task)
 
     # --- the loop --------------------------------------------------------------------------
     def _ensure_task(self) -> None:
