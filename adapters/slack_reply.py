@@ -170,6 +170,10 @@ class SlackSink:
         self.diverged = False
         self.fallback_reason: str | None = None
         self._prepaid: list[str] = []  # methods whose budget tokens ready() took for the coming calls
+        #: The token of the call that will end the message shown before the final text (a stream's
+        #: chat.stopStream, an edited message's chat.update), taken when that message was begun: no
+        #: text is shown that cannot be finished without waiting for the workspace's budget.
+        self._reserved: list[str] = []
         #: Streaming may be used (the workspace did not refuse it); an answer that deferred to
         #: postMessage for want of a stream start may still finish in a stream of its own.
         self.streams_allowed = native
@@ -209,24 +213,40 @@ class SlackSink:
     async def ready(self, final: bool) -> bool:
         """Take the rate budget of the coming call before the writer takes its text.
 
-        The first text opens a stream when a ``chat.startStream`` token is free now, else this answer
-        switches to edit mode and posts (``chat.postMessage`` is limited per channel, not per
-        workspace). Waiting callers are served by ``priority()``: in a busy channel a complete answer
-        is posted before anyone's first text, and among complete answers the one needing the fewest
-        messages, then the earliest complete. An intermediate state is sent only with a token to
-        spare (``False``: not now), so finals never wait behind them.
+        The first text opens a stream when a ``chat.startStream`` and a ``chat.stopStream`` token are
+        both free now (the stop is kept for the final text), else this answer switches to edit mode
+        and posts its first text only with a ``chat.update`` token to keep for the final; with neither,
+        nothing is shown until the final text, posted whole with ``chat.postMessage`` (limited per
+        channel, not per workspace), the acknowledgement showing meanwhile. So when the workspace's
+        streaming and editing tiers are spent, answers still end without waiting for them.
+
+        Waiting callers are served by ``priority()``: in a busy channel a complete answer is posted
+        before anyone's first text, and among complete answers the one needing the fewest messages,
+        then the earliest complete. An intermediate state is sent only with a token to spare
+        (``False``: not now), so finals never wait behind them.
         """
         if self.diverged and not final:
             return False  # nothing is sent until the final text
         method = self._next_method(final)
         if method in self._prepaid:
             return True
+        if final and method in self._reserved:
+            self._reserved.remove(method)
+            self._prepaid.append(method)
+            return True
         if method == "chat.startStream":
-            if await self.rates.try_acquire(self._scope(method), method):
+            team = self._scope(method)
+            if await self.rates.try_acquire_all((team, method), (team, "chat.stopStream")):
                 self._prepaid.append(method)
+                self._reserved.append("chat.stopStream")
                 return True
             self._defer()
             method = self._next_method(final)
+        if not final and method == "chat.postMessage":
+            # A message begun in edit mode: only with the update that will finish it.
+            if not await self.rates.try_acquire(self.where.team, "chat.update"):
+                return False
+            self._reserved.append("chat.update")
         elif not final and method != "chat.postMessage":
             if not await self.rates.try_acquire(self._scope(method), method):
                 return False
@@ -344,7 +364,15 @@ class SlackSink:
             await self.call("chat.postMessage", lambda: self.client.chat_postMessage(
                 channel=self.where.channel, thread_ts=self.where.thread_ts, markdown_text=body))
 
-        await show_failure(replace, post)
+        try:
+            await show_failure(replace, post)
+        finally:
+            await self._release_reserved()
+
+    async def _release_reserved(self) -> None:
+        """The answer is over: a finishing token it kept and did not use goes back to the workspace."""
+        while self._reserved:
+            await self._refund(self._reserved.pop())
 
     # --- building blocks ---------------------------------------------------------------------
     async def _ensure_ready(self) -> None:
@@ -363,6 +391,8 @@ class SlackSink:
         scope = self._scope(method)
         if method in self._prepaid:
             self._prepaid.remove(method)
+        elif method in self._reserved and not paid:
+            self._reserved.remove(method)
         elif not paid:
             await self.rates.acquire(scope, method, self.priority)
         try:
@@ -401,9 +431,10 @@ class SlackSink:
         log.info("thread %s: streaming refused (%s); continuing with chat.update", self.where.key, code)
         self.native = self.streams_allowed = self._stream_final = False
         self.fallback_reason = code
-        for method in [m for m in self._prepaid if m in STREAM_METHODS]:
-            self._prepaid.remove(method)
-            await self._refund(method)
+        for held in (self._prepaid, self._reserved):
+            for method in [m for m in held if m in STREAM_METHODS]:
+                held.remove(method)
+                await self._refund(method)
         if self.stream is not None and self.stream.ts:
             self.ts = self.stream.ts
         self.stream = None
@@ -509,6 +540,7 @@ class SlackSink:
                 await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
             await self._delete(self.ts)
             self.ts, self.stream, self.shown = None, None, ""
+        await self._release_reserved()
 
 
 class SlackReply(StreamedReply):

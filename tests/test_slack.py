@@ -478,6 +478,30 @@ async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(cl
     assert not [c for c in fake_slack.calls if c.status == 429]
 
 
+async def test_with_the_streaming_and_editing_tiers_spent_answers_are_posted_whole_not_timed_out(claude, fake_slack):
+    """The workspace's chat.startStream, chat.stopStream and chat.update are spent for a minute (as at 120
+    answers a minute under Slack's tiers): no answer shows text it could end only by waiting for them.
+    Each is posted whole with one chat.postMessage (a per-channel budget) while its acknowledgement shows."""
+    model, runtime = claude
+    model.responder = lambda req: Script(steps(req, 12), tokens_per_second=150)
+    rates = busy_channel_rates(chat_startStream=Rate(1, burst=1), chat_stopStream=Rate(1, burst=1),
+                               chat_update=Rate(1, burst=1))
+    for method in ("chat.startStream", "chat.stopStream", "chat.update"):
+        assert await rates.try_acquire(TEAM, method)
+    async with slack_app(runtime, fake_slack, rates=rates) as slack:
+        mentions = [slack.mention(channel=f"C0SPENT{i}") for i in range(3)]
+        for mention in mentions:
+            await slack.send(mention, settle=False)
+        await asyncio.wait_for(slack.adapter.settle(), 20)  # a token of these tiers frees only after 60 s
+    assert len(slack.turns) == 3 and all(t.answer.outcome is Outcome.ANSWERED for t in slack.turns)
+    for mention in mentions:
+        [message] = slack.thread(mention)
+        assert message.body == neutralise(slack.turns[0].answer.text) and sources_text(message)
+        assert [m for m, _ in message.changes] == ["chat.postMessage"], "one post, the whole answer"
+        assert acknowledgements(fake_slack, mention["channel"], mention["ts"]), "acknowledged meanwhile"
+    assert not fake_slack.calls_to("chat.update") and not fake_slack.calls_to("chat.startStream")
+
+
 def acknowledgements(fake: FakeSlack, channel: str, thread_ts: str) -> list[Any]:
     """The successful calls that showed a question was taken: a status set, a reaction added."""
     return [c for c in fake.calls if c.ok and (
