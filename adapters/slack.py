@@ -108,6 +108,7 @@ class SlackAdapter:
             attaching_conversation_kwargs_enabled=False,
             logger=logging.getLogger("kbbot.slack.bolt"),
         )
+        self.app.use(self._received)
         self.app.event("app_mention")(self._on_mention)
         self.app.event("message")(self._on_message)
         self.app.action(FEEDBACK_ACTION)(self._on_feedback)
@@ -189,6 +190,15 @@ class SlackAdapter:
         return None
 
     # --- listeners ----------------------------------------------------------------------------
+    async def _received(self, req: Any, body: dict[str, Any], next: Callable[[], Awaitable[Any]]) -> None:
+        """Bolt middleware: every event callback is logged (``Delivery.received``) before a listener runs."""
+        if body.get("type") == "event_callback":
+            event = body.get("event") or {}
+            retry = (req.headers.get("x-slack-retry-num") or [""])[0]
+            self.delivery.received(str(event.get("type") or ""), str(body.get("event_id") or ""),
+                                   f"{event.get('channel') or '?'} at {event.get('ts') or '?'}", retry=retry)
+        await next()
+
     def _admit_question(self, body: dict[str, Any], event: dict[str, Any], context: Any, *, is_dm: bool) -> bool:
         return self.delivery.admit(Access("question", str(event.get("user") or ""), self._team(body, event, context),
                                           str(event.get("channel") or ""), private=is_dm))

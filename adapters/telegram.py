@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiogram import Bot, Dispatcher, F, Router
@@ -99,6 +99,7 @@ class TelegramAdapter:
         self.rates = rates or make_rates(settings)
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
+        self.dp.update.outer_middleware(self._received)
         self.dp.include_router(self._router())
         self.username: str | None = None
         self.delivery = Delivery(conversations, self)
@@ -109,6 +110,16 @@ class TelegramAdapter:
     @property
     def bot_id(self) -> int:
         return self.bot.id
+
+    async def _received(self, handler: Callable[[Update, dict[str, Any]], Awaitable[Any]], update: Update,
+                        data: dict[str, Any]) -> Any:
+        """Outer middleware: every update is logged (``Delivery.received``) before a handler runs."""
+        message = update.message or update.edited_message
+        query = update.callback_query
+        chat = message.chat.id if message else (query.message.chat.id if query and query.message else "?")
+        what = "message" if message else ("callback" if query else (update.event_type or "update"))
+        self.delivery.received(what, str(update.update_id), f"chat {chat}")
+        return await handler(update, data)
 
     def _router(self) -> Router:
         router = Router(name="kbbot")

@@ -126,6 +126,12 @@ class Delivery:
         self._checks.append(check)
         return check
 
+    def received(self, what: str, event_id: str, where: str, *, retry: str = "") -> None:
+        """The line every delivered event leaves, before any check or claim: a question later refused,
+        deduplicated or never answered can be traced to the replica that got it (and which delivery)."""
+        log.info("%s: received %s %s in %s%s", self.name, what or "event", event_id or "?", where or "?",
+                 f" (retry {retry})" if retry else "")
+
     def admit(self, access: Access) -> bool:
         """The first call of every handler: tracks it, then runs every check; False (logged) when one
         refuses."""

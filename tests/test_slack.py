@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import time
@@ -343,14 +344,19 @@ async def test_unsigned_forged_or_stale_requests_are_refused(kb_runtime, fake_sl
     assert slack.turns == [] and fake_slack.calls == []
 
 
-async def test_dms_bots_edits_and_access_lists(kb_runtime, fake_slack):
+async def test_dms_bots_edits_and_access_lists(kb_runtime, fake_slack, caplog):
     async with slack_app(kb_runtime, fake_slack, allowed_channels=["C0SUPPORT"],
                          channel_spaces={"C0SUPPORT": ["default", "drives"]}) as slack:
         dm = await slack.send(slack.message(QUESTION, channel="D0ALICE", channel_type="im"))
         await slack.send(slack.message("hello from a bot", channel="D0ALICE", channel_type="im", bot_id="B0OTHER"))
         await slack.send(slack.message("edited", channel="D0ALICE", channel_type="im", subtype="message_changed"))
-        await slack.send(slack.mention(channel="C0RANDOM"))
+        with caplog.at_level(logging.INFO, logger="kbbot.delivery"):
+            refused = slack.mention(channel="C0RANDOM")
+            await slack.send(refused, event_id="EvREFUSED1", retry=2)
         await slack.send(slack.mention(channel="C0SUPPORT"))
+    # A mention delivered and refused still leaves its trace: which event, where, which delivery.
+    assert f"received app_mention EvREFUSED1 in C0RANDOM at {refused['ts']} (retry 2)" in caplog.text
+    assert "ignoring a question from U0ALICE" in caplog.text
     assert [(t.kind, t.inquiry.channel) for t in slack.turns] == [("dm", "D0ALICE"), ("mention", "C0SUPPORT")]
     assert slack.turns[1].inquiry.spaces == ("default", "drives")
     assert slack.turns[0].inquiry.spaces == ("default",)

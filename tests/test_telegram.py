@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -375,10 +376,12 @@ async def test_a_failing_retrieval_ends_with_the_friendly_message(kb_runtime, fa
     assert fake_tg.calls_to("sendChatAction")
 
 
-async def test_refused_users_get_one_polite_line_once_and_chats_map_to_spaces(kb_runtime, fake_tg):
+async def test_refused_users_get_one_polite_line_once_and_chats_map_to_spaces(kb_runtime, fake_tg, caplog):
     async with telegram_bot(kb_runtime, fake_tg, allowed_users=["7001"], chat_spaces={"7001": ["default"]},
                             default_spaces=["nowhere"]) as tg:
-        await tg.send(message_update(QUESTION, chat_id=7666))
+        with caplog.at_level(logging.INFO, logger="kbbot.delivery"):
+            await tg.send(message_update(QUESTION, chat_id=7666))
+        assert "received message" in caplog.text and "in chat 7666" in caplog.text, "a refused update is traced"
         await tg.send(message_update("hello?", chat_id=7666))
         await tg.send(message_update(QUESTION))
     assert [t.inquiry.user_id for t in tg.turns] == ["7001"]
