@@ -539,6 +539,9 @@ class Settings(BaseSettings):
             raise Problem(f": no GGUF file at {self.resolve(self.generator.model_path)}", at=("generator", "model_path"))
         if self.generator_kind == "local" and (missing := missing_packages(default_model=not self.generator.model_path)):
             raise Problem(f"is local but {missing}", at=("generator", "kind"))
+        if self.store_kind == "weaviate" and self.retrieval.fusion == "dbsf":
+            raise Problem("dbsf (distribution-based score fusion) is the embedded store's; with Weaviate use "
+                          "relative_score or rrf", at=("retrieval", "fusion"))
         if self.answering.off_topic_similarity > self.retrieval.min_similarity:
             raise Problem("must be between 0 and retrieval.min_similarity", at=("answering", "off_topic_similarity"))
         return self

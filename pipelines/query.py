@@ -1,11 +1,12 @@
-"""The query pipeline, declared in one place so it reads like the diagram in DESIGN.md:
+"""The query pipeline, declared in one place so it reads like the diagram in the README's Architecture:
 
     rewrite -> guard -+-> off_topic (no retrieval)
-                      +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> facts -> budget -> prompt -> generate
-                            ^                                                     |            +-> clarify (ask which model)
-                            |                                                     +-> retry -> reformulate --+ (bounded loop)
-                            +-----------------------------------------------------------------------------------+
-                                                                                  +-> not_found / off_topic (no model: by score)
+                      +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> answerable -+
+                            ^                                                     |            |               |
+                            +------------- reformulate <- retry (bounded) <-------+-> not_found |               +-> not_found
+                                                                                               +-> "which model?"
+        answerable -+-> facts -> budget -> prompt -> judge -+-> generate (checked)
+                                                            +-> not_found
 
 ``search`` (a BranchJoiner) is the loop's entry: the rewritten query first, then each
 reformulation. A ``TurnBudget`` given per run caps the model calls and time of the turn and

@@ -113,6 +113,8 @@ def test_secrets_stay_out_of_repr_str_dumps_and_logs(caplog: pytest.LogCaptureFi
     ("slack:\n  bot_token: xoxb-in-the-file\n", {},
      "slack.bot_token is read only from the environment: remove it from the file and set SLACK_BOT_TOKEN"),
     ("redis_url: redis://h:6379/0\n", {}, "redis_url is read only from the environment: remove it from the file and set REDIS_URL"),
+    ("retrieval:\n  fusion: dbsf\n", {"WEAVIATE_URL": "http://127.0.0.1:1"},
+     "retrieval.fusion dbsf (distribution-based score fusion) is the embedded store's; with Weaviate use"),
 ])
 def test_a_misspelt_moved_or_secret_key_is_named_with_the_fix(tmp_path: Path, text: str, env: dict, message: str):
     assert message in refused(tmp_path, text, **env)

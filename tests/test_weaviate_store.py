@@ -526,7 +526,8 @@ def test_indexer_flow_matches_the_in_memory_store(store, embedders, tmp_path: Pa
 
     # The query side, as the answering pipeline builds it (the in-memory fusion names map).
     assert retriever_for(store, mode="hybrid", candidates=5, fusion="rrf").fusion == "ranked"
-    assert retriever_for(store, mode="hybrid", candidates=5, fusion="dbsf").fusion == "relative_score"
+    with pytest.raises(ValueError, match="dbsf"):  # no such fusion in Weaviate: not another one under its name
+        retriever_for(store, mode="hybrid", candidates=5, fusion="dbsf")
     pipe = build_retrieval_pipeline(store, embedders[0], fusion="rrf", ranker=DiversityRanker())
     ranked = pipe.run(retrieval_inputs("How long is the warranty?"))["rank"]["documents"]
     assert [(d.meta["version"], "36 months" in d.content) for d in ranked] == [(2, True)]

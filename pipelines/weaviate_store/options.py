@@ -8,8 +8,9 @@ from pipelines.fusion import DEFAULT_ALPHA as RETRIEVAL_ALPHA
 DEFAULT_FUSION = "relative_score"
 #: Weaviate's fusions: rank-based and score-based.
 FUSIONS = ("ranked", "relative_score")
-#: The in-memory retriever's names for the nearest of them.
-FUSION_ALIASES = {"dbsf": "relative_score", "rrf": "ranked"}
+#: The in-memory retriever's name for the same fusion (reciprocal rank fusion is Weaviate's ranked).
+#: ``dbsf`` has no counterpart: it is refused here rather than run as another fusion under its name.
+FUSION_ALIASES = {"rrf": "ranked"}
 DEFAULT_ALPHA = RETRIEVAL_ALPHA  # the same weighting as the in-memory store's relative score fusion
 #: How long a retrieval may take before it is reported as Weaviate being unreachable.
 DEFAULT_QUERY_TIMEOUT_S = 10.0

@@ -73,9 +73,12 @@ class WeaviateHybridRetriever:
     @classmethod
     def of(cls, store: WeaviateKnowledgeStore, *, mode: str, candidates: int, fusion: str | None = None,
            alpha: float | str | None = None) -> WeaviateHybridRetriever:
-        """The retriever of ``store``; ``fusion`` also takes the in-memory store's names: ``dbsf``
-        (score-based, like ``relative_score``) and ``rrf`` (rank-based, like ``ranked``). None: the
-        store's own fusion and ``alpha``."""
+        """The retriever of ``store``; ``fusion`` also takes the in-memory store's ``rrf`` (Weaviate's
+        ``ranked``). None: the store's own fusion and ``alpha``. ``dbsf`` is refused: Weaviate has no
+        distribution-based fusion."""
+        if fusion == "dbsf":
+            raise ValueError("fusion 'dbsf' (distribution-based score fusion) is the embedded store's; "
+                             "Weaviate fuses 'relative_score' or 'rrf'")
         chosen = FUSION_ALIASES.get(fusion, fusion) if fusion else store.fusion
         return cls(store, mode=mode, candidates=candidates, fusion=chosen, alpha=store.alpha if alpha is None else alpha)
 
