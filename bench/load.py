@@ -9,7 +9,7 @@ Needs ``REDIS_URL`` and ``WEAVIATE_URL`` (``make bench`` starts both). Conversat
 once the answer is complete (or after ``--answer-timeout``). A delivery that is refused or not
 acknowledged within 3 s is delivered again to another replica after ``--retry-s`` (Slack's 1 and 5
 minute retries, shortened), at most three times, as Slack does. The fake model streams a 600-character
-answer at 60 tokens/s after 0.3 s.
+answer made of its first source's sentences at 60 tokens/s after 0.3 s.
 
 The fault run kills replica 0 (SIGKILL) at 40 % of the duration and starts it again at 60 %, and has
 the model answer every 15th answer request with a 429 (Retry-After 1 s). The fake Slack enforces
@@ -48,14 +48,16 @@ from bench.report import table
 from tests.cluster.replicas import answers_in, deliver, event_body, refresh_once, running, serve_env, wait_healthy, write_config
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
-from tests.model_router import ModelRouter
+from tests.model_router import ModelRouter, steps
 
 KB_FILES = ("faq.md", "fault-codes.md", "maintenance-schedule.md", "motor-does-not-start.txt")
 QUESTIONS = ["How often should the bearings be greased?", "What does fault code E07 mean?",
              "How long is the standard warranty?", "The motor does not start, what should I check?",
              "What should I inspect every month?", "Is the warranty longer for a service contract?"]
-ANSWER = ("Grease the bearings every 2,000 operating hours with the lithium grease named in the manual, "
-          "and check the temperature at the bearing housing after greasing. ") * 4
+#: The length of the fake model's answer. It says what the question's first source holds (sentences of
+#: it, cited), as an answer must to pass the sentence check: a canned text that no source of most
+#: questions holds would make them ``not_found`` and measure no delivery at all.
+ANSWER_CHARS = 600
 
 
 @dataclass
@@ -155,7 +157,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
         if faults and next(answers) % 15 == 0:
             model_429s += 1
             return Script(status=429, retry_after=1)
-        return Script(ANSWER, tokens_per_second=60, first_token_delay=0.3)
+        return Script(steps(body, chars=ANSWER_CHARS), tokens_per_second=60, first_token_delay=0.3)
 
     router = ModelRouter()
     router.responders["answer"] = answer
