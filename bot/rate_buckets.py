@@ -11,7 +11,8 @@ A bucket holds up to ``burst`` tokens and gains ``per_minute / 60`` a second. Bo
 - ``take``: one token from each of several buckets, all or none, or the seconds until all could
   give one. A *spare* take (an intermediate state: only with budget to spare) also defers to
   callers waiting for the bucket anywhere: each waiting store marks the bucket "wanted" while it
-  waits, so a replica's spare-only call never takes the token another replica's final text waits for;
+  waits, so a replica's spare-only call never takes the token another replica's final text waits for,
+  and it leaves the rate's ``reserve`` in the bucket for the next call that must go;
 - ``give_back`` (a token taken but not used), ``hold`` (a 429's Retry-After: nothing goes through
   until it ends, for every replica; then one call at once and the rest at the rate) and ``peek``.
 
@@ -54,14 +55,17 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Rate:
-    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once."""
+    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once. A spare-only
+    call (``take(spare=True)``: a state nobody waits for) leaves ``reserve`` tokens in the bucket, so
+    the calls that must go (a first acknowledgement, a first or final text) arriving next find one."""
 
     per_minute: float
     burst: int = 1
+    reserve: int = 0
 
     def __post_init__(self) -> None:
-        if self.per_minute <= 0 or self.burst < 1:
-            raise ValueError(f"a rate needs per_minute > 0 and burst >= 1, got {self}")
+        if self.per_minute <= 0 or self.burst < 1 or not 0 <= self.reserve < self.burst:
+            raise ValueError(f"a rate needs per_minute > 0, burst >= 1 and 0 <= reserve < burst, got {self}")
 
     @property
     def per_s(self) -> float:
@@ -105,12 +109,14 @@ class _State:
             self.tokens = min(float(rate.burst), self.tokens + (now - self.stamp) * rate.per_s)
             self.stamp = now
 
-    def delay(self, rate: Rate, now: float) -> float:
-        """Seconds until a token is free: a hold first (nothing accrues while held), then the refill."""
+    def delay(self, rate: Rate, now: float, reserve: int = 0) -> float:
+        """Seconds until a token is free beyond ``reserve``: a hold first (nothing accrues while held),
+        then the refill."""
         held = max(0.0, self.held - now)
         if not held:
             self.refill(rate, now)
-        return held + (0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate.per_s)
+        needed = 1.0 + reserve
+        return held + (0.0 if self.tokens >= needed else (needed - self.tokens) / rate.per_s)
 
 
 class MemoryBuckets:
@@ -131,7 +137,7 @@ class MemoryBuckets:
                    still_waiting: bool = False) -> float:
         now = self.clock()
         states = [(self._state(key, rate), rate) for key, rate in buckets]
-        wait = max((state.delay(rate, now) for state, rate in states), default=0.0)
+        wait = max((state.delay(rate, now, rate.reserve if spare else 0) for state, rate in states), default=0.0)
         if wait > 0:
             return wait
         for state, _ in states:
@@ -159,7 +165,8 @@ class MemoryBuckets:
 
 # --- in Redis ------------------------------------------------------------------------------------
 # KEYS: bucket, wanted zset (pairs, one per bucket). ARGV: op, store id, mark ms (how long "wanted" lasts
-# past the expected wait), hold ms, then per bucket its tokens per ms and burst. Ops: take (a grant clears
+# past the expected wait), hold ms, then per bucket its tokens per ms, burst and reserve (what a spare take
+# leaves in the bucket). Ops: take (a grant clears
 # this store's mark), take+ (a grant keeps it: more of its callers wait), spare (refused while any store
 # waits), give, hold, peek (as spare would see it). Returns a string: take/spare "0" or the ms until all buckets could give a
 # token; peek "tokens ms"; give/hold "0". Times are ms on Redis' clock.
@@ -171,7 +178,7 @@ local n = #KEYS / 2
 local states = {}
 local wait = 0
 for i = 1, n do
-  local rate, burst = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
+  local rate, burst, reserve = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i]), tonumber(ARGV[4 + 3 * i])
   local h = redis.call('HMGET', KEYS[2 * i - 1], 'tokens', 'stamp', 'held')
   local s = {tokens = tonumber(h[1]) or burst, stamp = tonumber(h[2]) or now, held = tonumber(h[3]) or 0,
              rate = rate, burst = burst}
@@ -181,7 +188,9 @@ for i = 1, n do
     s.stamp = now
   end
   local delay = held
-  if s.tokens < 1 then delay = delay + (1 - s.tokens) / rate end
+  local needed = 1
+  if op == 'spare' then needed = 1 + reserve end
+  if s.tokens < needed then delay = delay + (needed - s.tokens) / rate end
   if (op == 'spare' or op == 'peek') and delay == 0 then
     -- a spare-only caller looks again after a while: the waiters' next grants come first
     redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now)
@@ -271,7 +280,7 @@ class RedisBuckets:
         args: list[Any] = [op, self.id, round(mark_s * 1000, 3), round(hold_s * 1000, 3)]
         for key, rate in buckets:
             keys += [self.prefix + key, f"{self.prefix}{key}:w"]
-            args += [repr(rate.per_s / 1000.0), rate.burst]
+            args += [repr(rate.per_s / 1000.0), rate.burst, rate.reserve]
         try:
             answer = await self._script(keys=keys, args=args)
         except OUT_OF_REACH as exc:
