@@ -15,7 +15,8 @@ strategy and N it reports, in ms: the first visible acknowledgement after the qu
 status, a reaction or text; Telegram: "typing", a reaction or text, from the moment the update is queued for
 getUpdates), the question to its answer's first model token and to its first visible text (p50/p95: what
 the asker waits, every queue in front of the model included), first visible text minus the model's first
-token (p50/p95), final text visible minus the model's last token (p50/p95), API calls per answer, 429s
+token (p50/p95), final text visible minus the model's last token (p50/p95), on Slack the 👀 reactions taken
+back and when, after the answer's final text (p95, max; negative: before it), API calls per answer, 429s
 received, and answers lost (the turn did not end with the model's answer shown in full, e.g. a naive answer
 still editing when the ``--turn-timeout`` budget ran out).
 
@@ -280,6 +281,10 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
             expected = turn.answer.text if answered(turn) else None
             shown = "\n".join(m.body for m in messages)
             ack = acknowledged_at(calls)
+            texts = [c.at for c in calls if c.text_sent and c.method.startswith("chat.")]
+            removed = [c.at for c in calls if c.method == "reactions.remove"]
+            if removed and texts:
+                tally.unreact.append((max(removed) - max(texts)) * 1000)
             tally.add(i, [c.at for c in calls if c.text_sent and c.method.startswith("chat.")],
                       expected is not None and expected in shown and not any(m.streaming for m in messages),
                       acknowledged_after=None if ack is None else ack - asked[thread_ts], asked_at=asked[thread_ts])
@@ -363,6 +368,8 @@ class Tally:
         self.ack: list[float] = []
         self.asked_to_first: list[float] = []
         self.first_token: list[float] = []
+        #: Slack: when each 👀 was taken back, after its answer's final text (negative: before it).
+        self.unreact: list[float] = []
         self.lost = 0
 
     def add(self, i: int, shown_at: list[float], delivered: bool, *, acknowledged_after: float | None = None,
@@ -395,6 +402,10 @@ class Tally:
                 "first_visible_minus_first_token_ms_p95": pct(self.first, 0.95),
                 "final_visible_minus_last_token_ms_p50": pct(self.final, 0.5),
                 "final_visible_minus_last_token_ms_p95": pct(self.final, 0.95),
+                "reactions_taken_back": len(self.unreact),
+                "unreact_after_final_ms_p50": pct(self.unreact, 0.5),
+                "unreact_after_final_ms_p95": pct(self.unreact, 0.95),
+                "unreact_after_final_ms_max": pct(self.unreact, 1.0),
                 "api_calls_per_answer": round(calls / max(n, 1), 1),
                 "429s": sum(1 for c in all_calls if c.status == 429),
                 "429s_by_method": dict(Counter(c.method for c in all_calls if c.status == 429)),
@@ -500,10 +511,12 @@ def print_table(result: dict[str, Any]) -> None:
                "acknowledged_after_question_ms_p95", "question_to_first_token_ms_p50", "question_to_first_token_ms_p95",
                "question_to_first_text_ms_p50", "question_to_first_text_ms_p95", "first_visible_minus_first_token_ms_p50",
                "first_visible_minus_first_token_ms_p95", "final_visible_minus_last_token_ms_p50",
-               "final_visible_minus_last_token_ms_p95", "api_calls_per_answer", "429s", "lost"]
+               "final_visible_minus_last_token_ms_p95", "reactions_taken_back", "unreact_after_final_ms_p95",
+               "unreact_after_final_ms_max", "api_calls_per_answer", "429s", "lost"]
     print(table(result["rows"], columns, ["platform", "channels", "budget", "strategy", "N", "ack p50", "ack p95",
                                           "q→token p50", "q→token p95", "q→text p50", "q→text p95",
-                                          "first p50", "first p95", "final p50", "final p95", "calls/answer",
+                                          "first p50", "first p95", "final p50", "final p95", "👀 removed", "👀 after final p95",
+                                          "👀 after final max", "calls/answer",
                                           "429s", "lost"]))
     print("\nOne token (PlatformRates.acquire of a bucket with tokens to spare), µs:")
     print(table(result["bucket_cost"], ["store", "acquires", "us_p50", "us_p95", "cold_burst_of_64_ms", "warm_burst_of_64_ms"],
