@@ -80,6 +80,16 @@ def limited_telegram() -> Any:
             super().__init__()
             self._per_chat: dict[str, float] = {}
             self._global: deque[float] = deque()
+            self._loop: asyncio.AbstractEventLoop | None = None
+
+        async def start(self) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().start()
+
+        def push_from_outside(self, update: dict[str, Any]) -> None:
+            """Queue an update from the measured loop's thread (the fake serves from its own)."""
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.push, update)
 
         async def _handle(self, request):  # noqa: ANN001, ANN202
             method = request.match_info["method"]
@@ -299,9 +309,8 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
 
-    fake = limited_telegram()
-    await fake.start()
-    try:
+    # Served from a thread of its own, as the fake Slack is: its work is not charged to the loop measured.
+    with limited_telegram().run_in_thread() as fake:
         async with contextlib.AsyncExitStack() as stack:
             naive = None
             if strategy == "naive":
@@ -323,13 +332,11 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
             asked: dict[int, float] = {}
             for i, chat in enumerate(chats):
                 asked[chat] = time.monotonic()
-                fake.push(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
+                fake.push_from_outside(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
             deadline = time.monotonic() + 600
             while len(tg.turns) < n and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             await tg.adapter.settle(0.2)
-    finally:
-        await fake.stop()
     tally = Tally(model_tokens(model))
     for i, chat in enumerate(chats):
         calls = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)

@@ -22,7 +22,7 @@ to one state in Redis (``RedisModelCalls``: one Lua script per operation, on Red
 lives in this process (``MemoryModelCalls``). Each call in flight holds a lease that expires after
 ``lease_s`` (a turn's time: no call outlives its turn), so a replica that dies mid-call frees its places.
 
-Redis keys (``prefix`` e.g. ``kbbot:model:anthropic:``):
+Redis keys (``prefix`` names the account's kind and model, e.g. ``kbbot:model:anthropic:claude-sonnet-5-5:``):
 
 ======================  ====  ====================================================================
 key                     type  contents and lifetime

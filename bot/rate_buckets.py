@@ -86,6 +86,10 @@ class BucketStore(Protocol):
         one. Not ``spare``, a refusal marks the buckets wanted by this store until then, and a take
         clears the mark unless ``still_waiting`` (more of this store's callers wait)."""
 
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        """Up to ``wanted`` tokens of one bucket at once: (how many were taken, the seconds until the next
+        one when fewer than ``wanted`` were free). Fewer than wanted marks the bucket wanted by this store."""
+
     async def give_back(self, key: str, rate: Rate) -> None:
         """Return a token taken but not used."""
 
@@ -143,6 +147,15 @@ class MemoryBuckets:
         for state, _ in states:
             state.tokens -= 1.0
         return 0.0
+
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        now = self.clock()
+        state = self._state(key, rate)
+        if state.delay(rate, now) > 0:
+            return 0, state.delay(rate, now)
+        taken = min(wanted, int(state.tokens))
+        state.tokens -= taken
+        return taken, 0.0 if taken >= wanted else state.delay(rate, now)
 
     async def give_back(self, key: str, rate: Rate) -> None:
         state = self._state(key, rate)
@@ -230,6 +243,25 @@ local function want(i, til)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', key, math.ceil(tonumber(last[2]) - now))
 end
+if op == 'some' then
+  -- up to hold_ms (here: a count) tokens of one bucket in one call: a dispatcher serving a queue of
+  -- waiters grants every free token at once, not one per round trip
+  local s = states[1]
+  local taken = 0
+  if wait == 0 then
+    taken = math.min(hold_ms, math.floor(s.tokens))
+    s.tokens = s.tokens - taken
+    save(1, s)
+  end
+  if taken < hold_ms then
+    local next_in = math.max(0, s.held - now)
+    if s.tokens < 1 then next_in = next_in + (1 - s.tokens) / s.rate end
+    want(1, now + next_in + mark)
+    return string.format('%d %.17g', taken, next_in)
+  end
+  redis.call('ZREM', KEYS[2], owner)
+  return string.format('%d 0', taken)
+end
 if wait > 0 then
   if waiting then
     for i = 1, n do want(i, now + wait + mark) end
@@ -272,12 +304,12 @@ class RedisBuckets:
         self._script = self.client.register_script(_SCRIPT)
 
     async def _run(self, op: str, buckets: Sequence[tuple[str, Rate]], *, mark_s: float = 0.0,
-                   hold_s: float = 0.0) -> str | None:
+                   hold_s: float = 0.0, count: int | None = None) -> str | None:
         """The script's answer, or None when Redis is out of reach (then the fallback answers)."""
         if time.monotonic() < self._down_until:
             return None
         keys: list[str] = []
-        args: list[Any] = [op, self.id, round(mark_s * 1000, 3), round(hold_s * 1000, 3)]
+        args: list[Any] = [op, self.id, round(mark_s * 1000, 3), count if count is not None else round(hold_s * 1000, 3)]
         for key, rate in buckets:
             keys += [self.prefix + key, f"{self.prefix}{key}:w"]
             args += [repr(rate.per_s / 1000.0), rate.burst, rate.reserve]
@@ -304,6 +336,13 @@ class RedisBuckets:
         if answer is None:
             return await self.fallback.take(buckets, spare=spare, still_waiting=still_waiting)
         return float(answer) / 1000.0
+
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        answer = await self._run("some", [(key, rate)], mark_s=WANT_MARGIN_S, count=wanted)
+        if answer is None:
+            return await self.fallback.take_some(key, rate, wanted)
+        taken, ms = answer.split()
+        return int(taken), float(ms) / 1000.0
 
     async def give_back(self, key: str, rate: Rate) -> None:
         if await self._run("give", [(key, rate)]) is None:

@@ -252,8 +252,9 @@ async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_
 
 async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_first_acknowledgements(fake_tg):
     """Renewals and intermediate edits of chats already answered take spare tokens only, and leave the
-    bot-wide bucket's reserve: new chats' first "typing" goes at once. (Time stands still here: no token
-    comes back, so an acknowledgement that found the budget spent would never go.)"""
+    bot-wide bucket's reserve: new chats' first "typing" goes at once, before their turns' work. (Time
+    stands still here: no token comes back, so an acknowledgement that found the budget spent would
+    never go.)"""
     from adapters.telegram_reply import (
         BOT_SEND,
         DEFAULT_BOT_RATE,
@@ -274,11 +275,11 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
     new = [TelegramReply(bot, TelegramChat(7000001, chat, chat, private=True), settings, rates, draft=False)
            for chat in (9001, 9002)]
     try:
-        for reply in new:
-            await reply.acknowledge()
         async with asyncio.timeout(5):
-            while {c.args["chat_id"] for c in fake_tg.ok_calls("sendChatAction")} != {"9001", "9002"}:
-                await asyncio.sleep(0.01)
+            for reply in new:
+                await reply.acknowledge()
+                # and the turn's own work starts only once its question's "typing" went out
+                assert str(reply.where.chat_id) in {c.args["chat_id"] for c in fake_tg.ok_calls("sendChatAction")}
     finally:
         for reply in new:
             reply._stop_typing()
