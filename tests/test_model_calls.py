@@ -15,13 +15,21 @@ from typing import Any
 
 import pytest
 
-from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, Signal, read_signal
+from bot.model_calls import (
+    Adaptation,
+    AdaptiveModelCalls,
+    MemoryModelCalls,
+    RedisModelCalls,
+    Signal,
+    read_signal,
+)
 from bot.runtime import Runtime, build_runtime
 from bot.types import Inquiry, Outcome
 from pipelines.components.throttle import ModelCallSlots
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import FakeAnthropic, Script, rate_headers
 from tests.model_router import AnswerView, ModelRouter, quoting
+from tests.private_redis import private_redis  # noqa: F401 - a fixture
 from tests.replies import RecordingReply
 
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -206,3 +214,27 @@ async def test_the_model_kbbot_runs_itself_keeps_its_fixed_cap(kb_data_dir: Path
         assert isinstance(slots, ModelCallSlots) and slots.limit == 3
     finally:
         runtime.store.close()
+
+
+async def test_redis_out_of_reach_the_model_calls_go_on_with_this_processes_count(private_redis):  # noqa: F811
+    """Redis stops: calls are admitted by a state of this process (a 429 still teaches it) rather than
+    fail; when Redis is back the replicas share its state again."""
+    from bot.redis_state import connect_redis
+
+    client = await connect_redis(private_redis.url, retries=0, socket_timeout=0.5, connect_timeout=0.5)
+    state = RedisModelCalls(client, "test-model:", Adaptation(start=4, maximum=4), outage_retry_s=0.2)
+    try:
+        assert await state.start("a") == 0 and (await state.snapshot()).in_flight == 1
+        private_redis.stop()
+        assert await state.start("b") == 0, "admitted by this process meanwhile"
+        assert await state.observe(Signal(429, 0.5)) == 1.0, "one call ran here when the provider refused"
+        assert await state.start("c") > 0, "held for the retry-after, locally"
+        await state.finish("b")
+        private_redis.start()
+        await asyncio.sleep(0.3)
+        assert await state.start("d") == 0
+        snapshot = await state.snapshot()  # the restarted Redis kept nothing: its state starts again
+        assert (snapshot.limit, snapshot.in_flight) == (4, 1), "Redis' state again, not this process's"
+        assert await client.exists("test-model:calls") == 1
+    finally:
+        await client.aclose()
