@@ -4,7 +4,8 @@
 puts the text into Slack messages:
 
 - the question acknowledged at once: the status, or an 👀 reaction when the status budget is spent
-  (each method has a tier of its own; the reaction is taken back when the answer is shown);
+  (each method has a tier of its own; the reaction is taken back once the answer's first message is shown,
+  when Slack clears the status);
 - native streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack-sdk's
   ``AsyncChatStream``), paced by one ``StreamWriter`` per answer and a ``PlatformRates`` shared by all
   answers of a workspace; where Slack refuses streaming, or no stream can start without waiting for
@@ -152,7 +153,8 @@ class SlackSink:
     def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
                  *, native: bool = True, on_fallback: Callable[[str], None] | None = None,
                  on_defer: Callable[[], None] | None = None,
-                 before_first_message: Callable[[], Awaitable[None]] | None = None):
+                 before_first_message: Callable[[], Awaitable[None]] | None = None,
+                 after_first_message: Callable[[], None] | None = None):
         self.client = client
         self.where = where
         self.settings = settings
@@ -162,6 +164,7 @@ class SlackSink:
         self.on_fallback = on_fallback
         self.on_defer = on_defer
         self.before_first_message = before_first_message
+        self.after_first_message = after_first_message
         self.tail: list[dict[str, Any]] = []
         self.posted: list[_Posted] = []
         self.ts: str | None = None  # the message being filled
@@ -396,13 +399,17 @@ class SlackSink:
         elif not paid:
             await self.rates.acquire(scope, method, self.priority)
         try:
-            return await call()
+            response = await call()
         except SlackApiError as exc:
             if _is_rate_limited(exc):
                 seconds = retry_after_of(exc)
                 await self.rates.hold(scope, method, seconds)
                 raise RetryAfter(seconds, f"{method} rate limited") from exc
             raise
+        if method in ("chat.postMessage", "chat.startStream") and self.after_first_message is not None:
+            shown, self.after_first_message = self.after_first_message, None
+            shown()
+        return response
 
     def _message_args(self, part: str, last: bool) -> dict[str, Any]:
         if last and self.tail:
@@ -548,7 +555,7 @@ class SlackReply(StreamedReply):
 
     The acknowledgement is the status ("Searching the knowledge base…", which Slack clears when the
     answer is posted) or, when the workspace's status budget is spent, a reaction (``ack_reaction``)
-    on the question, removed once the answer is shown. Both come from budgets of their own, never
+    on the question, removed once the answer's first message is shown. Both come from budgets of their own, never
     from the chat.* budgets the answers need, so a busy channel still sees every question taken.
     """
 
@@ -564,7 +571,8 @@ class SlackReply(StreamedReply):
         self._on_stream_refused = on_stream_refused
         self._background = background
         self.sink = SlackSink(client, where, settings, rates, native=native, on_fallback=self._fell_back,
-                              on_defer=self._deferred, before_first_message=self._ack_settled)
+                              on_defer=self._deferred, before_first_message=self._ack_settled,
+                              after_first_message=self._take_back_reaction)
         self.writer = StreamWriter(self.sink, self.native_cadence if native else self.edit_cadence,
                                    name=where.key)
         self._ack_task: asyncio.Task[None] | None = None
@@ -664,8 +672,10 @@ class SlackReply(StreamedReply):
         return False
 
     def _take_back_reaction(self) -> None:
-        """The answer is shown: the reaction has done its job. Removed from its own (Tier 2) budget in
-        the background, so neither this turn nor any answer waits for it."""
+        """The answer's first message is shown: the reaction has done its job, as the status has (Slack
+        clears it then). Removed from its own (Tier 2, 20 a minute) budget in the background, so neither
+        this turn nor any answer waits for it; starting at the first message rather than the final one,
+        a burst's removals are done by about when its answers are (issue 28: up to 53 s after them)."""
         if self.acknowledged != REACT:
             return
         self.acknowledged = None

@@ -47,6 +47,7 @@ from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
 from aiohttp import web
 
 from adapters.telegram_reply import (
+    FirstAcknowledgements,
     TelegramChat,
     TelegramReply,
     TelegramSink,
@@ -106,6 +107,8 @@ class TelegramAdapter:
         self.delivery.check(self._chat_allowed)
         self.delivery.check(self._user_allowed)
         self._polling: asyncio.Task[None] | None = None
+        #: The first "typing" of questions just taken: turns start their work once none is on its way.
+        self.first_acks = FirstAcknowledgements()
 
     @property
     def bot_id(self) -> int:
@@ -388,7 +391,7 @@ class TelegramAdapter:
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         return TelegramReply(self.bot, where, self.settings, self.rates, draft=draft, language=language,
                              on_drafts_unavailable=self._drafts_unavailable, review=review,
-                             background=self.delivery.background)
+                             background=self.delivery.background, first_acks=self.first_acks)
 
     # --- what the delivery layer asks of Telegram (bot.delivery.Platform) ----------------------------
     async def account(self) -> str:

@@ -58,8 +58,11 @@ log = logging.getLogger("kbbot.telegram")
 #: Messages and edits per chat: Telegram allows about one a second per chat, with short bursts.
 DEFAULT_CHAT_RATE = Rate(per_minute=60, burst=5)
 #: Telegram's bot-wide limit (about 30 messages a second across all chats), shared by every answer.
+#: Any 1-s window: at most 3 saved + 27 = 30. A small burst and the rate near the limit: 50 new chats at
+#: once are acknowledged in 1.7 s (with 10 saved + 20 a second: 2.0 s). Typing renewals and intermediate
+#: edits take spare tokens only and leave 2 of the 3 for the next first acknowledgement or text.
 BOT_SEND = "bot-send"
-DEFAULT_BOT_RATE = Rate(per_minute=20 * 60, burst=10)  # any 1-s window: at most 10 saved + 20 = 30
+DEFAULT_BOT_RATE = Rate(per_minute=27 * 60, burst=3, reserve=2)
 
 
 # --- where an answer goes ----------------------------------------------------------------------
@@ -285,6 +288,41 @@ def _reply_parameters(message_id: int) -> Any:
     return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
 
 
+class FirstAcknowledgements:
+    """The first "typing" calls on their way for one bot in this process. A turn starts its work once
+    none is (``TelegramReply.acknowledge``): the turns' retrieval and prompts share the one event loop
+    with those calls, and a turn started early slows every acknowledgement still queued for the bot's
+    budget."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self._idle: list[asyncio.Future[None]] = []
+
+    def begin(self) -> None:
+        self.pending += 1
+
+    def end(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self.pending = 0
+            waiting, self._idle = self._idle, []
+            for idle in waiting:
+                if not idle.done():
+                    idle.set_result(None)
+
+    async def settled(self, timeout_s: float) -> None:
+        """Return once no first acknowledgement is on its way, or after ``timeout_s``."""
+        if self.pending == 0:
+            return
+        idle = asyncio.get_running_loop().create_future()
+        self._idle.append(idle)
+        try:
+            await asyncio.wait({idle}, timeout=timeout_s)
+        finally:
+            if idle in self._idle:
+                self._idle.remove(idle)
+
+
 class TelegramReply(StreamedReply):
     """``Reply`` for one Telegram answer: acknowledged on receipt, drafts or edits, the final messages.
 
@@ -297,11 +335,16 @@ class TelegramReply(StreamedReply):
     """
 
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
+    #: How long a turn's work waits for its first "typing" to go out (``acknowledge``).
+    ACK_WAIT_S = 2.0
 
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
-                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None):
+                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None,
+                 first_acks: FirstAcknowledgements | None = None):
         self.bot = bot
+        #: Shared by the bot's replies in this process (the adapter's); a reply alone waits for its own.
+        self.first_acks = first_acks if first_acks is not None else FirstAcknowledgements()
         self._background = background
         self.language = language
         self.review = review  # show the approve / withdraw button (someone here may use it)
@@ -316,6 +359,7 @@ class TelegramReply(StreamedReply):
         self.sink.on_first_text = self._stop_typing
         self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
         self._typing: asyncio.Task[None] | None = None
+        self._first_pending = False  # counted in first_acks until its first "typing" is done with
         self._taken_at = rates.clock()
         #: The reaction put on the question (taken back with the answer), if any.
         self.reacted: str | None = None
@@ -356,7 +400,10 @@ class TelegramReply(StreamedReply):
             chat_id=self.where.chat_id, action=ChatAction.TYPING, message_thread_id=self.where.topic)
         # One call makes the question seen: it goes before the texts of questions already seen (a
         # burst of new chats meets the bot's 30 a second), as the shortest job first.
-        shown = await self._courtesy("typing", typing, priority=(COMPLETES, 0, self._taken_at))
+        try:
+            shown = await self._courtesy("typing", typing, priority=(COMPLETES, 0, self._taken_at))
+        finally:
+            self._first_ack_done()
         emoji = self.settings.ack_reaction
         if emoji and self.where.question_id is not None:
             self.reacted = emoji  # set first: a reaction landing as this task is cancelled is taken back too
@@ -393,9 +440,23 @@ class TelegramReply(StreamedReply):
         return [str(posted.message_id) for posted in self.sink.posted]
 
     async def acknowledge(self) -> None:
-        """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
+        """``Acknowledges``: called as soon as the question is accepted, before its turn waits; returns once
+        no first "typing" of this bot is on its way any more (at most ``ACK_WAIT_S``). The turn's own work
+        comes after them: 50 turns' retrieval and prompts run on the one event loop, and started at once
+        they left the acknowledgements' calls (each a budget take and a request) waiting between them: the
+        first "typing" of 50 new chats landed 0.75 s after the questions and the last 3 s after, where the
+        bot's budget allows 1.7 s."""
         if self._typing is None and not (self.sink.posted or self.sink.drafted):
+            self.first_acks.begin()
+            self._first_pending = True
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
+            self._typing.add_done_callback(lambda _: self._first_ack_done())  # cancelled before it ran, too
+            await self.first_acks.settled(self.ACK_WAIT_S)
+
+    def _first_ack_done(self) -> None:
+        if self._first_pending:
+            self._first_pending = False
+            self.first_acks.end()
 
     def final_extras(self, answer: Answer) -> None:
         self.sink.citations = list(answer.citations)

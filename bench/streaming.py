@@ -13,9 +13,12 @@ and 30 calls per second per bot. On Slack the conversations are each in a channe
 all in one busy channel (``one``), where chat.postMessage's per-channel limit is shared. Per platform, layout,
 strategy and N it reports, in ms: the first visible acknowledgement after the question (p50/p95; Slack: a
 status, a reaction or text; Telegram: "typing", a reaction or text, from the moment the update is queued for
-getUpdates), first visible text minus the model's first token (p50/p95), final text visible minus the model's
-last token (p50/p95), API calls per answer, 429s received, and answers lost (the turn did not end with the
-model's answer shown in full, e.g. a naive answer still editing when the ``--turn-timeout`` budget ran out).
+getUpdates), the question to its answer's first model token and to its first visible text (p50/p95: what
+the asker waits, every queue in front of the model included), first visible text minus the model's first
+token (p50/p95), final text visible minus the model's last token (p50/p95), on Slack the 👀 reactions taken
+back and when, after the answer's final text (p95, max; negative: before it), API calls per answer, 429s
+received, and answers lost (the turn did not end with the model's answer shown in full, e.g. a naive answer
+still editing when the ``--turn-timeout`` budget ran out).
 
 With ``--redis`` the rate budgets are the ones replicas share in Redis (``REDIS_URL``: one Lua script per
 token), else this process's; the run also times one token of each (``bucket_cost``).
@@ -77,6 +80,16 @@ def limited_telegram() -> Any:
             super().__init__()
             self._per_chat: dict[str, float] = {}
             self._global: deque[float] = deque()
+            self._loop: asyncio.AbstractEventLoop | None = None
+
+        async def start(self) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().start()
+
+        def push_from_outside(self, update: dict[str, Any]) -> None:
+            """Queue an update from the measured loop's thread (the fake serves from its own)."""
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.push, update)
 
         async def _handle(self, request):  # noqa: ANN001, ANN202
             method = request.match_info["method"]
@@ -278,9 +291,13 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
             expected = turn.answer.text if answered(turn) else None
             shown = "\n".join(m.body for m in messages)
             ack = acknowledged_at(calls)
+            texts = [c.at for c in calls if c.text_sent and c.method.startswith("chat.")]
+            removed = [c.at for c in calls if c.method == "reactions.remove"]
+            if removed and texts:
+                tally.unreact.append((max(removed) - max(texts)) * 1000)
             tally.add(i, [c.at for c in calls if c.text_sent and c.method.startswith("chat.")],
                       expected is not None and expected in shown and not any(m.streaming for m in messages),
-                      acknowledged_after=None if ack is None else ack - asked[thread_ts])
+                      acknowledged_after=None if ack is None else ack - asked[thread_ts], asked_at=asked[thread_ts])
         answer_calls = [c for c in fake.calls if c.method.startswith("chat.")]
         return tally.row("slack", strategy, n, len(answer_calls), fake.calls, layout=layout)
 
@@ -292,9 +309,8 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
 
-    fake = limited_telegram()
-    await fake.start()
-    try:
+    # Served from a thread of its own, as the fake Slack is: its work is not charged to the loop measured.
+    with limited_telegram().run_in_thread() as fake:
         async with contextlib.AsyncExitStack() as stack:
             naive = None
             if strategy == "naive":
@@ -316,13 +332,11 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
             asked: dict[int, float] = {}
             for i, chat in enumerate(chats):
                 asked[chat] = time.monotonic()
-                fake.push(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
+                fake.push_from_outside(message_update(f"{QUESTION} (ticket {i})?", chat_id=chat))
             deadline = time.monotonic() + 600
             while len(tg.turns) < n and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             await tg.adapter.settle(0.2)
-    finally:
-        await fake.stop()
     tally = Tally(model_tokens(model))
     for i, chat in enumerate(chats):
         calls = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
@@ -333,7 +347,7 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
         seen = [c.at for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
                 and c.method in ("sendChatAction", "setMessageReaction")] + [c.at for c in calls]
         tally.add(i, [c.at for c in calls], expected is not None and _contains_words(shown, expected),
-                  acknowledged_after=min(seen) - asked[chat] if seen else None)
+                  acknowledged_after=min(seen) - asked[chat] if seen else None, asked_at=asked[chat])
     answer_calls = [c for c in fake.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
     return tally.row("telegram", strategy, n, len(answer_calls), fake.calls)
 
@@ -359,15 +373,25 @@ class Tally:
         self.first: list[float] = []
         self.final: list[float] = []
         self.ack: list[float] = []
+        self.asked_to_first: list[float] = []
+        self.first_token: list[float] = []
+        #: Slack: when each 👀 was taken back, after its answer's final text (negative: before it).
+        self.unreact: list[float] = []
         self.lost = 0
 
-    def add(self, i: int, shown_at: list[float], delivered: bool, *, acknowledged_after: float | None = None) -> None:
+    def add(self, i: int, shown_at: list[float], delivered: bool, *, acknowledged_after: float | None = None,
+            asked_at: float | None = None) -> None:
         """Conversation ``i``: when its text-carrying calls landed; whether its final text is shown in full;
-        how long after the question the asker first saw kbbot react (status, reaction or text)."""
+        how long after the question the asker first saw kbbot react (status, reaction or text); when it
+        was asked (``asked_at``: what the asker waits from, whatever held the turn back before the model)."""
         self.lost += not delivered
         if acknowledged_after is not None:
             self.ack.append(acknowledged_after * 1000)
+        if asked_at is not None and shown_at:
+            self.asked_to_first.append((min(shown_at) - asked_at) * 1000)
         token = self.tokens.get(f"{QUESTION} (ticket {i})?")
+        if token and asked_at is not None:
+            self.first_token.append((token[0] - asked_at) * 1000)
         if token and shown_at:
             self.first.append((min(shown_at) - token[0]) * 1000)
             self.final.append((max(shown_at) - token[1]) * 1000)
@@ -377,10 +401,18 @@ class Tally:
         return {"platform": platform, "strategy": strategy, "conversations": n, "channels": layout,
                 "acknowledged_after_question_ms_p50": pct(self.ack, 0.5),
                 "acknowledged_after_question_ms_p95": pct(self.ack, 0.95),
+                "question_to_first_token_ms_p50": pct(self.first_token, 0.5),
+                "question_to_first_token_ms_p95": pct(self.first_token, 0.95),
+                "question_to_first_text_ms_p50": pct(self.asked_to_first, 0.5),
+                "question_to_first_text_ms_p95": pct(self.asked_to_first, 0.95),
                 "first_visible_minus_first_token_ms_p50": pct(self.first, 0.5),
                 "first_visible_minus_first_token_ms_p95": pct(self.first, 0.95),
                 "final_visible_minus_last_token_ms_p50": pct(self.final, 0.5),
                 "final_visible_minus_last_token_ms_p95": pct(self.final, 0.95),
+                "reactions_taken_back": len(self.unreact),
+                "unreact_after_final_ms_p50": pct(self.unreact, 0.5),
+                "unreact_after_final_ms_p95": pct(self.unreact, 0.95),
+                "unreact_after_final_ms_max": pct(self.unreact, 1.0),
                 "api_calls_per_answer": round(calls / max(n, 1), 1),
                 "429s": sum(1 for c in all_calls if c.status == 429),
                 "429s_by_method": dict(Counter(c.method for c in all_calls if c.status == 429)),
@@ -483,11 +515,15 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
           f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
     columns = ["platform", "channels", "budget", "strategy", "conversations", "acknowledged_after_question_ms_p50",
-               "acknowledged_after_question_ms_p95", "first_visible_minus_first_token_ms_p50",
+               "acknowledged_after_question_ms_p95", "question_to_first_token_ms_p50", "question_to_first_token_ms_p95",
+               "question_to_first_text_ms_p50", "question_to_first_text_ms_p95", "first_visible_minus_first_token_ms_p50",
                "first_visible_minus_first_token_ms_p95", "final_visible_minus_last_token_ms_p50",
-               "final_visible_minus_last_token_ms_p95", "api_calls_per_answer", "429s", "lost"]
+               "final_visible_minus_last_token_ms_p95", "reactions_taken_back", "unreact_after_final_ms_p95",
+               "unreact_after_final_ms_max", "api_calls_per_answer", "429s", "lost"]
     print(table(result["rows"], columns, ["platform", "channels", "budget", "strategy", "N", "ack p50", "ack p95",
-                                          "first p50", "first p95", "final p50", "final p95", "calls/answer",
+                                          "q→token p50", "q→token p95", "q→text p50", "q→text p95",
+                                          "first p50", "first p95", "final p50", "final p95", "👀 removed", "👀 after final p95",
+                                          "👀 after final max", "calls/answer",
                                           "429s", "lost"]))
     print("\nOne token (PlatformRates.acquire of a bucket with tokens to spare), µs:")
     print(table(result["bucket_cost"], ["store", "acquires", "us_p50", "us_p95", "cold_burst_of_64_ms", "warm_burst_of_64_ms"],

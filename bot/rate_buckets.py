@@ -11,7 +11,8 @@ A bucket holds up to ``burst`` tokens and gains ``per_minute / 60`` a second. Bo
 - ``take``: one token from each of several buckets, all or none, or the seconds until all could
   give one. A *spare* take (an intermediate state: only with budget to spare) also defers to
   callers waiting for the bucket anywhere: each waiting store marks the bucket "wanted" while it
-  waits, so a replica's spare-only call never takes the token another replica's final text waits for;
+  waits, so a replica's spare-only call never takes the token another replica's final text waits for,
+  and it leaves the rate's ``reserve`` in the bucket for the next call that must go;
 - ``give_back`` (a token taken but not used), ``hold`` (a 429's Retry-After: nothing goes through
   until it ends, for every replica; then one call at once and the rest at the rate) and ``peek``.
 
@@ -54,14 +55,17 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Rate:
-    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once."""
+    """A method's allowance: ``per_minute`` on average, up to ``burst`` calls at once. A spare-only
+    call (``take(spare=True)``: a state nobody waits for) leaves ``reserve`` tokens in the bucket, so
+    the calls that must go (a first acknowledgement, a first or final text) arriving next find one."""
 
     per_minute: float
     burst: int = 1
+    reserve: int = 0
 
     def __post_init__(self) -> None:
-        if self.per_minute <= 0 or self.burst < 1:
-            raise ValueError(f"a rate needs per_minute > 0 and burst >= 1, got {self}")
+        if self.per_minute <= 0 or self.burst < 1 or not 0 <= self.reserve < self.burst:
+            raise ValueError(f"a rate needs per_minute > 0, burst >= 1 and 0 <= reserve < burst, got {self}")
 
     @property
     def per_s(self) -> float:
@@ -81,6 +85,10 @@ class BucketStore(Protocol):
         """One token from every bucket, or none: 0.0 when taken, else the seconds until all could give
         one. Not ``spare``, a refusal marks the buckets wanted by this store until then, and a take
         clears the mark unless ``still_waiting`` (more of this store's callers wait)."""
+
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        """Up to ``wanted`` tokens of one bucket at once: (how many were taken, the seconds until the next
+        one when fewer than ``wanted`` were free). Fewer than wanted marks the bucket wanted by this store."""
 
     async def give_back(self, key: str, rate: Rate) -> None:
         """Return a token taken but not used."""
@@ -105,12 +113,14 @@ class _State:
             self.tokens = min(float(rate.burst), self.tokens + (now - self.stamp) * rate.per_s)
             self.stamp = now
 
-    def delay(self, rate: Rate, now: float) -> float:
-        """Seconds until a token is free: a hold first (nothing accrues while held), then the refill."""
+    def delay(self, rate: Rate, now: float, reserve: int = 0) -> float:
+        """Seconds until a token is free beyond ``reserve``: a hold first (nothing accrues while held),
+        then the refill."""
         held = max(0.0, self.held - now)
         if not held:
             self.refill(rate, now)
-        return held + (0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / rate.per_s)
+        needed = 1.0 + reserve
+        return held + (0.0 if self.tokens >= needed else (needed - self.tokens) / rate.per_s)
 
 
 class MemoryBuckets:
@@ -131,12 +141,21 @@ class MemoryBuckets:
                    still_waiting: bool = False) -> float:
         now = self.clock()
         states = [(self._state(key, rate), rate) for key, rate in buckets]
-        wait = max((state.delay(rate, now) for state, rate in states), default=0.0)
+        wait = max((state.delay(rate, now, rate.reserve if spare else 0) for state, rate in states), default=0.0)
         if wait > 0:
             return wait
         for state, _ in states:
             state.tokens -= 1.0
         return 0.0
+
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        now = self.clock()
+        state = self._state(key, rate)
+        if state.delay(rate, now) > 0:
+            return 0, state.delay(rate, now)
+        taken = min(wanted, int(state.tokens))
+        state.tokens -= taken
+        return taken, 0.0 if taken >= wanted else state.delay(rate, now)
 
     async def give_back(self, key: str, rate: Rate) -> None:
         state = self._state(key, rate)
@@ -159,7 +178,8 @@ class MemoryBuckets:
 
 # --- in Redis ------------------------------------------------------------------------------------
 # KEYS: bucket, wanted zset (pairs, one per bucket). ARGV: op, store id, mark ms (how long "wanted" lasts
-# past the expected wait), hold ms, then per bucket its tokens per ms and burst. Ops: take (a grant clears
+# past the expected wait), hold ms, then per bucket its tokens per ms, burst and reserve (what a spare take
+# leaves in the bucket). Ops: take (a grant clears
 # this store's mark), take+ (a grant keeps it: more of its callers wait), spare (refused while any store
 # waits), give, hold, peek (as spare would see it). Returns a string: take/spare "0" or the ms until all buckets could give a
 # token; peek "tokens ms"; give/hold "0". Times are ms on Redis' clock.
@@ -171,7 +191,7 @@ local n = #KEYS / 2
 local states = {}
 local wait = 0
 for i = 1, n do
-  local rate, burst = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
+  local rate, burst, reserve = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i]), tonumber(ARGV[4 + 3 * i])
   local h = redis.call('HMGET', KEYS[2 * i - 1], 'tokens', 'stamp', 'held')
   local s = {tokens = tonumber(h[1]) or burst, stamp = tonumber(h[2]) or now, held = tonumber(h[3]) or 0,
              rate = rate, burst = burst}
@@ -181,7 +201,9 @@ for i = 1, n do
     s.stamp = now
   end
   local delay = held
-  if s.tokens < 1 then delay = delay + (1 - s.tokens) / rate end
+  local needed = 1
+  if op == 'spare' then needed = 1 + reserve end
+  if s.tokens < needed then delay = delay + (needed - s.tokens) / rate end
   if (op == 'spare' or op == 'peek') and delay == 0 then
     -- a spare-only caller looks again after a while: the waiters' next grants come first
     redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now)
@@ -220,6 +242,25 @@ local function want(i, til)
   redis.call('ZADD', key, til, owner)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', key, math.ceil(tonumber(last[2]) - now))
+end
+if op == 'some' then
+  -- up to hold_ms (here: a count) tokens of one bucket in one call: a dispatcher serving a queue of
+  -- waiters grants every free token at once, not one per round trip
+  local s = states[1]
+  local taken = 0
+  if wait == 0 then
+    taken = math.min(hold_ms, math.floor(s.tokens))
+    s.tokens = s.tokens - taken
+    save(1, s)
+  end
+  if taken < hold_ms then
+    local next_in = math.max(0, s.held - now)
+    if s.tokens < 1 then next_in = next_in + (1 - s.tokens) / s.rate end
+    want(1, now + next_in + mark)
+    return string.format('%d %.17g', taken, next_in)
+  end
+  redis.call('ZREM', KEYS[2], owner)
+  return string.format('%d 0', taken)
 end
 if wait > 0 then
   if waiting then
@@ -263,15 +304,15 @@ class RedisBuckets:
         self._script = self.client.register_script(_SCRIPT)
 
     async def _run(self, op: str, buckets: Sequence[tuple[str, Rate]], *, mark_s: float = 0.0,
-                   hold_s: float = 0.0) -> str | None:
+                   hold_s: float = 0.0, count: int | None = None) -> str | None:
         """The script's answer, or None when Redis is out of reach (then the fallback answers)."""
         if time.monotonic() < self._down_until:
             return None
         keys: list[str] = []
-        args: list[Any] = [op, self.id, round(mark_s * 1000, 3), round(hold_s * 1000, 3)]
+        args: list[Any] = [op, self.id, round(mark_s * 1000, 3), count if count is not None else round(hold_s * 1000, 3)]
         for key, rate in buckets:
             keys += [self.prefix + key, f"{self.prefix}{key}:w"]
-            args += [repr(rate.per_s / 1000.0), rate.burst]
+            args += [repr(rate.per_s / 1000.0), rate.burst, rate.reserve]
         try:
             answer = await self._script(keys=keys, args=args)
         except OUT_OF_REACH as exc:
@@ -295,6 +336,13 @@ class RedisBuckets:
         if answer is None:
             return await self.fallback.take(buckets, spare=spare, still_waiting=still_waiting)
         return float(answer) / 1000.0
+
+    async def take_some(self, key: str, rate: Rate, wanted: int) -> tuple[int, float]:
+        answer = await self._run("some", [(key, rate)], mark_s=WANT_MARGIN_S, count=wanted)
+        if answer is None:
+            return await self.fallback.take_some(key, rate, wanted)
+        taken, ms = answer.split()
+        return int(taken), float(ms) / 1000.0
 
     async def give_back(self, key: str, rate: Rate) -> None:
         if await self._run("give", [(key, rate)]) is None:

@@ -22,6 +22,7 @@ from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
+from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis
@@ -38,7 +39,7 @@ from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.errors import ServiceUnavailable
-from pipelines.generators import make_generator
+from pipelines.generators import ResponseHook, make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
 from pipelines.query import Decisions, Models, Prompting, Retrieval, build_query_pipeline, build_retrieval_pipeline
 from pipelines.store import KnowledgeStore, open_store
@@ -78,9 +79,10 @@ class Generators:
 
 
 def make_generators(settings: Settings, *, temperature: float | None = None,
-                    similarity: Similarity | None = None) -> Generators:
+                    similarity: Similarity | None = None, on_response: ResponseHook | None = None) -> Generators:
     """The configured generators; ``temperature`` overrides ``generator.temperature`` (evals use 0);
-    ``similarity`` lets the extractive answer pick sentences by meaning.
+    ``similarity`` lets the extractive answer pick sentences by meaning; ``on_response`` sees every
+    response of a hosted model's API (its admission adapts to them).
 
     ``local`` starts the in-process llama.cpp server (joining the default model on first use) and
     talks to it like ``openai``, with its own, smaller prompt budget and token limits."""
@@ -107,10 +109,12 @@ def make_generators(settings: Settings, *, temperature: float | None = None,
             if local.judge_threshold > 0 else None
         return Generators(answer, helper, local.budget_chars, local.turn_timeout_s, judge)
     answer = make_generator(kind, model=g.model, max_tokens=g.max_tokens, timeout_s=g.timeout_s,
-                            max_retries=g.max_retries, base_url=g.base_url, temperature=temperature)
+                            max_retries=g.max_retries, base_url=g.base_url, temperature=temperature,
+                            on_response=on_response)
     # Rewrite, guard, grade and reformulate: short calls to the same model.
     helper = make_generator(kind, model=g.model, max_tokens=a.helper_max_tokens, timeout_s=a.helper_timeout_s,
-                            max_retries=min(g.max_retries, 1), base_url=g.base_url, temperature=temperature)
+                            max_retries=min(g.max_retries, 1), base_url=g.base_url, temperature=temperature,
+                            on_response=on_response)
     return Generators(answer, helper, settings.prompt.budget_chars, a.turn_timeout_s)
 
 
@@ -147,9 +151,22 @@ class Runtime:
                               query_prefix=e.query_prefix, passage_prefix=e.passage_prefix)
 
     @cached_property
-    def model_calls(self) -> ModelCallSlots:
-        """The process-wide cap on model calls at once (``limits.concurrent_model_calls``)."""
-        return ModelCallSlots(self.settings.limits.concurrent_model_calls)
+    def model_calls(self) -> ModelCallSlots | AdaptiveModelCalls:
+        """What admits model calls: the model kbbot runs itself, a fixed number at once in this process
+        (``limits.concurrent_model_calls``); a hosted one, a number adapted to its provider's limits and
+        shared by the replicas in Redis once ``start()`` connected it (``bot/model_calls.py``)."""
+        s = self.settings
+        if s.generator_kind == "local":
+            return ModelCallSlots(s.limits.concurrent_model_calls)
+        lim = s.limits
+        # No call outlives its turn: a dead replica's places come back after a turn's time.
+        adaptation = Adaptation(start=lim.model_calls_start, maximum=lim.model_calls_max,
+                                lease_s=s.answering.turn_timeout_s + 10)
+        if self._redis is not None:
+            # One account's limits, whichever replica calls: the state is per kind and model.
+            prefix = f"{s.redis_prefix}model:{s.generator_kind}:{s.generator.model}:"
+            return AdaptiveModelCalls(RedisModelCalls(self._redis, prefix, adaptation))
+        return AdaptiveModelCalls(MemoryModelCalls(adaptation))
 
     @property
     def text_embedder(self) -> Any:
@@ -364,10 +381,13 @@ class Runtime:
         s = self.settings
         a = s.answering
         kind = s.generator_kind
-        generators = make_generators(s, similarity=self.sentence_similarity)
+        admission = self.model_calls if kind != "extractive" else None
+        generators = make_generators(s, similarity=self.sentence_similarity,
+                                     on_response=admission.observe if isinstance(admission, AdaptiveModelCalls)
+                                     else None)
         model_name = generators.answer.model if kind != "extractive" else "extractive"
-        if kind != "extractive":  # model calls share one process-wide cap (extractive answers make none)
-            throttled = lambda g: Throttled(g, self.model_calls) if g is not None else None  # noqa: E731
+        if admission is not None:  # answers and helper steps share one admission (extractive answers make none)
+            throttled = lambda g: Throttled(g, admission) if g is not None else None  # noqa: E731
             generators = replace(generators, answer=throttled(generators.answer), helper=throttled(generators.helper),
                                  judge=throttled(generators.judge))
         helper = generators.helper

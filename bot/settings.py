@@ -211,11 +211,22 @@ class LimitsSettings(Section):
     per_user: int = Field(20, ge=0)      # questions per window per user; 0: no limit
     per_channel: int = Field(120, ge=0)  # questions per window per channel / chat; 0: no limit
     window_s: Positive = 60
-    #: Process-wide: turns answered at once, turns waiting behind them (beyond: a short "busy" reply),
-    #: and model calls at once (answers and helper steps together).
-    max_turns_in_flight: int = Field(32, ge=1)
+    #: Process-wide: turns answered at once, turns waiting behind them (beyond: a short "busy" reply).
+    max_turns_in_flight: int = Field(64, ge=1)
     max_queued_turns: int = Field(64, ge=0)
+    #: Model calls at once (answers and helper steps together) of the model kbbot runs itself
+    #: (``generator.kind: local``), in this process.
     concurrent_model_calls: int = Field(16, ge=1)
+    #: A hosted model's calls at once, across replicas: adapted to the provider's 429s and rate headers
+    #: (``bot/model_calls.py``), starting at ``model_calls_start``, never above ``model_calls_max``.
+    model_calls_start: int = Field(64, ge=1)
+    model_calls_max: int = Field(256, ge=1)
+
+    @model_validator(mode="after")
+    def _start_within_max(self) -> LimitsSettings:
+        if self.model_calls_start > self.model_calls_max:
+            raise ValueError("limits.model_calls_start must not exceed limits.model_calls_max")
+        return self
 
 
 class ApprovalsSettings(Section):

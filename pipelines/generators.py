@@ -4,6 +4,7 @@ served in process is one: ``pipelines/local_model.py``), or extractive."""
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from haystack.utils import Secret
@@ -11,6 +12,28 @@ from haystack.utils import Secret
 from pipelines.components.extractive import ExtractiveAnswerer
 
 GENERATOR_KINDS = ("anthropic", "openai", "local", "extractive")
+
+#: Called with the status and headers of every response of the model's API (retried ones included):
+#: how a hosted model's admission learns the provider's limits (``bot.model_calls``).
+ResponseHook = Callable[[int, Mapping[str, str]], Awaitable[None]]
+
+
+def _observing(generator_class: type, client_class: type, http_client_class: type, on_response: ResponseHook) -> type:
+    """``generator_class`` whose async client (made in ``warm_up_async``, as the base class does) passes
+    every response to ``on_response`` through an httpx response hook: the SDK's own retries of a 429
+    are seen too, and the generator's streaming and parsing stay the integration's."""
+
+    async def hook(response: Any) -> None:
+        await on_response(response.status_code, response.headers)
+
+    class Observed(generator_class):  # type: ignore[misc, valid-type]
+        async def warm_up_async(self) -> None:
+            if self.async_client is None:
+                self.async_client = client_class(**self._client_kwargs(),
+                                                 http_client=http_client_class(event_hooks={"response": [hook]}))
+
+    Observed.__name__ = Observed.__qualname__ = f"Observed{generator_class.__name__}"
+    return Observed
 
 
 def make_generator(
@@ -23,6 +46,7 @@ def make_generator(
     base_url: str | None = None,
     temperature: float | None = None,
     logprobs: int | None = None,
+    on_response: ResponseHook | None = None,
 ) -> Any:
     """A chat generator with bounded time and retries. Keys come from the environment only:
     ``ANTHROPIC_API_KEY`` (and the SDK's ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY``.
@@ -30,14 +54,20 @@ def make_generator(
     ``local`` is the OpenAI-compatible path pointed at ``base_url``, the in-process llama.cpp
     server (started by the caller); ``temperature`` (OpenAI-compatible kinds) None leaves the
     model's default; ``logprobs`` (OpenAI-compatible kinds) asks for that many alternatives of each
-    generated token with their log-probabilities (the answerability judgement reads them)."""
+    generated token with their log-probabilities (the answerability judgement reads them);
+    ``on_response`` (async runs of the hosted kinds) sees every response's status and headers."""
     sampling = {} if temperature is None else {"temperature": temperature}
     if logprobs:
         sampling |= {"logprobs": True, "top_logprobs": logprobs}
     if kind == "anthropic":
         from haystack_integrations.components.generators.anthropic import AnthropicChatGenerator  # its SDK: this kind only
 
-        return AnthropicChatGenerator(
+        anthropic_class: type = AnthropicChatGenerator
+        if on_response is not None:
+            from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
+
+            anthropic_class = _observing(AnthropicChatGenerator, AsyncAnthropic, DefaultAsyncHttpxClient, on_response)
+        return anthropic_class(
             api_key=Secret.from_env_var("ANTHROPIC_API_KEY"),
             model=model,
             # The anthropic SDK in use takes no temperature: Claude runs at its default.
@@ -50,7 +80,12 @@ def make_generator(
 
         if not base_url:
             raise ValueError(f"generator.kind {kind!r} needs a base_url (e.g. http://localhost:11434/v1)")
-        return OpenAIChatGenerator(
+        openai_class: type = OpenAIChatGenerator
+        if on_response is not None:
+            from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+            openai_class = _observing(OpenAIChatGenerator, AsyncOpenAI, DefaultAsyncHttpxClient, on_response)
+        return openai_class(
             # Keyless servers (llama.cpp, Ollama) still need the client to hold some key.
             api_key=Secret.from_env_var("OPENAI_API_KEY") if kind == "openai" and os.environ.get("OPENAI_API_KEY")
             else Secret.from_token("unused"),

@@ -190,3 +190,56 @@ async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp
         await telegram.bot.session.close()  # never started: only its HTTP session to close
     finally:
         await runtime.close()
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_a_spare_only_call_leaves_the_reserve_to_the_calls_that_must_go(store: str):
+    """Typing renewals and intermediate edits (spare) stop at the reserve; a first acknowledgement or text
+    (a take that waits its turn) still finds a token at once."""
+    client = None
+    if store == "redis":
+        if not os.environ.get("REDIS_URL"):
+            pytest.skip("REDIS_URL is not set")
+        from bot.redis_state import connect_redis
+
+        client = await connect_redis(os.environ["REDIS_URL"])
+        buckets = RedisBuckets(client, f"test-rate-{uuid.uuid4().hex[:8]}:")
+    else:
+        buckets = MemoryBuckets()
+    rate = Rate(per_minute=0.01, burst=3, reserve=2)  # no refill within the test
+    try:
+        assert await buckets.take([("bot", rate)], spare=True) == 0.0
+        assert await buckets.take([("bot", rate)], spare=True) > 0, "two left: the reserve"
+        assert [await buckets.take([("bot", rate)]) for _ in range(2)] == [0.0, 0.0]
+        assert await buckets.take([("bot", rate)]) > 0
+    finally:
+        if client is not None:
+            await client.aclose()
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_every_free_token_goes_to_the_waiters_in_one_take(store: str):
+    """A dispatcher with a queue takes what is free at once (one round trip, not one per waiter), and
+    when that is fewer than it wants, a spare-only call elsewhere yields to it."""
+    client = None
+    if store == "redis":
+        if not os.environ.get("REDIS_URL"):
+            pytest.skip("REDIS_URL is not set")
+        from bot.redis_state import connect_redis
+
+        client = await connect_redis(os.environ["REDIS_URL"])
+        prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
+        buckets, other = RedisBuckets(client, prefix), RedisBuckets(client, prefix)
+    else:
+        buckets = other = MemoryBuckets()
+    rate = Rate(per_minute=60, burst=3)
+    try:
+        taken, wait = await buckets.take_some("bot", rate, 5)
+        assert (taken, wait) == (3, pytest.approx(1.0, abs=0.05))
+        await buckets.give_back("bot", rate)
+        if store == "redis":  # another replica's spare-only call yields to the waiters left
+            assert await other.take([("bot", rate)], spare=True) > 0
+        assert await buckets.take_some("bot", rate, 2) == (1, pytest.approx(1.0, abs=0.05))
+    finally:
+        if client is not None:
+            await client.aclose()

@@ -559,6 +559,24 @@ async def test_a_busy_channel_acknowledges_every_question_at_once_from_tiers_of_
     assert not [c for c in fake_slack.calls if c.status == 429]
 
 
+async def test_the_acknowledging_reaction_is_taken_back_with_the_first_message_not_after_the_last(claude,
+                                                                                                   fake_slack):
+    """👀 says "working on it" as the status does, which Slack clears when the answer's first message is
+    posted: it is taken back then, so a burst's removals (20 a minute) are not queued after every final."""
+    model, runtime = claude
+    model.responder = lambda req: Script(steps(req, 12), tokens_per_second=40)  # streams for about 6 s
+    async with slack_app(runtime, fake_slack, status="") as slack:  # no status: 👀 acknowledges
+        mention = slack.mention(QUESTION)
+        await slack.send(mention)
+        await slack.adapter.settle()
+    assert slack.only_turn().answer.outcome is Outcome.ANSWERED
+    [added] = acknowledgements(fake_slack, mention["channel"], mention["ts"])
+    [removed] = fake_slack.ok_calls("reactions.remove")
+    texts = [c.at for c in fake_slack.calls if c.ok and c.method.startswith("chat.") and c.text_sent]
+    assert added.method == "reactions.add" and fake_slack.reactions[(mention["channel"], mention["ts"])] == []
+    assert min(texts) <= removed.at < max(texts), "taken back once text shows, before the answer is complete"
+
+
 async def test_a_busy_channel_posts_a_complete_answer_before_others_first_texts(claude, fake_slack):
     """The channel's chat.postMessage budget is held (a 429 elsewhere) while four long answers wait to
     show their first text and a short one completes: when the budget frees, the complete answer is

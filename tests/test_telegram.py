@@ -251,6 +251,42 @@ async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_
     assert all(c.status != 429 for c in fake_tg.calls)
 
 
+async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_first_acknowledgements(fake_tg):
+    """Renewals and intermediate edits of chats already answered take spare tokens only, and leave the
+    bot-wide bucket's reserve: new chats' first "typing" goes at once, before their turns' work. (Time
+    stands still here: no token comes back, so an acknowledgement that found the budget spent would
+    never go.)"""
+    from adapters.telegram_reply import (
+        BOT_SEND,
+        DEFAULT_BOT_RATE,
+        DEFAULT_CHAT_RATE,
+        TelegramChat,
+        TelegramReply,
+        make_bot,
+    )
+    from bot.streaming import PlatformRates
+
+    settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url)
+    rates = PlatformRates(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, clock=lambda: 0.0)
+    spent = 0
+    while await rates.try_acquire_all((str(8000 + spent), "send"), ("bot", BOT_SEND)):  # what they call
+        spent += 1
+    assert spent >= 1, "with nobody waiting they do get spare tokens"
+    bot = make_bot(settings)
+    new = [TelegramReply(bot, TelegramChat(7000001, chat, chat, private=True), settings, rates, draft=False)
+           for chat in (9001, 9002)]
+    try:
+        async with asyncio.timeout(5):
+            for reply in new:
+                await reply.acknowledge()
+                # and the turn's own work starts only once its question's "typing" went out
+                assert str(reply.where.chat_id) in {c.args["chat_id"] for c in fake_tg.ok_calls("sendChatAction")}
+    finally:
+        for reply in new:
+            reply._stop_typing()
+        await bot.session.close()
+
+
 async def test_a_refused_reaction_costs_the_answer_nothing(claude, fake_tg):
     model, runtime = claude
     model.responder = lambda req: Script(streamed(req), tokens_per_second=120)

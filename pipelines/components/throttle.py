@@ -1,9 +1,11 @@
-"""At most N model calls at once in this process, whichever turn or step makes them.
+"""Model calls admitted before they go, whichever turn or step makes them.
 
-``ModelCallSlots`` is shared by the answer generator and the helper generator (rewrite, guard,
-grade, reformulate); ``Throttled`` wraps a chat generator so each ``run`` / ``run_async`` holds one
-slot for the whole call, streaming included. A call that finds every slot taken waits: the turn's
-own timeout bounds the wait.
+``Throttled`` wraps a chat generator so each ``run`` / ``run_async`` holds one place of a
+``CallAdmission`` for the whole call, streaming included; the answer generator and the helper
+generator (rewrite, guard, grade, reformulate) share one. ``ModelCallSlots`` is a fixed number of
+places in this process (the model kbbot runs itself); a hosted model's admission adapts to what its
+provider allows (``bot.model_calls``). A call that finds no place waits: the turn's own timeout
+bounds the wait.
 """
 
 from __future__ import annotations
@@ -11,10 +13,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from haystack import component
 from haystack.dataclasses import ChatMessage
+
+
+class CallAdmission(Protocol):
+    async def enter(self) -> Any:
+        """Wait for a place; returns the ticket ``leave`` takes."""
+
+    async def leave(self, ticket: Any) -> None: ...
 
 
 class ModelCallSlots:
@@ -51,12 +60,18 @@ class ModelCallSlots:
             self.in_use -= 1
         self._free.release()
 
+    async def enter(self) -> None:
+        await self.acquire_async()
+
+    async def leave(self, ticket: None = None) -> None:
+        self.release()
+
 
 @component
 class Throttled:
-    """A chat generator behind ``ModelCallSlots``; same inputs and ``replies`` output."""
+    """A chat generator behind a ``CallAdmission``; same inputs and ``replies`` output."""
 
-    def __init__(self, generator: Any, slots: ModelCallSlots):
+    def __init__(self, generator: Any, slots: CallAdmission):
         self.generator = generator
         self.slots = slots
 
@@ -67,7 +82,10 @@ class Throttled:
     @component.output_types(replies=list[ChatMessage])
     def run(self, messages: list[ChatMessage], streaming_callback: Callable[..., Any] | None = None,
             generation_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.slots.acquire()
+        acquire = getattr(self.slots, "acquire", None)
+        if acquire is None:  # an admission shared in Redis waits in the event loop only
+            raise RuntimeError(f"{type(self.slots).__name__} admits async calls only: run the pipeline with run_async")
+        acquire()
         try:
             return self.generator.run(messages=messages, streaming_callback=streaming_callback,
                                       generation_kwargs=generation_kwargs)
@@ -77,9 +95,9 @@ class Throttled:
     @component.output_types(replies=list[ChatMessage])
     async def run_async(self, messages: list[ChatMessage], streaming_callback: Callable[..., Any] | None = None,
                         generation_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        await self.slots.acquire_async()
+        ticket = await self.slots.enter()
         try:
             return await self.generator.run_async(messages=messages, streaming_callback=streaming_callback,
                                                   generation_kwargs=generation_kwargs)
         finally:
-            self.slots.release()
+            await asyncio.shield(self.slots.leave(ticket))  # a cancelled turn still frees its place

@@ -43,6 +43,7 @@ __all__ = [
     "Responder",
     "Script",
     "default_responder",
+    "rate_headers",
     "tokenize",
 ]
 
@@ -104,6 +105,10 @@ class Script:
     retry_after: float | None = None
     stop_reason: str = "end_turn"
     stop_sequence: str | None = None
+    #: Extra response headers, on errors and answers alike: the rate headers the real API sends
+    #: (``anthropic-ratelimit-requests-limit`` / ``-remaining`` / ``-reset``, the tokens' twins), see
+    #: ``rate_headers``.
+    headers: dict[str, str] = field(default_factory=dict)
 
     def resolved_error_type(self) -> str:
         """``error_type``, falling back to what the real API uses for ``status``."""
@@ -192,6 +197,17 @@ def _api_key(headers: Mapping[str, str]) -> str | None:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return None
+
+
+def rate_headers(limit: int, remaining: int, reset_in_s: float = 60.0) -> dict[str, str]:
+    """The request rate headers of the real API: the limit, what remains of it, and when it is full
+    again (RFC 3339)."""
+    from datetime import UTC, datetime, timedelta
+
+    reset = (datetime.now(UTC) + timedelta(seconds=reset_in_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"anthropic-ratelimit-requests-limit": str(limit),
+            "anthropic-ratelimit-requests-remaining": str(max(0, remaining)),
+            "anthropic-ratelimit-requests-reset": reset}
 
 
 def default_responder(request: JSON) -> Script:
@@ -299,7 +315,8 @@ class FakeAnthropic(LocalServer):
             if retry_after is None and script.status == 429:
                 retry_after = 1
             return self._error(
-                record, script.status, script.resolved_error_type(), script.error_message, retry_after=retry_after
+                record, script.status, script.resolved_error_type(), script.error_message, retry_after=retry_after,
+                headers=script.headers,
             )
 
         tokens, stop_reason = self._plan(record.json, script)
@@ -333,10 +350,11 @@ class FakeAnthropic(LocalServer):
         message: str | None,
         *,
         retry_after: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> web.Response:
         record.status = status
         request_id = self._new_id("req")
-        headers = {"request-id": request_id}
+        headers = {**(headers or {}), "request-id": request_id}
         if retry_after is not None:
             headers["retry-after"] = f"{retry_after:g}"
         payload = {
@@ -397,7 +415,7 @@ class FakeAnthropic(LocalServer):
             "stop_sequence": script.stop_sequence,
             "usage": self._usage(record.body, len(tokens)),
         }
-        return web.json_response(message, headers={"request-id": self._new_id("req")})
+        return web.json_response(message, headers={**script.headers, "request-id": self._new_id("req")})
 
     async def _stream(
         self,
@@ -412,6 +430,7 @@ class FakeAnthropic(LocalServer):
             headers={
                 "content-type": "text/event-stream; charset=utf-8",
                 "cache-control": "no-cache",
+                **script.headers,
                 "request-id": self._new_id("req"),
             },
         )
