@@ -115,7 +115,7 @@ async def runtime_on(kb_data_dir: Path, tmp_path: Path, name: str, redis_prefix:
     settings.generator.max_tokens = 8192
     settings.limits.per_user = settings.limits.per_channel = 0
     settings.limits.model_calls_start = settings.limits.model_calls_max = 4
-    settings.memory.approved_answers = False
+    settings.approvals.enabled = False
     runtime = build_runtime(settings)
     runtime.settings.data_dir = tmp_path / name
     await runtime.start()
