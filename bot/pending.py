@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bot.state import Claim, Clock
+from bot.state import KILL_POINTS, Claim, Clock
 from bot.types import Acknowledges, Answer, Inquiry, Reply
 
 log = logging.getLogger("kbbot.pending")
@@ -331,6 +331,7 @@ class LeasedReply:
     async def finish(self, answer: Answer) -> None:
         await self._check()
         await self.reply.finish(answer)
+        await KILL_POINTS.reach("final posted")
 
     async def fail(self, message: str) -> None:
         await self._check()

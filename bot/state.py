@@ -32,6 +32,37 @@ logger = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
+class KillPoints:
+    """Named steps of a turn's delivery where a replica can die, so tests can make it die exactly there.
+
+    Take-over is only as good as its worst kill point, and a process killed by the kernel dies between
+    two awaits, not at a sleep a test guessed. Each step that matters (``Conversations``, ``TurnLease``,
+    ``ThreadLocks``) calls ``reach(name)``; a test ``arm`` s one name with what dying means for its
+    replica (freeze the task, stop its renewals). Nothing is armed in production: ``reach`` is one dict
+    lookup. An armed point fires once, so the replica that takes over passes it.
+    """
+
+    def __init__(self) -> None:
+        self._armed: dict[str, Callable[[], Any]] = {}
+
+    def arm(self, name: str, action: Callable[[], Any]) -> None:
+        self._armed[name] = action
+
+    def disarm(self, name: str) -> None:
+        self._armed.pop(name, None)
+
+    async def reach(self, name: str) -> None:
+        action = self._armed.pop(name, None)
+        if action is not None:
+            result = action()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+#: The process's kill points (see ``KillPoints``).
+KILL_POINTS = KillPoints()
+
+
 class LockNotAcquired(RuntimeError):
     """``async with lock`` found the lock held elsewhere (within the lock's ``wait_s``)."""
 
@@ -321,6 +352,7 @@ class ThreadLocks:
                 yield
                 return
             async with self.shared(f"thread:{thread_key}"):
+                await KILL_POINTS.reach("thread locked")
                 yield
 
 

@@ -23,8 +23,8 @@ from bot.conversation import Conversations, TakeOver
 from bot.delivery import Delivery
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
-from bot.redis_state import RedisIdempotency, RedisPendingTurns
-from bot.state import Idempotency, MemoryIdempotency
+from bot.redis_state import RedisIdempotency, RedisLock, RedisPendingTurns
+from bot.state import KILL_POINTS, Idempotency, MemoryIdempotency, ThreadLocks
 from bot.types import Answer, Inquiry, Outcome, Reply
 from tests.replies import RecordingReply, Stuck
 
@@ -40,6 +40,9 @@ class Stores:
     idempotency: Idempotency
     #: The same pending turns seen from another event loop (another process, as far as the test goes).
     elsewhere: Callable[[], AbstractAsyncContextManager[PendingTurns]]
+    #: Redis (None: in process): where replicas' thread locks are shared.
+    redis: Redis | None = None
+    prefix: str = ""
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -61,7 +64,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     async def connected() -> AsyncIterator[PendingTurns]:
         async with Redis.from_url(REDIS_URL) as other:
             yield RedisPendingTurns(other, prefix)
-    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected)
+    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected, client, prefix)
     await client.aclose()
 
 
@@ -157,8 +160,10 @@ class Answers:
 
     def __init__(self, outcome: Outcome = Outcome.ANSWERED):
         self.outcome = outcome
+        self.calls = 0
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        self.calls += 1
         await reply.start()
         if self.outcome is Outcome.ERROR:
             await reply.fail("Please ask a question.")
@@ -324,3 +329,125 @@ class Partitionable:
         if self.partitioned:
             await asyncio.sleep(3600)
         return await self.store.renew(*args)
+
+
+# --- kill points (issue #28): a replica dies at one exact step of a turn, another takes over -----------
+#: The background work of a replica that SIGKILL stops with it: its lease, its claims, its locks.
+RENEWALS = ("lease ", "renew claims", "renew lock ")
+
+
+def die_at(point: str) -> asyncio.Event:
+    """Arms ``point``: the replica that reaches it dies there, as SIGKILL leaves it: its turn never goes
+    on (no ``finally`` runs: a thread lock stays held, nothing is removed), nothing of it is renewed.
+    The event is set once it died."""
+    killed = asyncio.Event()
+
+    async def dying() -> None:
+        for task in asyncio.all_tasks():
+            if task.get_name().startswith(RENEWALS):
+                task.cancel()
+        killed.set()
+        await asyncio.Event().wait()  # frozen: the test cancels it at the end, long after the take-over
+
+    KILL_POINTS.arm(point, dying)
+    return killed
+
+
+async def died(killed: asyncio.Event) -> None:
+    """Waits for the armed replica to reach its kill point (a step that does not exist fails here)."""
+    async with asyncio.timeout(10):
+        await killed.wait()
+
+
+@pytest.fixture(autouse=True)
+def _disarmed() -> Any:
+    yield
+    for point in ("claimed", "thread locked", "final recorded", "final posted"):
+        KILL_POINTS.disarm(point)
+
+
+class UnderThreadLock:
+    """An Answerer that answers holding its thread's lock, as ``bot.answering.Answerer`` does
+    (``Admission.thread_locks``): across replicas a lock in Redis of 30 s, renewed while held, waited
+    for as long as a turn may take (``bot.runtime``)."""
+
+    def __init__(self, stores: Stores, answerer: Any = None):
+        assert stores.redis is not None
+        redis, prefix = stores.redis, stores.prefix
+        self.locks = ThreadLocks(lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=120, poll_s=0.05))
+        self.answerer = answerer or Answers()
+
+    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        async with self.locks.hold(inquiry.thread_key):
+            return await self.answerer.answer(inquiry, reply)
+
+
+async def take_over(conversations: Conversations) -> None:
+    """Recovery rounds until the dead replica's entry expired and was taken (no sleep guesses the
+    moment), then the turn taken over, answered within 10 s of that: not another lease, nor a lock's TTL."""
+    while await conversations.recover() == 0:
+        await asyncio.sleep(0.05)
+    async with asyncio.timeout(10):
+        await conversations.recovering.settle(0.05)
+
+
+async def buried(*tasks: asyncio.Task[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_waiting_out_the_lock(
+        tmp_path: Path, stores: Stores):
+    if stores.redis is None:
+        pytest.skip("one process's thread locks die with it; only Redis keeps a dead replica's lock")
+    killed = die_at("thread locked")
+    a, _ = replica(tmp_path, stores, "A", UnderThreadLock(stores))
+    b, platform = replica(tmp_path, stores, "B", UnderThreadLock(stores))
+    handler = await accept(a, 11, Posting())
+    await died(killed)
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler, *b.recovering._tasks)
+    [(turn, resumed)] = platform.resumed
+    assert turn.attempts == 2 and resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
+    assert not await RedisLock(stores.redis, "thread:slack:T1:C1:11", prefix=stores.prefix).locked(), "released"
+
+
+async def test_killed_after_posting_its_final_answer_the_question_is_not_answered_again(tmp_path: Path,
+                                                                                       stores: Stores):
+    killed = die_at("final posted")
+    answers = Answers()
+    a, _ = replica(tmp_path, stores, "A", answers)
+    b, platform = replica(tmp_path, stores, "B", answers)
+    handler = await accept(a, 12, reply := Posting())
+    await died(killed)
+    assert reply.final is not None, "A's answer was shown"
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler)
+    assert answers.calls == 1, "the question was answered once: not run again by the replica taking over"
+    for _, resumed in platform.resumed:  # the answer shown again in place of A's messages, never a second one
+        assert set(platform.retired) == set(reply.posted) and resumed.deltas == []
+        assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
+    assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
+
+
+async def test_killed_before_posting_its_final_answer_the_question_is_answered_once(tmp_path: Path, stores: Stores):
+    killed = die_at("final recorded")
+    answers = Answers()
+    a, _ = replica(tmp_path, stores, "A", answers)
+    b, platform = replica(tmp_path, stores, "B", answers)
+    handler = await accept(a, 13, reply := Posting())
+    await died(killed)
+    assert reply.final is None, "A died before its answer was shown"
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler)
+    [(turn, resumed)] = platform.resumed
+    assert answers.calls == 1 and platform.retired == reply.posted == ["m1"]
+    assert resumed.final is not None and resumed.final.text == "Every 2,000 operating hours."
+    assert await b.claim(["slack:event:13"], 60) is None, "a redelivery is not answered again"
