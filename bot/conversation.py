@@ -22,6 +22,7 @@ in its platform's format and the user's language.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,10 +35,19 @@ from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.memory_commands import run_command
-from bot.pending import LeasedReply, PendingTurn, PendingTurns, PostsMessages, Resumer, TurnLease, replica_id
+from bot.pending import (
+    LeasedReply,
+    PendingTurn,
+    PendingTurns,
+    PostsMessages,
+    Resumer,
+    TurnLease,
+    answer_of,
+    replica_id,
+)
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import Claim, Idempotency, TaskSet, ThreadLocks, take_claim
+from bot.state import TURN_LOCKS, Claim, Idempotency, TaskSet, ThreadLocks, take_claim
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -150,7 +160,7 @@ class Conversations:
         return await self._turn(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind, crashed=crashed,
                                 lease=lease)
 
-    async def _lease(self, turn: PendingTurn, claim: Claim, reply: Reply) -> TurnLease | None:
+    async def _lease(self, turn: PendingTurn, claim: Claim | None, reply: Reply) -> TurnLease | None:
         assert self.takeover is not None
         lease = TurnLease(self.takeover.pending, turn, self.takeover.replica, claims=claim,
                           messages=reply.message_ids if isinstance(reply, PostsMessages) else None)
@@ -166,8 +176,11 @@ class Conversations:
                     crashed: str, lease: TurnLease | None) -> Answer | None:
         answer: Answer | None = None
         shown = reply if lease is None else LeasedReply(reply, lease)
+        context = contextvars.copy_context()
+        if lease is not None:  # the thread's lock is recorded with the entry, so a take-over frees it
+            context.run(TURN_LOCKS.set, lease.holds)
         # A task of its own, so that a lost lease can stop the turn (the Answerer lets cancellation through).
-        task = asyncio.create_task(self.answerer.answer(inquiry, shown), name=f"turn {event_id}")
+        task = asyncio.create_task(self.answerer.answer(inquiry, shown), name=f"turn {event_id}", context=context)
         try:
             if lease is not None:
                 lease.watch(task)
@@ -222,6 +235,8 @@ class Conversations:
             log.warning("%s %s: pending turn %s belongs to %s, which this process does not serve; not resuming",
                         turn.platform, turn.event_id, turn.id, turn.account or "an unknown account")
             return None
+        if turn.final is not None:
+            return await self._show_again(turn, resumer)
         claims = await take_claim(self.idempotency, turn.claim_keys, ttl_s=turn.dedupe_ttl_s, lease_s=turn.lease_s)
         if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
             log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
@@ -251,6 +266,44 @@ class Conversations:
         lease = await self._lease(turn, claims, reply)
         return await self._turn(turn.inquiry, reply, claimed=claims, event_id=turn.event_id, kind=turn.kind,
                                 crashed=turn.crashed, lease=lease)
+
+    async def _show_again(self, turn: PendingTurn, resumer: Resumer) -> Answer | None:
+        """A turn whose owner died around posting its final answer (recorded first, claims kept): that
+        answer is shown again in place of the messages the owner recorded, not asked for again, so the
+        question is answered once whether the post landed or not. Shown on a lease like any turn."""
+        assert self.takeover is not None
+        t = self.takeover
+        answer = answer_of(turn.final or "")
+        try:
+            reply = await resumer.resume(turn)
+            if reply is None:
+                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
+        except Exception:  # the entry expires again and is retried, within max_attempts
+            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
+                          turn.id)
+            return None
+        log.warning("%s %s: pending turn %s had its final answer recorded; showing it again (attempt %d)",
+                    turn.platform, turn.event_id, turn.id, turn.attempts)
+        lease = await self._lease(turn, None, reply)
+        shown = reply if lease is None else LeasedReply(reply, lease)
+        try:
+            await shown.finish(answer)
+        except asyncio.CancelledError:  # another replica took it meanwhile: it shows the answer
+            current = asyncio.current_task()
+            if lease is None or not lease.lost or (current is not None and current.cancelling()):
+                raise
+            return None
+        finally:
+            if lease is not None:
+                await lease.stop()
+        if lease is not None:
+            await lease.end(answered=True)
+        else:
+            await t.pending.remove(turn, t.replica)
+        if self.on_turn is not None:
+            self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
+                                    reply=reply))
+        return answer
 
     async def answered_before(self, thread_key: str) -> bool:
         """Whether the thread has history (a follow-up there is meant for kbbot)."""

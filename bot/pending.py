@@ -52,8 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bot.state import KILL_POINTS, Claim, Clock
-from bot.types import Acknowledges, Answer, Inquiry, Reply
+from bot.state import KILL_POINTS, PROCESS_LOCKS, Claim, Clock, MemoryLockTable, RenewingLock
+from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, Trace
 
 log = logging.getLogger("kbbot.pending")
 
@@ -87,6 +87,9 @@ class PendingTurn:
     attempts: int = 1
     #: Ids of messages already posted for the answer (``PostsMessages.message_ids`` of the reply).
     messages: list[str] = field(default_factory=list)
+    #: The final answer (``answer_payload``), recorded just before it is posted (``TurnLease.conclude``):
+    #: a turn taken over with one shows that answer again instead of running the question again.
+    final: str | None = None
 
     @property
     def platform(self) -> str:
@@ -98,18 +101,37 @@ class PendingTurn:
         return self.lease_s * 4 / 3
 
     def payload(self) -> str:
-        """The fixed part, as JSON (attempts and messages change while the entry lives)."""
+        """The fixed part, as JSON (attempts, messages and the final answer change while the entry lives)."""
         data = dataclasses.asdict(self)
-        del data["attempts"], data["messages"]
+        del data["attempts"], data["messages"], data["final"]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
-    def from_payload(cls, payload: str | bytes, *, attempts: int, messages: str | bytes | None) -> PendingTurn:
+    def from_payload(cls, payload: str | bytes, *, attempts: int, messages: str | bytes | None,
+                     final: str | bytes | None = None) -> PendingTurn:
         data = json.loads(payload)
         inquiry = data.pop("inquiry")
         inquiry["spaces"] = tuple(inquiry.get("spaces") or ("default",))
         return cls(inquiry=Inquiry(**inquiry), **data, attempts=attempts,
-                   messages=[str(m) for m in json.loads(messages or "[]")])
+                   messages=[str(m) for m in json.loads(messages or "[]")],
+                   final=(final.decode() if isinstance(final, bytes) else final) or None)
+
+
+def answer_payload(answer: Answer) -> str:
+    """What a reply needs to show ``answer`` again (``answer_of``), as JSON: text, outcome, sources, the
+    turn id its buttons name, and how it was approved."""
+    return json.dumps({"text": answer.text, "outcome": answer.outcome.value,
+                       "citations": [c.to_dict() for c in answer.citations], "turn_id": answer.trace.turn_id,
+                       "approvable": answer.approvable, "approved_turn_id": answer.approved_turn_id,
+                       "approved_by": answer.approved_by, "approved_at": answer.approved_at}, ensure_ascii=False)
+
+
+def answer_of(payload: str) -> Answer:
+    data = json.loads(payload)
+    return Answer(text=data["text"], outcome=Outcome(data["outcome"]),
+                  citations=[Citation(**c) for c in data["citations"]], trace=Trace(turn_id=data["turn_id"]),
+                  approvable=data["approvable"], approved_turn_id=data["approved_turn_id"],
+                  approved_by=data["approved_by"], approved_at=data["approved_at"])
 
 
 @runtime_checkable
@@ -126,10 +148,18 @@ class PendingTurns(Protocol):
     async def remove(self, turn: PendingTurn, owner: str) -> bool:
         """Forget ``turn``'s entry if ``owner`` owns it."""
 
+    async def hold_lock(self, turn: PendingTurn, owner: str, key: str, token: str) -> bool:
+        """Record that ``turn`` takes the lock ``key`` as ``token`` (if ``owner`` owns the entry): whoever
+        takes the turn over frees that lock if this holder still has it."""
+
+    async def conclude(self, turn: PendingTurn, owner: str, final: str, messages: list[str]) -> bool:
+        """Record the final answer (``answer_payload``) and the messages posted so far, if ``owner`` still
+        owns the entry; False otherwise (the answer must not be shown)."""
+
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         """Up to ``limit`` entries of ``accounts`` whose lease expired, now owned by ``owner`` on a new
-        lease, each with its attempts counted (one atomic step: two replicas never take the same entry).
-        Entries of other accounts never count against ``limit``."""
+        lease, each with its attempts counted and the lock its turn held freed (one atomic step: two
+        replicas never take the same entry). Entries of other accounts never count against ``limit``."""
 
 
 @dataclass
@@ -137,13 +167,16 @@ class _Entry:
     owner: str
     turn: PendingTurn
     deadline: float
+    lock: tuple[str, str] | None = None
 
 
 class MemoryPendingTurns:
-    """``PendingTurns`` of one process (embedded defaults): a dict with deadlines on ``clock``."""
+    """``PendingTurns`` of one process (embedded defaults): a dict with deadlines on ``clock``; the locks
+    its turns hold are ``bot.state.MemoryLock`` s of ``locks``."""
 
-    def __init__(self, *, clock: Clock = time.monotonic):
+    def __init__(self, *, clock: Clock = time.monotonic, locks: MemoryLockTable = PROCESS_LOCKS):
         self._clock = clock
+        self._locks = locks
         self._entries: dict[str, _Entry] = {}
         self._mutex = threading.Lock()
 
@@ -152,7 +185,7 @@ class MemoryPendingTurns:
 
     async def add(self, turn: PendingTurn, owner: str) -> None:
         with self._mutex:
-            stored = dataclasses.replace(turn, messages=[])
+            stored = dataclasses.replace(turn, messages=list(turn.messages) if turn.final else [])
             self._entries[turn.id] = _Entry(owner, stored, self._clock() + turn.entry_lease_s)
 
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
@@ -173,6 +206,22 @@ class MemoryPendingTurns:
             del self._entries[turn.id]
             return True
 
+    async def hold_lock(self, turn: PendingTurn, owner: str, key: str, token: str) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn.id)
+            if entry is None or entry.owner != owner:
+                return False
+            entry.lock = (key, token)
+            return True
+
+    async def conclude(self, turn: PendingTurn, owner: str, final: str, messages: list[str]) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn.id)
+            if entry is None or entry.owner != owner:
+                return False
+            entry.turn.final, entry.turn.messages = final, list(messages)
+            return True
+
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         now = self._clock()
         taken = []
@@ -184,6 +233,9 @@ class MemoryPendingTurns:
                     continue
                 entry.owner, entry.deadline = owner, now + entry.turn.entry_lease_s
                 entry.turn.attempts += 1
+                if entry.lock is not None:  # only if the dead owner still holds it (the token says)
+                    self._locks.release(*entry.lock)
+                    entry.lock = None
                 taken.append(dataclasses.replace(entry.turn, messages=list(entry.turn.messages)))
         return taken
 
@@ -207,6 +259,7 @@ class TurnLease:
         self._task: asyncio.Task[Any] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._stopped = False
+        self._claims_kept = False
 
     async def start(self) -> None:
         began = time.monotonic()
@@ -245,7 +298,7 @@ class TurnLease:
         if not await self.store.renew(self.turn, self.owner, messages):
             self.lose("its pending entry is owned by another replica")
             return
-        if self.claims is not None:
+        if self.claims is not None and not self._claims_kept:  # kept for the dedupe TTL: not shortened again
             await self.claims.renew()
         self._valid_until = began + self.turn.lease_s * 2 / 3
 
@@ -278,6 +331,39 @@ class TurnLease:
                 continue
             if await self._renew_now(current if current != recorded else None):
                 recorded, last_renewal = current, time.monotonic()
+
+    async def holds(self, lock: RenewingLock) -> None:
+        """``bot.state.TURN_LOCKS``: the turn is about to take ``lock``. Recorded with the entry first, so a
+        replica taking the turn over frees it at once instead of waiting out its TTL (30 s)."""
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                await self.store.hold_lock(self.turn, self.owner, lock.key, lock.token)
+        except Exception:  # the lock still works; only a take-over would wait for it to expire
+            log.warning("turn %s: could not record its lock %s with the pending entry", self.turn.id, lock.name,
+                        exc_info=True)
+
+    async def conclude(self, answer: Answer) -> bool:
+        """Before the final message is posted: the answer and the messages posted so far recorded with the
+        entry, if this replica still owns it (a fence: False, and nothing may be shown, once another took
+        the turn), then the claims kept as answered. From here on a replica taking the turn over shows
+        this answer again (in place of the messages recorded) and never runs the question again, and a
+        redelivery finds it answered, whether this replica dies before the post or after it."""
+        if self.lost:
+            return False
+        messages = list(self.messages()) if self.messages is not None else []
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                owned = await self.store.conclude(self.turn, self.owner, answer_payload(answer), messages)
+        except Exception:  # the store is out of reach: posting on a valid lease as before, not fenced
+            log.warning("turn %s: could not record its final answer; posting it unfenced", self.turn.id,
+                        exc_info=True)
+            return await self.confirm()
+        if not owned:
+            return False
+        self._claims_kept = True
+        if self.claims is not None:
+            await self.claims.finish(answered=True)
+        return True
 
     async def stop(self) -> None:
         """Stop renewing; the entry stays (a turn cut short, e.g. at shutdown, is taken over later)."""
@@ -329,7 +415,12 @@ class LeasedReply:
         await self.reply.push(delta)
 
     async def finish(self, answer: Answer) -> None:
-        await self._check()
+        # Recorded (and the claims kept) before it is posted, fenced by the entry's owner: a replica that
+        # dies anywhere around the post leaves a turn that is shown again, never answered again.
+        if not await self.lease.conclude(answer):
+            self.lease.lose("the turn was taken over before its final message")
+            raise asyncio.CancelledError(f"turn {self.lease.turn.id}: lease lost")
+        await KILL_POINTS.reach("final recorded")
         await self.reply.finish(answer)
         await KILL_POINTS.reach("final posted")
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
@@ -118,9 +119,17 @@ class RenewingLock(ABC):
         self.ttl_s = float(ttl_s)
         self.wait_s = wait_s
         self.poll_s = poll_s
+        #: This holder's token, known before the lock is taken: a turn records it with its pending entry
+        #: first (``TURN_LOCKS``), so whoever takes the turn over can free exactly this holder's lock.
+        self.token = uuid.uuid4().hex
         self._held = False
         self._lost = False
         self._renewal: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> str:
+        """Where the backend keeps the lock (a pending entry records it with ``token``)."""
+        return self.name
 
     # --- backend primitives ----------------------------------------------------------------
     @abstractmethod
@@ -302,16 +311,15 @@ class MemoryLock(RenewingLock):
                  table: MemoryLockTable | None = None):
         super().__init__(name, ttl_s=ttl_s, wait_s=wait_s, poll_s=poll_s)
         self.table = PROCESS_LOCKS if table is None else table
-        self._token = uuid.uuid4().hex
 
     async def _try_acquire(self) -> bool:
-        return self.table.try_acquire(self.name, self._token, self.ttl_s)
+        return self.table.try_acquire(self.name, self.token, self.ttl_s)
 
     async def _renew(self) -> bool:
-        return self.table.renew(self.name, self._token, self.ttl_s)
+        return self.table.renew(self.name, self.token, self.ttl_s)
 
     async def _release(self) -> bool:
-        return self.table.release(self.name, self._token)
+        return self.table.release(self.name, self.token)
 
 
 class ThreadTurnLock:
@@ -335,6 +343,14 @@ class ThreadTurnLock:
             self.table[self.key] = (lock, users - 1)
 
 
+#: Set by the turn running in this task (``bot.conversation``: its ``TurnLease.holds``): each shared lock
+#: the turn is about to take is handed to it first, to be recorded with the turn's pending entry. A
+#: replica that dies holding a thread's lock then leaves it to whoever takes the turn over, who frees
+#: it with the entry instead of waiting out its TTL (30 s).
+TURN_LOCKS: contextvars.ContextVar[Callable[[RenewingLock], Awaitable[None]] | None] = contextvars.ContextVar(
+    "turn_locks", default=None)
+
+
 class ThreadLocks:
     """One turn per conversation thread at a time, so history stays in order: in this process (an
     ``asyncio.Lock`` per thread, first come first served) and, given ``shared`` (a factory of
@@ -351,7 +367,11 @@ class ThreadLocks:
             if self.shared is None:
                 yield
                 return
-            async with self.shared(f"thread:{thread_key}"):
+            lock = self.shared(f"thread:{thread_key}")
+            recorded = TURN_LOCKS.get()
+            if recorded is not None:  # before it is taken: no step where it is held and not recorded
+                await recorded(lock)
+            async with lock:
                 await KILL_POINTS.reach("thread locked")
                 yield
 
