@@ -47,7 +47,7 @@ from bot.pending import (
 )
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import TURN_LOCKS, Claim, Idempotency, TaskSet, ThreadLocks, take_claim
+from bot.state import KILL_POINTS, TURN_LOCKS, Claim, Idempotency, TaskSet, ThreadLocks, take_claim
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -151,6 +151,7 @@ class Conversations:
         claim held on a lease, the turn is recorded as pending until it ends: another replica serving
         the account answers it if this one dies."""
         lease = None
+        await KILL_POINTS.reach("claimed")
         if target is not None and account and self.takeover is not None and claimed is not None and claimed.held:
             assert claimed.lease_s is not None
             turn = PendingTurn(id=claimed.message_key, inquiry=inquiry, target=target, claim_keys=list(claimed.keys),

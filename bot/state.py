@@ -49,8 +49,12 @@ class KillPoints:
     def arm(self, name: str, action: Callable[[], Any]) -> None:
         self._armed[name] = action
 
-    def disarm(self, name: str) -> None:
-        self._armed.pop(name, None)
+    def disarm(self, name: str | None = None) -> None:
+        """Disarm ``name`` (None: every point)."""
+        if name is None:
+            self._armed.clear()
+        else:
+            self._armed.pop(name, None)
 
     async def reach(self, name: str) -> None:
         action = self._armed.pop(name, None)

@@ -24,8 +24,9 @@ from bot.delivery import Delivery
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
 from bot.redis_state import RedisIdempotency, RedisLock, RedisPendingTurns
-from bot.state import KILL_POINTS, Idempotency, MemoryIdempotency, ThreadLocks
+from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from bot.types import Answer, Inquiry, Outcome, Reply
+from tests.kill import die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
 from tests.replies import RecordingReply, Stuck
 
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -332,40 +333,6 @@ class Partitionable:
 
 
 # --- kill points (issue #28): a replica dies at one exact step of a turn, another takes over -----------
-#: The background work of a replica that SIGKILL stops with it: its lease, its claims, its locks.
-RENEWALS = ("lease ", "renew claims", "renew lock ")
-
-
-def die_at(point: str) -> asyncio.Event:
-    """Arms ``point``: the replica that reaches it dies there, as SIGKILL leaves it: its turn never goes
-    on (no ``finally`` runs: a thread lock stays held, nothing is removed), nothing of it is renewed.
-    The event is set once it died."""
-    killed = asyncio.Event()
-
-    async def dying() -> None:
-        for task in asyncio.all_tasks():
-            if task.get_name().startswith(RENEWALS):
-                task.cancel()
-        killed.set()
-        await asyncio.Event().wait()  # frozen: the test cancels it at the end, long after the take-over
-
-    KILL_POINTS.arm(point, dying)
-    return killed
-
-
-async def died(killed: asyncio.Event) -> None:
-    """Waits for the armed replica to reach its kill point (a step that does not exist fails here)."""
-    async with asyncio.timeout(10):
-        await killed.wait()
-
-
-@pytest.fixture(autouse=True)
-def _disarmed() -> Any:
-    yield
-    for point in ("claimed", "thread locked", "final recorded", "final posted"):
-        KILL_POINTS.disarm(point)
-
-
 class UnderThreadLock:
     """An Answerer that answers holding its thread's lock, as ``bot.answering.Answerer`` does
     (``Admission.thread_locks``): across replicas a lock in Redis of 30 s, renewed while held, waited
