@@ -3,9 +3,9 @@
 An adapter translates its platform's events into calls here and renders what comes back; it holds
 no flow of its own. ``Conversations`` owns:
 
-- a turn: the dedupe claim (``claim``, a ``bot.state.Claim``), then ``answer``: the turn recorded as
-  pending while it runs
-  (``bot/pending.py``), the Answerer (rate limits, capacity, the thread's lock, the pipeline,
+- a turn: a question accepted (``accept``: recorded as pending, ``bot/pending.py``, then its dedupe
+  claim, a ``bot.state.Claim``) before the platform is told it arrived, or only claimed (``claim``: the
+  HTTP API), then ``answer``: the Answerer (rate limits, capacity, the thread's lock, the pipeline,
   history), a friendly message when the turn crashes, the claim released when the turn failed (so a
   redelivery may try again), the log line and ``on_turn``;
 - the turns of a replica that died: ``recover`` takes over those whose lease expired, of the platform
@@ -25,6 +25,7 @@ import asyncio
 import contextvars
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,15 @@ class TakeOver:
 
 
 @dataclass
+class Accepted:
+    """A question's event this replica took (``Conversations.accept``): its claims, and the lease of its
+    pending turn (None when the turn could not be recorded, or nothing is recorded: no Redis take-over)."""
+
+    claim: Claim
+    lease: TurnLease | None
+
+
+@dataclass
 class Conversations:
     """One service for every platform; built by the composition root (``Runtime.conversations``)."""
 
@@ -143,21 +153,58 @@ class Conversations:
         event ``lease_s`` later for a redelivery to another."""
         return await take_claim(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
 
-    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | None, event_id: str, kind: str,
-                     crashed: str = CRASHED, target: dict[str, Any] | None = None,
-                     account: str = "") -> Answer | None:
-        """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks. With
-        ``target`` (where the reply goes, as the platform rebuilds it), the platform ``account`` and a
-        claim held on a lease, the turn is recorded as pending until it ends: another replica serving
-        the account answers it if this one dies."""
-        lease = None
+    async def accept(self, inquiry: Inquiry, keys: list[str], *, ttl_s: float, lease_s: float, event_id: str,
+                     kind: str, crashed: str, target: dict[str, Any], account: str) -> Accepted | None:
+        """A question's event taken by this replica, before the platform is told it arrived (Slack's 200,
+        Telegram's webhook 200 or polling offset): recorded as a pending turn of ``account`` first, then
+        its keys claimed on a lease. None: a redelivery of a question answered, being answered, or left by
+        a replica that died (the take-over answers it); the adapter acknowledges it and does nothing more.
+
+        In this order no kill point loses the question: dead before the entry, the platform never had its
+        acknowledgement and sends the event again; dead after it, the entry is taken over. An entry is only
+        recorded where none is (``PendingTurns.accept``), so a redelivery never steals a live turn's."""
+        if self.takeover is None or not keys:
+            claim = await self.claim(keys, ttl_s, lease_s=lease_s)
+            return None if claim is None else Accepted(claim, None)
+        t = self.takeover
+        turn = PendingTurn(id=keys[-1], inquiry=inquiry, target=target, claim_keys=list(keys), event_id=event_id,
+                           kind=kind, crashed=crashed, lease_s=lease_s, dedupe_ttl_s=ttl_s, account=account)
+        began = time.monotonic()  # the lease runs from before the entry was recorded
+        try:
+            recorded = await t.pending.accept(turn, t.replica)
+        except Exception:  # answered all the same, only not recoverable
+            log.exception("%s %s: could not record the pending turn; a replica dying now would lose it",
+                          inquiry.platform, event_id)
+            claim = await self.claim(keys, ttl_s, lease_s=lease_s)
+            return None if claim is None else Accepted(claim, None)
+        if not recorded:
+            log.info("%s %s: the question is pending already (answered by its turn or a take-over); not answering "
+                     "twice", inquiry.platform, event_id)
+            return None
+        await KILL_POINTS.reach("recorded")
+        claim = await take_claim(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
+        if claim is None:  # answered before (its claims kept): the entry just recorded is this delivery's own
+            await t.pending.remove(turn, t.replica)
+            return None
+        lease = TurnLease(t.pending, turn, t.replica, claims=claim)
+        try:
+            await lease.start(recorded_at=began)
+        except Exception:
+            log.exception("%s %s: could not keep the pending turn's lease", inquiry.platform, event_id)
+            return Accepted(claim, None)
         await KILL_POINTS.reach("claimed")
-        if target is not None and account and self.takeover is not None and claimed is not None and claimed.held:
-            assert claimed.lease_s is not None
-            turn = PendingTurn(id=claimed.message_key, inquiry=inquiry, target=target, claim_keys=list(claimed.keys),
-                               event_id=event_id, kind=kind, crashed=crashed, lease_s=claimed.lease_s,
-                               dedupe_ttl_s=claimed.ttl_s, account=account)
-            lease = await self._lease(turn, claimed, reply)
+        return Accepted(claim, lease)
+
+    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | Accepted | None, event_id: str,
+                     kind: str, crashed: str = CRASHED) -> Answer | None:
+        """One turn of a claimed event (``claim``) or of an accepted question (``accept``: recorded as
+        pending until it ends, so another replica serving its account answers it if this one dies);
+        ``crashed`` is what the user sees if the turn breaks."""
+        lease = None
+        if isinstance(claimed, Accepted):
+            claimed, lease = claimed.claim, claimed.lease
+            if lease is not None and isinstance(reply, PostsMessages):
+                lease.messages = reply.message_ids
         return await self._turn(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind, crashed=crashed,
                                 lease=lease)
 

@@ -2,10 +2,12 @@
 
 A platform does not resend what was acknowledged (Slack's 200 or Socket Mode ack, Telegram's
 webhook 200 or advanced polling offset), so a replica that dies holding a question would lose it.
-The replica that claims an event records the turn here (``PendingTurn``: the ``Inquiry``, where the
-reply goes, the claim keys, the ids of messages already posted for the answer) owned by it on a
-lease (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and
-removes it when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
+The replica that accepts an event records the turn here before it acknowledges it
+(``Conversations.accept``: ``PendingTurns.accept``, only where no entry of the question is, then the
+claims), as a ``PendingTurn`` (the ``Inquiry``, where the reply goes, the claim keys, the ids of
+messages already posted for the answer, the thread lock it holds) owned by it on a lease
+(``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and removes it
+when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
 are taken over (owner changed, attempt counted, in one atomic step), re-claimed, rebuilt through
 the delivery layer of the platform account that accepted them (``Resumer``: ``bot.delivery.Delivery``)
 and answered by ``Conversations.resume``. Entries are kept per platform account (``PendingTurn.account``:
@@ -21,11 +23,19 @@ One answer per question:
 - an owner that is slow but alive stops writing before anyone can take over: its turn is cancelled
   when a renewal finds the entry owned by another, and also when it could not renew for 2/3 of the
   lease (its own clock: the lease is measured from before the renewal was sent) and a last try
-  failed; the final message checks the lease once more (``LeasedReply``: after an event loop stall
-  it renews first, and the store says whether another replica took the turn meanwhile);
-- the one window left is a replica dying between posting a final answer and keeping its claims
-  (one Redis round trip): the question is then answered twice. Exactly once is not possible across
-  a side effect on another system; at most twice in that window is the guarantee.
+  failed;
+- the final answer is recorded with the entry (and the claims kept) before it is posted, fenced by
+  the entry's owner (``TurnLease.conclude``: the store says whether another replica took the turn
+  meanwhile, and then nothing is shown); a turn taken over with a recorded answer shows that answer
+  again in place of the messages recorded and never runs the question again. Exactly once is not
+  possible across a side effect on another system: what is left is a message a final post creates,
+  recorded a moment after the platform returned its id (a kill in that moment leaves it beside the
+  answer shown again);
+- the thread lock a turn is about to take is recorded with the entry first (``TurnLease.holds``,
+  ``bot.state.TURN_LOCKS``), and the take-over frees it in the same step, if the dead owner still holds
+  it: the turn taken over does not wait out the lock's TTL.
+
+Every step between these is a named kill point (``bot.state.KILL_POINTS``), where tests kill a replica.
 
 Turns taken over more than ``max_attempts`` times (a question that kills every replica it reaches)
 are given up: the user sees the turn's failure message. A turn that ended with the Answerer's error
@@ -141,6 +151,10 @@ class PendingTurns(Protocol):
     async def add(self, turn: PendingTurn, owner: str) -> None:
         """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` (replacing an entry of the same id)."""
 
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` unless an entry of its id exists (a turn
+        live, or left by a replica that died and due to be taken over): False then."""
+
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         """Move the lease of ``turn``'s entry on (and store ``messages``) if ``owner`` still owns it;
         False otherwise."""
@@ -187,6 +201,14 @@ class MemoryPendingTurns:
         with self._mutex:
             stored = dataclasses.replace(turn, messages=list(turn.messages) if turn.final else [])
             self._entries[turn.id] = _Entry(owner, stored, self._clock() + turn.entry_lease_s)
+
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        with self._mutex:
+            if turn.id in self._entries:
+                return False
+            self._entries[turn.id] = _Entry(owner, dataclasses.replace(turn, messages=[]),
+                                            self._clock() + turn.entry_lease_s)
+            return True
 
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         with self._mutex:
@@ -261,9 +283,12 @@ class TurnLease:
         self._stopped = False
         self._claims_kept = False
 
-    async def start(self) -> None:
-        began = time.monotonic()
-        await self.store.add(self.turn, self.owner)
+    async def start(self, *, recorded_at: float | None = None) -> None:
+        """Keep the entry (recorded now, unless it was at ``recorded_at``, this process's monotonic clock
+        before ``PendingTurns.accept`` was sent) and the claims from now on."""
+        began = time.monotonic() if recorded_at is None else recorded_at
+        if recorded_at is None:
+            await self.store.add(self.turn, self.owner)
         self._valid_until = began + self.turn.lease_s * 2 / 3
         if self.claims is not None:
             await self.claims.stop_renewing()  # renewed here from now on, always before the entry
@@ -390,8 +415,9 @@ class TurnLease:
 
 
 class LeasedReply:
-    """The ``Reply`` of a turn on a lease: its final message (answer or failure) is shown only while the
-    lease is valid; a lost lease stops the turn instead (``TurnLease.lose``). It acknowledges when the
+    """The ``Reply`` of a turn on a lease: its final answer is shown only once recorded with the entry this
+    replica still owns (``TurnLease.conclude``), a failure only while the lease is valid; a lost lease
+    stops the turn instead (``TurnLease.lose``). It acknowledges when the
     platform's reply does (``Acknowledges``): nothing else of the wrapped reply is reached through it.
     """
 

@@ -47,6 +47,7 @@ from redis.asyncio.lock import Lock as _RedisPyLock
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import LockError, RedisError
 
 from bot.history import cap_messages
@@ -317,6 +318,13 @@ redis.call('PEXPIRE', KEYS[2], ARGV[7])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
 """
 
+# The same, only where no entry of that id is (accepting a question: a redelivery never steals a turn).
+_PENDING_ACCEPT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+""" + _PENDING_ADD + """
+return 1
+"""
+
 _PENDING_HOLD = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'lock', ARGV[2], 'lock_token', ARGV[3])
@@ -384,6 +392,7 @@ class RedisPendingTurns:
         self._renew = client.register_script(_PENDING_RENEW)
         self._remove = client.register_script(_PENDING_REMOVE)
         self._take = client.register_script(_PENDING_TAKE)
+        self._accept = client.register_script(_PENDING_ACCEPT)
         self._hold = client.register_script(_PENDING_HOLD)
         self._conclude = client.register_script(_PENDING_CONCLUDE)
 
@@ -391,12 +400,19 @@ class RedisPendingTurns:
         return [self.due_prefix + turn.account, self.entry_prefix + turn.id]
 
     async def add(self, turn: PendingTurn, owner: str) -> None:
+        await self._record(self._add, turn, owner)
+
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        return bool(await self._record(self._accept, turn, owner))
+
+    async def _record(self, script: AsyncScript, turn: PendingTurn, owner: str) -> object:
         args = [turn.id, owner, turn.payload(), turn.attempts, max(1, int(turn.entry_lease_s * 1000)), turn.account,
                 max(1, int(turn.dedupe_ttl_s * 1000)), turn.final or "",
                 json.dumps(turn.messages if turn.final else [])]
         async with self.client.client() as conn:  # WAIT counts the writes of its own connection
-            await self._add(keys=self._keys(turn), args=args, client=conn)
+            result = await script(keys=self._keys(turn), args=args, client=conn)
             await replicated(conn, self.replica_acks, f"the pending turn {turn.id!r}")
+        return result
 
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         recorded = "" if messages is None else json.dumps(messages)

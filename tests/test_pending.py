@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.conversation import Conversations, TakeOver
+from bot.conversation import CRASHED, Conversations, TakeOver
 from bot.delivery import Delivery
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
@@ -185,14 +185,16 @@ def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, *, pendi
     return conversations, platform
 
 
-async def accept(conversations: Conversations, n: int, reply: Reply) -> asyncio.Task[Answer | None]:
-    """What an adapter does with an event: claim it, then answer it (in the handler's task)."""
+async def accept(conversations: Conversations, n: int, reply: Reply, text: str = QUESTION) -> asyncio.Task[Answer | None]:
+    """What an adapter does with an event: accept it (recorded, claimed), acknowledge it, then answer it
+    (in the handler's task)."""
     keys = [f"slack:event:{n}", f"slack:message:{n}"]
-    claimed = await conversations.claim(keys, 60, lease_s=LEASE)
-    assert claimed is not None
-    inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", QUESTION)
-    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=claimed, event_id=f"Ev{n}",
-                                                    kind="mention", target={"n": n}, account=account()))
+    inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", text)
+    accepted = await conversations.accept(inquiry, keys, ttl_s=60, lease_s=LEASE, event_id=f"Ev{n}", kind="mention",
+                                          crashed=CRASHED, target={"n": n}, account=account())
+    assert accepted is not None
+    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=accepted, event_id=f"Ev{n}",
+                                                    kind="mention", crashed=CRASHED))
 
 
 async def recover(conversations: Conversations) -> int:
@@ -300,10 +302,7 @@ async def test_a_turn_that_failed_is_over_and_a_turn_left_behind_after_its_answe
     a, _ = replica(tmp_path, stores, "A", Answers(Outcome.ERROR))
     b, platform = replica(tmp_path, stores, "B")
     failed = Posting()
-    keys = ["slack:event:5", "slack:message:5"]
-    claimed = await a.claim(keys, 60, lease_s=LEASE)
-    answer = await a.answer(Inquiry("slack", "T1", "C1", "slack:T1:C1:5", "U1", "   "), failed, claimed=claimed,
-                            event_id="Ev5", kind="mention", target={}, account=account())
+    answer = await (await accept(a, 5, failed, text="   "))
     assert answer is not None and answer.outcome is Outcome.ERROR and failed.failure
     # The user saw the Answerer's message: not retried. A replica that died after keeping an answered
     # turn's claims but before removing its entry leaves an entry the recovery drops unanswered.

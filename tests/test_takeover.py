@@ -102,6 +102,7 @@ async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_eve
         await died(killed)
         done, _ = await asyncio.wait({first}, timeout=SLACK_ACK_S)
         acknowledged = bool(done) and first.result().status == 200
+        assert not acknowledged, "Slack had its 200 before the question was recorded and claimed"
         first.cancel()
         for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from A
             task.cancel()
@@ -118,4 +119,36 @@ async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_eve
 
     answers = [m for m in fake_slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
     assert len(answers) == 1, f"acknowledged: {acknowledged}; answers: {[m.body[:40] for m in answers]}"
+    assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
+
+
+@pytest.mark.parametrize("point", ["recorded", "claimed"])
+async def test_telegram_question_of_a_process_killed_before_it_confirmed_the_update_is_answered_once(
+        kb_runtime: Runtime, fake_tg: FakeTelegram, point: str):
+    """The process dies after it took an update from getUpdates and before it confirmed it (the next
+    getUpdates' offset): the next process gets the update again, and the question is answered once."""
+    killed = die_at(point)
+    async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as a:
+        a.adapter.conversations.serve(a.adapter.delivery)
+        fake_tg.push(message_update(QUESTION, chat_id=7003))
+        await died(killed)
+        polling = a.adapter._polling  # SIGKILL: no getUpdates more, nothing else from this process
+        assert polling is not None
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        for task in list(a.adapter.delivery.tasks._tasks):
+            task.cancel()
+    async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as b:
+        conversations = b.adapter.conversations
+        assert conversations.takeover is not None
+        conversations.takeover.replica = "B"
+        conversations.serve(b.adapter.delivery)
+        for _ in range(round(LEASE * 2 / 0.1)):  # recovery rounds while A's pending entry, if any, expires
+            await conversations.recover()
+            await asyncio.sleep(0.1)
+        await conversations.recovering.settle(0.05)
+        await b.adapter.settle()
+
+    answers = fake_tg.chat(7003)
+    assert len(answers) == 1, [m.text[:40] for m in answers]
     assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
