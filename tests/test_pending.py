@@ -395,9 +395,10 @@ async def test_killed_after_posting_its_final_answer_the_question_is_not_answere
     finally:
         await buried(handler)
     assert answers.calls == 1, "the question was answered once: not run again by the replica taking over"
-    for _, resumed in platform.resumed:  # the answer shown again in place of A's messages, never a second one
-        assert set(platform.retired) == set(reply.posted) and resumed.deltas == []
-        assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
+    [(turn, resumed)] = platform.resumed  # A's answer shown again in place of A's messages, not a second one
+    assert turn.attempts == 2 and platform.retired == reply.posted == ["m1"] and resumed.deltas == []
+    assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
+    assert resumed.final.text == reply.final.text
     assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
 
 
