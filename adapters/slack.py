@@ -1,7 +1,8 @@
 """The Slack adapter: mentions, thread follow-ups and DMs in; streamed, cited answers out.
 
 Events arrive through bolt's ``AsyncApp`` (Events API over HTTP, or Socket Mode) and are acknowledged
-at once; the turn runs after the ack. Every listener passes the delivery layer's gate first
+as soon as a question in them is accepted (recorded as pending, then claimed: listener middleware, which
+bolt runs before its ack); the turn runs after the ack. Every listener passes the delivery layer's gate first
 (``bot/delivery.py``: tracking, the access checks this adapter registers once, claims, take-over);
 each question becomes an ``Inquiry`` for the conversation service (``bot/conversation.py``: turns,
 clicks, commands) with a ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final
@@ -58,7 +59,7 @@ from adapters.slack_text import (
     reviewed_blocks,
 )
 from adapters.webhook_checks import slack_refusal, slack_signature_problem
-from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
 from bot.messages import say
@@ -81,6 +82,21 @@ WORKSPACE_STREAM_REFUSALS = frozenset({
     "unknown_method", "not_allowed_token_type", "method_deprecated", "missing_scope", "feature_not_enabled",
     "not_supported", "team_not_allowed", "access_denied",
 })
+
+
+#: Where the listener middleware leaves the question it accepted for the listener (bolt's request context).
+ACCEPTED = "kbbot_question"
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """A question accepted before its event's acknowledgement, to be answered after it."""
+
+    inquiry: Inquiry
+    where: SlackThread
+    accepted: Accepted
+    event_id: str
+    kind: str
 
 
 def _click_team(body: dict[str, Any]) -> str:
@@ -109,8 +125,10 @@ class SlackAdapter:
             logger=logging.getLogger("kbbot.slack.bolt"),
         )
         self.app.use(self._received)
-        self.app.event("app_mention")(self._on_mention)
-        self.app.event("message")(self._on_message)
+        # A question is accepted (recorded as pending and claimed) in listener middleware, which bolt runs
+        # before it acknowledges the event; the listener answers it after the acknowledgement.
+        self.app.event("app_mention", middleware=[self._accept_mention])(self._on_question)
+        self.app.event("message", middleware=[self._accept_message])(self._on_question)
         self.app.action(FEEDBACK_ACTION)(self._on_feedback)
         self.app.action(APPROVE_ACTION)(self._on_review)
         self.app.action(WITHDRAW_ACTION)(self._on_review)
@@ -203,40 +221,54 @@ class SlackAdapter:
         return self.delivery.admit(Access("question", str(event.get("user") or ""), self._team(body, event, context),
                                           str(event.get("channel") or ""), private=is_dm))
 
-    async def _on_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any,
-                          client: AsyncWebClient) -> None:
-        if event.get("bot_id") or event.get("edited") or event.get("subtype"):
-            return
-        thread_ts = event.get("thread_ts") or event["ts"]
-        is_dm = event.get("channel_type") == "im" or str(event.get("channel", "")).startswith("D")
-        if self._admit_question(body, event, context, is_dm=is_dm):
-            await self._handle(body, event, context, client, thread_ts=thread_ts, kind="mention", is_dm=is_dm)
+    async def _accept_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any,
+                              next: Callable[[], Awaitable[None]]) -> None:
+        """Listener middleware: runs before bolt acknowledges the event (``_accept``)."""
+        if not (event.get("bot_id") or event.get("edited") or event.get("subtype")):
+            thread_ts = event.get("thread_ts") or event["ts"]
+            is_dm = event.get("channel_type") == "im" or str(event.get("channel", "")).startswith("D")
+            if self._admit_question(body, event, context, is_dm=is_dm):
+                context[ACCEPTED] = await self._accept(body, event, context, thread_ts=thread_ts, kind="mention",
+                                                       is_dm=is_dm)
+        await next()
 
-    async def _on_message(self, body: dict[str, Any], event: dict[str, Any], context: Any,
-                          client: AsyncWebClient) -> None:
+    async def _accept_message(self, body: dict[str, Any], event: dict[str, Any], context: Any,
+                              next: Callable[[], Awaitable[None]]) -> None:
+        """Listener middleware: runs before bolt acknowledges the event (``_accept``)."""
+        context[ACCEPTED] = await self._message_question(body, event, context)
+        await next()
+
+    async def _message_question(self, body: dict[str, Any], event: dict[str, Any], context: Any) -> Question | None:
         # Edits (message_changed), deletions, bot posts and joins all carry a subtype.
         if event.get("subtype") not in (None, "thread_broadcast", "file_share"):
-            return
+            return None
         bot_user_id = context.bot_user_id
         if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user_id:
-            return
+            return None
         if event.get("channel_type") == "im":
             if self._admit_question(body, event, context, is_dm=True):
-                await self._handle(body, event, context, client, thread_ts=event.get("thread_ts") or event["ts"],
-                                   kind="dm", is_dm=True)
-            return
+                return await self._accept(body, event, context, thread_ts=event.get("thread_ts") or event["ts"],
+                                          kind="dm", is_dm=True)
+            return None
         thread_ts = event.get("thread_ts")
         if not thread_ts or thread_ts == event.get("ts") or not self.settings.follow_ups:
-            return  # top-level channel messages are answered only when they mention kbbot
+            return None  # top-level channel messages are answered only when they mention kbbot
         if bot_user_id and f"<@{bot_user_id}" in (event.get("text") or ""):
-            return  # this one also arrives as app_mention
+            return None  # this one also arrives as app_mention
         if not self._admit_question(body, event, context, is_dm=False):
-            return
+            return None
         team = self._team(body, event, context)
         key = SlackThread(team, event["channel"], thread_ts, event["user"]).key
         if not await self._answered_here(key):
-            return
-        await self._handle(body, event, context, client, thread_ts=thread_ts, kind="follow_up", is_dm=False)
+            return None
+        return await self._accept(body, event, context, thread_ts=thread_ts, kind="follow_up", is_dm=False)
+
+    async def _on_question(self, context: Any, client: AsyncWebClient) -> None:
+        """After the acknowledgement: the question its middleware accepted, if any, answered in its thread."""
+        question: Question | None = context.get(ACCEPTED)
+        if question is not None:
+            await self.delivery.answer(question.inquiry, self._reply(client, question.where), question.accepted,
+                                       event_id=question.event_id, kind=question.kind, crashed=say("crashed", "en"))
 
     async def _on_feedback(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
         action = (body.get("actions") or [{}])[0]
@@ -371,31 +403,33 @@ class SlackAdapter:
                         team, code, self.delivery.refusals.memory_s / 60)
             self.delivery.refusals.refuse(f"stream:{team}")
 
-    async def _handle(self, body: dict[str, Any], event: dict[str, Any], context: Any, client: AsyncWebClient,
-                      *, thread_ts: str, kind: str, is_dm: bool) -> None:
-        """A question that passed the gate: claimed, then answered in its thread."""
+    async def _accept(self, body: dict[str, Any], event: dict[str, Any], context: Any, *, thread_ts: str, kind: str,
+                      is_dm: bool) -> Question | None:
+        """A question that passed the gate, accepted (``Delivery.accept``: recorded as pending, then
+        claimed) before bolt acknowledges its event; None when there is nothing to answer (a redelivery)."""
         team = self._team(body, event, context)
         channel = str(event.get("channel") or "")
         user = str(event.get("user") or "")
         if not channel:
-            return
+            return None
         event_id = str(body.get("event_id") or "")
         keys = [f"slack:event:{event_id}"] if event_id else []
         keys.append(f"slack:message:{team}:{channel}:{event.get('ts')}")
-        claimed = await self.delivery.claim(keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s)
-        if claimed is None:
-            log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
-            return
         where = SlackThread(team=team, channel=channel, thread_ts=thread_ts, user=user, is_dm=is_dm,
                             question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
                           spaces=self.settings.spaces_for(channel))
-        self._remember_thread(where.key)
         if self._bot_id is None and getattr(context, "bot_id", None):
             self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
-        await self.delivery.answer(inquiry, self._reply(client, where), claim=claimed, event_id=event_id, kind=kind,
-                                   crashed=say("crashed", "en"), target=dataclasses.asdict(where))
+        accepted = await self.delivery.accept(inquiry, keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s,
+                                              event_id=event_id, kind=kind, crashed=say("crashed", "en"),
+                                              target=dataclasses.asdict(where))
+        if accepted is None:
+            log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
+            return None
+        self._remember_thread(where.key)
+        return Question(inquiry, where, accepted, event_id, kind)
 
     def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
         return SlackReply(client, where, self.settings, self.rates, native=self._streaming_allowed(where.team),

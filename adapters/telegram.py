@@ -11,6 +11,11 @@ delivery layer's gate first (``bot/delivery.py``: tracking, the access checks th
 once, claims, take-over). A Bot API server without ``sendMessageDraft`` is remembered for an hour
 (``Delivery.refusals``), so later answers edit directly.
 
+An update is acknowledged (the webhook's 200, the next polling offset) once its handler returned: a
+question's handler returns as soon as the question is accepted (recorded as pending, then claimed) and
+its turn runs after, as do commands and clicks entirely, so a process killed before a question is
+recorded gets it again, and no handler holds up the updates behind it.
+
 Access is checked before anything is claimed: a stranger's messages claim nothing (they are refused
 once, remembered for 30 days). An update delivered twice (webhook retry, restart during polling) is
 claimed in the shared ``Idempotency`` store by bot id and update id: a question's claim is kept after
@@ -101,9 +106,9 @@ class TelegramAdapter:
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
         self.dp.update.outer_middleware(self._received)
-        self.dp.include_router(self._router())
         self.username: str | None = None
         self.delivery = Delivery(conversations, self)
+        self.dp.include_router(self._router())
         self.delivery.check(self._chat_allowed)
         self.delivery.check(self._user_allowed)
         self._polling: asyncio.Task[None] | None = None
@@ -125,15 +130,19 @@ class TelegramAdapter:
         return await handler(update, data)
 
     def _router(self) -> Router:
+        # An update is acknowledged once its handler returned (the webhook's 200, the next polling offset):
+        # a question's handler returns once the question is accepted (recorded and claimed) and answers it
+        # after; commands and clicks run entirely after, so no handler holds up the updates behind it.
         router = Router(name="kbbot")
-        router.message.register(self._on_help, CommandStart())
-        router.message.register(self._on_help, Command("help"))
-        router.message.register(self._on_new, Command("new"))
-        router.message.register(self._on_admin, Command("status", "refresh"))
-        router.message.register(self._on_prefs, Command(*PREFERENCE_VERBS))
-        router.message.register(self._on_question, F.text)
-        router.callback_query.register(self._on_feedback, F.data.startswith(f"{FEEDBACK_PREFIX}:"))
-        router.callback_query.register(self._on_review, F.data.startswith(f"{APPROVE_PREFIX}:")
+        later = self.delivery.later
+        router.message.register(later(self._on_help), CommandStart())
+        router.message.register(later(self._on_help), Command("help"))
+        router.message.register(later(self._on_new), Command("new"))
+        router.message.register(later(self._on_admin), Command("status", "refresh"))
+        router.message.register(later(self._on_prefs), Command(*PREFERENCE_VERBS))
+        router.message.register(self.delivery.own_task(self._on_question), F.text)
+        router.callback_query.register(later(self._on_feedback), F.data.startswith(f"{FEEDBACK_PREFIX}:"))
+        router.callback_query.register(later(self._on_review), F.data.startswith(f"{APPROVE_PREFIX}:")
                                        | F.data.startswith(f"{WITHDRAW_PREFIX}:"))
         return router
 
@@ -144,7 +153,7 @@ class TelegramAdapter:
 
         secret = reveal(self.settings.webhook_secret) or None
         TelegramWebhook(dispatcher=self.dp, bot=self.bot, secret_token=secret,
-                        handle_in_background=True).register(web_app, path=self.settings.webhook_path)
+                        handle_in_background=False).register(web_app, path=self.settings.webhook_path)
 
     async def start(self) -> None:
         me = await self.bot.me()
@@ -156,7 +165,7 @@ class TelegramAdapter:
             return
         await self.bot.delete_webhook(drop_pending_updates=False)
         self._polling = asyncio.create_task(self.dp.start_polling(
-            self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False,
+            self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False, handle_as_tasks=False,
             close_bot_session=False, allowed_updates=UPDATES), name="telegram polling")
         log.info("Telegram: @%s long polling", self.username)
 
@@ -269,14 +278,6 @@ class TelegramAdapter:
         keys.append(f"telegram:message:{self.bot_id}:{message.chat.id}:{message.message_id}")
         return keys
 
-    async def _claim(self, message: Message, update: Update | None) -> Claim | None:
-        """A question's claim (kept after its answer), or None for a redelivery."""
-        claim = await self.delivery.claim(self._keys(message, update), self.settings.dedupe_ttl_s,
-                                          self.settings.claim_lease_s)
-        if claim is None:
-            log.info("update %s was already handled; not answering twice", update.update_id if update else "?")
-        return claim
-
     @contextlib.asynccontextmanager
     async def _command_claim(self, message: Message, update: Update | None) -> AsyncIterator[Claim | None]:
         """The claim of a command meant for kbbot (in a private chat, or addressed to it in a group) that
@@ -361,13 +362,10 @@ class TelegramAdapter:
     async def _on_question(self, message: Message, event_update: Update | None = None) -> None:
         command = self._command(message)
         if command is not None:
-            if self._command_is_ours(command):
-                await self._on_help(message, event_update)  # an unknown command: say what kbbot does
+            if self._command_is_ours(command):  # an unknown command: say what kbbot does
+                self.delivery.background(asyncio.create_task(self._on_help(message, event_update)))
             return
         if not await self._admitted(message):
-            return
-        claimed = await self._claim(message, event_update)
-        if claimed is None:
             return
         where = self._where(message)
         user = message.from_user
@@ -378,11 +376,18 @@ class TelegramAdapter:
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
                           spaces=self.settings.spaces_for(str(where.chat_id)))
-        await self.delivery.answer(inquiry, self._reply(where, language), claim=claimed,
-                                   crashed=say("crashed", language),
-                                   event_id=str(event_update.update_id if event_update is not None else 0),
-                                   kind="private" if where.private else "group",
-                                   target={"chat": dataclasses.asdict(where), "language": language})
+        event_id = str(event_update.update_id if event_update is not None else 0)
+        kind = "private" if where.private else "group"
+        accepted = await self.delivery.accept(inquiry, self._keys(message, event_update), self.settings.dedupe_ttl_s,
+                                              self.settings.claim_lease_s, event_id=event_id, kind=kind,
+                                              crashed=say("crashed", language),
+                                              target={"chat": dataclasses.asdict(where), "language": language})
+        if accepted is None:
+            log.info("update %s was already handled; not answering twice", event_id)
+            return
+        turn = self.delivery.answer(inquiry, self._reply(where, language), accepted, event_id=event_id, kind=kind,
+                                    crashed=say("crashed", language))
+        self.delivery.background(asyncio.create_task(turn, name=f"turn {event_id}"))  # after the acknowledgement
 
     def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
         draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refusals.refused("drafts")

@@ -3,9 +3,9 @@
 An adapter translates its platform's events into calls here and renders what comes back; it holds
 no flow of its own. ``Conversations`` owns:
 
-- a turn: the dedupe claim (``claim``, a ``bot.state.Claim``), then ``answer``: the turn recorded as
-  pending while it runs
-  (``bot/pending.py``), the Answerer (rate limits, capacity, the thread's lock, the pipeline,
+- a turn: a question accepted (``accept``: recorded as pending, ``bot/pending.py``, then its dedupe
+  claim, a ``bot.state.Claim``) before the platform is told it arrived, or only claimed (``claim``: the
+  HTTP API), then ``answer``: the Answerer (rate limits, capacity, the thread's lock, the pipeline,
   history), a friendly message when the turn crashes, the claim released when the turn failed (so a
   redelivery may try again), the log line and ``on_turn``;
 - the turns of a replica that died: ``recover`` takes over those whose lease expired, of the platform
@@ -22,8 +22,10 @@ in its platform's format and the user's language.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +35,20 @@ from bot.cache import AnswerCache
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
-from bot.pending import LeasedReply, PendingTurn, PendingTurns, PostsMessages, Resumer, TurnLease, replica_id
+from bot.pending import (
+    LeasedReply,
+    PendingTurn,
+    PendingTurns,
+    PostsMessages,
+    Resumer,
+    TurnLease,
+    answer_of,
+    replica_id,
+)
 from bot.preference_commands import run_command
 from bot.preferences import PreferenceStore
 from bot.scheduler import KnowledgeAdmin
-from bot.state import Claim, Idempotency, TaskSet, ThreadLocks, take_claim
+from bot.state import KILL_POINTS, TURN_LOCKS, Claim, Idempotency, TaskSet, ThreadLocks, take_claim
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
@@ -113,6 +124,15 @@ class TakeOver:
 
 
 @dataclass
+class Accepted:
+    """A question's event this replica took (``Conversations.accept``): its claims, and the lease of its
+    pending turn (None when the turn could not be recorded, or nothing is recorded: no Redis take-over)."""
+
+    claim: Claim
+    lease: TurnLease | None
+
+
+@dataclass
 class Conversations:
     """One service for every platform; built by the composition root (``Runtime.conversations``)."""
 
@@ -141,24 +161,62 @@ class Conversations:
         event ``lease_s`` later for a redelivery to another."""
         return await take_claim(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
 
-    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | None, event_id: str, kind: str,
-                     crashed: str = CRASHED, target: dict[str, Any] | None = None,
-                     account: str = "") -> Answer | None:
-        """One turn of a claimed event; ``crashed`` is what the user sees if the turn breaks. With
-        ``target`` (where the reply goes, as the platform rebuilds it), the platform ``account`` and a
-        claim held on a lease, the turn is recorded as pending until it ends: another replica serving
-        the account answers it if this one dies."""
+    async def accept(self, inquiry: Inquiry, keys: list[str], *, ttl_s: float, lease_s: float, event_id: str,
+                     kind: str, crashed: str, target: dict[str, Any], account: str) -> Accepted | None:
+        """A question's event taken by this replica, before the platform is told it arrived (Slack's 200,
+        Telegram's webhook 200 or polling offset): recorded as a pending turn of ``account`` first, then
+        its keys claimed on a lease. None: a redelivery of a question answered, being answered, or left by
+        a replica that died (the take-over answers it); the adapter acknowledges it and does nothing more.
+
+        In this order no kill point loses the question: dead before the entry, the platform never had its
+        acknowledgement and sends the event again; dead after it, the entry is taken over. An entry is only
+        recorded where none is (``PendingTurns.accept``), so a redelivery never steals a live turn's."""
+        if self.takeover is None or not keys:
+            claim = await self.claim(keys, ttl_s, lease_s=lease_s)
+            return None if claim is None else Accepted(claim, None)
+        t = self.takeover
+        turn = PendingTurn(id=keys[-1], inquiry=inquiry, target=target, claim_keys=list(keys), event_id=event_id,
+                           kind=kind, crashed=crashed, lease_s=lease_s, dedupe_ttl_s=ttl_s, account=account)
+        began = time.monotonic()  # the lease runs from before the entry was recorded
+        try:
+            recorded = await t.pending.accept(turn, t.replica)
+        except Exception:  # answered all the same, only not recoverable
+            log.exception("%s %s: could not record the pending turn; a replica dying now would lose it",
+                          inquiry.platform, event_id)
+            claim = await self.claim(keys, ttl_s, lease_s=lease_s)
+            return None if claim is None else Accepted(claim, None)
+        if not recorded:
+            log.info("%s %s: the question is pending already (answered by its turn or a take-over); not answering "
+                     "twice", inquiry.platform, event_id)
+            return None
+        await KILL_POINTS.reach("recorded")
+        claim = await take_claim(self.idempotency, keys, ttl_s=ttl_s, lease_s=lease_s)
+        if claim is None:  # answered before (its claims kept): the entry just recorded is this delivery's own
+            await t.pending.remove(turn, t.replica)
+            return None
+        lease = TurnLease(t.pending, turn, t.replica, claims=claim)
+        try:
+            await lease.start(recorded_at=began)
+        except Exception:
+            log.exception("%s %s: could not keep the pending turn's lease", inquiry.platform, event_id)
+            return Accepted(claim, None)
+        await KILL_POINTS.reach("claimed")
+        return Accepted(claim, lease)
+
+    async def answer(self, inquiry: Inquiry, reply: Reply, *, claimed: Claim | Accepted | None, event_id: str,
+                     kind: str, crashed: str = CRASHED) -> Answer | None:
+        """One turn of a claimed event (``claim``) or of an accepted question (``accept``: recorded as
+        pending until it ends, so another replica serving its account answers it if this one dies);
+        ``crashed`` is what the user sees if the turn breaks."""
         lease = None
-        if target is not None and account and self.takeover is not None and claimed is not None and claimed.held:
-            assert claimed.lease_s is not None
-            turn = PendingTurn(id=claimed.message_key, inquiry=inquiry, target=target, claim_keys=list(claimed.keys),
-                               event_id=event_id, kind=kind, crashed=crashed, lease_s=claimed.lease_s,
-                               dedupe_ttl_s=claimed.ttl_s, account=account)
-            lease = await self._lease(turn, claimed, reply)
+        if isinstance(claimed, Accepted):
+            claimed, lease = claimed.claim, claimed.lease
+            if lease is not None and isinstance(reply, PostsMessages):
+                lease.messages = reply.message_ids
         return await self._turn(inquiry, reply, claimed=claimed, event_id=event_id, kind=kind, crashed=crashed,
                                 lease=lease)
 
-    async def _lease(self, turn: PendingTurn, claim: Claim, reply: Reply) -> TurnLease | None:
+    async def _lease(self, turn: PendingTurn, claim: Claim | None, reply: Reply) -> TurnLease | None:
         assert self.takeover is not None
         lease = TurnLease(self.takeover.pending, turn, self.takeover.replica, claims=claim,
                           messages=reply.message_ids if isinstance(reply, PostsMessages) else None)
@@ -174,8 +232,11 @@ class Conversations:
                     crashed: str, lease: TurnLease | None) -> Answer | None:
         answer: Answer | None = None
         shown = reply if lease is None else LeasedReply(reply, lease)
+        context = contextvars.copy_context()
+        if lease is not None:  # the thread's lock is recorded with the entry, so a take-over frees it
+            context.run(TURN_LOCKS.set, lease.holds)
         # A task of its own, so that a lost lease can stop the turn (the Answerer lets cancellation through).
-        task = asyncio.create_task(self.answerer.answer(inquiry, shown), name=f"turn {event_id}")
+        task = asyncio.create_task(self.answerer.answer(inquiry, shown), name=f"turn {event_id}", context=context)
         try:
             if lease is not None:
                 lease.watch(task)
@@ -230,6 +291,8 @@ class Conversations:
             log.warning("%s %s: pending turn %s belongs to %s, which this process does not serve; not resuming",
                         turn.platform, turn.event_id, turn.id, turn.account or "an unknown account")
             return None
+        if turn.final is not None:
+            return await self._show_again(turn, resumer)
         claims = await take_claim(self.idempotency, turn.claim_keys, ttl_s=turn.dedupe_ttl_s, lease_s=turn.lease_s)
         if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
             log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
@@ -259,6 +322,44 @@ class Conversations:
         lease = await self._lease(turn, claims, reply)
         return await self._turn(turn.inquiry, reply, claimed=claims, event_id=turn.event_id, kind=turn.kind,
                                 crashed=turn.crashed, lease=lease)
+
+    async def _show_again(self, turn: PendingTurn, resumer: Resumer) -> Answer | None:
+        """A turn whose owner died around posting its final answer (recorded first, claims kept): that
+        answer is shown again in place of the messages the owner recorded, not asked for again, so the
+        question is answered once whether the post landed or not. Shown on a lease like any turn."""
+        assert self.takeover is not None
+        t = self.takeover
+        answer = answer_of(turn.final or "")
+        try:
+            reply = await resumer.resume(turn)
+            if reply is None:
+                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
+        except Exception:  # the entry expires again and is retried, within max_attempts
+            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
+                          turn.id)
+            return None
+        log.warning("%s %s: pending turn %s had its final answer recorded; showing it again (attempt %d)",
+                    turn.platform, turn.event_id, turn.id, turn.attempts)
+        lease = await self._lease(turn, None, reply)
+        shown = reply if lease is None else LeasedReply(reply, lease)
+        try:
+            await shown.finish(answer)
+        except asyncio.CancelledError:  # another replica took it meanwhile: it shows the answer
+            current = asyncio.current_task()
+            if lease is None or not lease.lost or (current is not None and current.cancelling()):
+                raise
+            return None
+        finally:
+            if lease is not None:
+                await lease.stop()
+        if lease is not None:
+            await lease.end(answered=True)
+        else:
+            await t.pending.remove(turn, t.replica)
+        if self.on_turn is not None:
+            self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
+                                    reply=reply))
+        return answer
 
     async def answered_before(self, thread_key: str) -> bool:
         """Whether the thread has history (a follow-up there is meant for kbbot)."""

@@ -9,8 +9,9 @@ its messages; everything between is here, platform-free, and both adapters go th
   or aiogram's filters. A check registered here cannot exist on one platform and not on the other path;
 - claims: an event's dedupe keys are claimed only once it passed the gate, as a ``bot.state.Claim`` on a
   renewed lease; ``Delivery.claimed`` finishes a command's claim whatever happens to the command;
-- the turn: ``Delivery.answer`` hands a question to the conversation service with this platform
-  account, so the pending entry (``bot.pending``) is kept for the account that accepted it;
+- the turn: ``Delivery.accept`` records a question as pending for this platform account (``bot.pending``)
+  and claims it, before the adapter acknowledges the event to the platform; ``Delivery.answer`` then
+  hands it to the conversation service;
 - take-over: ``Delivery.resume`` refuses a turn of any other account, deletes the messages a dead
   replica left half-written (or marks them, where the platform refuses), and rebuilds the reply;
 - what a platform refused (streaming in a workspace, drafts on a Bot API server) is remembered for an
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -35,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from bot.conversation import Conversations
+from bot.conversation import Accepted, Conversations
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.state import Claim, TaskSet
@@ -147,6 +149,28 @@ class Delivery:
         """Work a handler left running (a reaction taken back): drained at shutdown too."""
         self.tasks.track(task)
 
+    # Where a platform acknowledges an update once its handler returned (Telegram's webhook 200, its next
+    # polling offset), only accepting a question may run before the acknowledgement; the rest runs after.
+    def later(self, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+        """``handler`` run in a task of its own, after its update is acknowledged (drained at shutdown)."""
+
+        @functools.wraps(handler)
+        async def run_later(*args: Any, **kwargs: Any) -> None:
+            self.background(asyncio.create_task(handler(*args, **kwargs)))
+
+        return run_later
+
+    @staticmethod
+    def own_task(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+        """``handler`` awaited in a task of its own (the gate tracks that task, not the platform's loop
+        that called it: a polling loop never ends)."""
+
+        @functools.wraps(handler)
+        async def run_own(*args: Any, **kwargs: Any) -> None:
+            await asyncio.create_task(handler(*args, **kwargs))
+
+        return run_own
+
     @property
     def in_progress(self) -> int:
         return len(self.tasks)
@@ -175,11 +199,22 @@ class Delivery:
             if claim is not None:
                 await claim.finish(answered=True)
 
-    async def answer(self, inquiry: Inquiry, reply: Reply, *, claim: Claim, event_id: str, kind: str,
-                     crashed: str, target: dict[str, Any]) -> Answer | None:
-        """A question's turn, recorded as pending for this account while it runs."""
-        return await self.conversations.answer(inquiry, reply, claimed=claim, event_id=event_id, kind=kind,
-                                               crashed=crashed, target=target, account=await self.account())
+    async def accept(self, inquiry: Inquiry, keys: list[str], ttl_s: float, lease_s: float, *, event_id: str,
+                     kind: str, crashed: str, target: dict[str, Any]) -> Accepted | None:
+        """A question's event taken: recorded as pending for this account, then claimed on a lease; None
+        for a redelivery (answered, or in another turn or take-over). Called before the platform is told
+        the event arrived: an adapter acknowledges only once this returned (``Conversations.accept``)."""
+        return await self.conversations.accept(inquiry, keys, ttl_s=ttl_s, lease_s=lease_s, event_id=event_id,
+                                               kind=kind, crashed=crashed, target=target,
+                                               account=await self.account())
+
+    async def answer(self, inquiry: Inquiry, reply: Reply, accepted: Accepted, *, event_id: str, kind: str,
+                     crashed: str) -> Answer | None:
+        """An accepted question's turn (after its acknowledgement), pending for this account while it runs;
+        tracked like a handler (the task that runs it may not be the one the gate saw)."""
+        self.tasks.track_current()
+        return await self.conversations.answer(inquiry, reply, claimed=accepted, event_id=event_id, kind=kind,
+                                               crashed=crashed)
 
     # --- take-over ------------------------------------------------------------------------------
     async def account(self) -> str:

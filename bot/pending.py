@@ -2,10 +2,12 @@
 
 A platform does not resend what was acknowledged (Slack's 200 or Socket Mode ack, Telegram's
 webhook 200 or advanced polling offset), so a replica that dies holding a question would lose it.
-The replica that claims an event records the turn here (``PendingTurn``: the ``Inquiry``, where the
-reply goes, the claim keys, the ids of messages already posted for the answer) owned by it on a
-lease (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and
-removes it when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
+The replica that accepts an event records the turn here before it acknowledges it
+(``Conversations.accept``: ``PendingTurns.accept``, only where no entry of the question is, then the
+claims), as a ``PendingTurn`` (the ``Inquiry``, where the reply goes, the claim keys, the ids of
+messages already posted for the answer, the thread lock it holds) owned by it on a lease
+(``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and removes it
+when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
 are taken over (owner changed, attempt counted, in one atomic step), re-claimed, rebuilt through
 the delivery layer of the platform account that accepted them (``Resumer``: ``bot.delivery.Delivery``)
 and answered by ``Conversations.resume``. Entries are kept per platform account (``PendingTurn.account``:
@@ -21,11 +23,19 @@ One answer per question:
 - an owner that is slow but alive stops writing before anyone can take over: its turn is cancelled
   when a renewal finds the entry owned by another, and also when it could not renew for 2/3 of the
   lease (its own clock: the lease is measured from before the renewal was sent) and a last try
-  failed; the final message checks the lease once more (``LeasedReply``: after an event loop stall
-  it renews first, and the store says whether another replica took the turn meanwhile);
-- the one window left is a replica dying between posting a final answer and keeping its claims
-  (one Redis round trip): the question is then answered twice. Exactly once is not possible across
-  a side effect on another system; at most twice in that window is the guarantee.
+  failed;
+- the final answer is recorded with the entry (and the claims kept) before it is posted, fenced by
+  the entry's owner (``TurnLease.conclude``: the store says whether another replica took the turn
+  meanwhile, and then nothing is shown); a turn taken over with a recorded answer shows that answer
+  again in place of the messages recorded and never runs the question again. Exactly once is not
+  possible across a side effect on another system: what is left is a message a final post creates,
+  recorded a moment after the platform returned its id (a kill in that moment leaves it beside the
+  answer shown again);
+- the thread lock a turn is about to take is recorded with the entry first (``TurnLease.holds``,
+  ``bot.state.TURN_LOCKS``), and the take-over frees it in the same step, if the dead owner still holds
+  it: the turn taken over does not wait out the lock's TTL.
+
+Every step between these is a named kill point (``bot.state.KILL_POINTS``), where tests kill a replica.
 
 Turns taken over more than ``max_attempts`` times (a question that kills every replica it reaches)
 are given up: the user sees the turn's failure message. A turn that ended with the Answerer's error
@@ -52,8 +62,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bot.state import Claim, Clock
-from bot.types import Acknowledges, Answer, Inquiry, Reply
+from bot.state import KILL_POINTS, PROCESS_LOCKS, Claim, Clock, MemoryLockTable, RenewingLock
+from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, Trace
 
 log = logging.getLogger("kbbot.pending")
 
@@ -87,6 +97,9 @@ class PendingTurn:
     attempts: int = 1
     #: Ids of messages already posted for the answer (``PostsMessages.message_ids`` of the reply).
     messages: list[str] = field(default_factory=list)
+    #: The final answer (``answer_payload``), recorded just before it is posted (``TurnLease.conclude``):
+    #: a turn taken over with one shows that answer again instead of running the question again.
+    final: str | None = None
 
     @property
     def platform(self) -> str:
@@ -98,18 +111,37 @@ class PendingTurn:
         return self.lease_s * 4 / 3
 
     def payload(self) -> str:
-        """The fixed part, as JSON (attempts and messages change while the entry lives)."""
+        """The fixed part, as JSON (attempts, messages and the final answer change while the entry lives)."""
         data = dataclasses.asdict(self)
-        del data["attempts"], data["messages"]
+        del data["attempts"], data["messages"], data["final"]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
-    def from_payload(cls, payload: str | bytes, *, attempts: int, messages: str | bytes | None) -> PendingTurn:
+    def from_payload(cls, payload: str | bytes, *, attempts: int, messages: str | bytes | None,
+                     final: str | bytes | None = None) -> PendingTurn:
         data = json.loads(payload)
         inquiry = data.pop("inquiry")
         inquiry["spaces"] = tuple(inquiry.get("spaces") or ("default",))
         return cls(inquiry=Inquiry(**inquiry), **data, attempts=attempts,
-                   messages=[str(m) for m in json.loads(messages or "[]")])
+                   messages=[str(m) for m in json.loads(messages or "[]")],
+                   final=(final.decode() if isinstance(final, bytes) else final) or None)
+
+
+def answer_payload(answer: Answer) -> str:
+    """What a reply needs to show ``answer`` again (``answer_of``), as JSON: text, outcome, sources, the
+    turn id its buttons name, and how it was approved."""
+    return json.dumps({"text": answer.text, "outcome": answer.outcome.value,
+                       "citations": [c.to_dict() for c in answer.citations], "turn_id": answer.trace.turn_id,
+                       "approvable": answer.approvable, "approved_turn_id": answer.approved_turn_id,
+                       "approved_by": answer.approved_by, "approved_at": answer.approved_at}, ensure_ascii=False)
+
+
+def answer_of(payload: str) -> Answer:
+    data = json.loads(payload)
+    return Answer(text=data["text"], outcome=Outcome(data["outcome"]),
+                  citations=[Citation(**c) for c in data["citations"]], trace=Trace(turn_id=data["turn_id"]),
+                  approvable=data["approvable"], approved_turn_id=data["approved_turn_id"],
+                  approved_by=data["approved_by"], approved_at=data["approved_at"])
 
 
 @runtime_checkable
@@ -119,6 +151,10 @@ class PendingTurns(Protocol):
     async def add(self, turn: PendingTurn, owner: str) -> None:
         """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` (replacing an entry of the same id)."""
 
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        """Record ``turn`` owned by ``owner`` for ``turn.lease_s`` unless an entry of its id exists (a turn
+        live, or left by a replica that died and due to be taken over): False then."""
+
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         """Move the lease of ``turn``'s entry on (and store ``messages``) if ``owner`` still owns it;
         False otherwise."""
@@ -126,10 +162,18 @@ class PendingTurns(Protocol):
     async def remove(self, turn: PendingTurn, owner: str) -> bool:
         """Forget ``turn``'s entry if ``owner`` owns it."""
 
+    async def hold_lock(self, turn: PendingTurn, owner: str, key: str, token: str) -> bool:
+        """Record that ``turn`` takes the lock ``key`` as ``token`` (if ``owner`` owns the entry): whoever
+        takes the turn over frees that lock if this holder still has it."""
+
+    async def conclude(self, turn: PendingTurn, owner: str, final: str, messages: list[str]) -> bool:
+        """Record the final answer (``answer_payload``) and the messages posted so far, if ``owner`` still
+        owns the entry; False otherwise (the answer must not be shown)."""
+
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         """Up to ``limit`` entries of ``accounts`` whose lease expired, now owned by ``owner`` on a new
-        lease, each with its attempts counted (one atomic step: two replicas never take the same entry).
-        Entries of other accounts never count against ``limit``."""
+        lease, each with its attempts counted and the lock its turn held freed (one atomic step: two
+        replicas never take the same entry). Entries of other accounts never count against ``limit``."""
 
 
 @dataclass
@@ -137,13 +181,16 @@ class _Entry:
     owner: str
     turn: PendingTurn
     deadline: float
+    lock: tuple[str, str] | None = None
 
 
 class MemoryPendingTurns:
-    """``PendingTurns`` of one process (embedded defaults): a dict with deadlines on ``clock``."""
+    """``PendingTurns`` of one process (embedded defaults): a dict with deadlines on ``clock``; the locks
+    its turns hold are ``bot.state.MemoryLock`` s of ``locks``."""
 
-    def __init__(self, *, clock: Clock = time.monotonic):
+    def __init__(self, *, clock: Clock = time.monotonic, locks: MemoryLockTable = PROCESS_LOCKS):
         self._clock = clock
+        self._locks = locks
         self._entries: dict[str, _Entry] = {}
         self._mutex = threading.Lock()
 
@@ -152,8 +199,16 @@ class MemoryPendingTurns:
 
     async def add(self, turn: PendingTurn, owner: str) -> None:
         with self._mutex:
-            stored = dataclasses.replace(turn, messages=[])
+            stored = dataclasses.replace(turn, messages=list(turn.messages) if turn.final else [])
             self._entries[turn.id] = _Entry(owner, stored, self._clock() + turn.entry_lease_s)
+
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        with self._mutex:
+            if turn.id in self._entries:
+                return False
+            self._entries[turn.id] = _Entry(owner, dataclasses.replace(turn, messages=[]),
+                                            self._clock() + turn.entry_lease_s)
+            return True
 
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         with self._mutex:
@@ -173,6 +228,22 @@ class MemoryPendingTurns:
             del self._entries[turn.id]
             return True
 
+    async def hold_lock(self, turn: PendingTurn, owner: str, key: str, token: str) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn.id)
+            if entry is None or entry.owner != owner:
+                return False
+            entry.lock = (key, token)
+            return True
+
+    async def conclude(self, turn: PendingTurn, owner: str, final: str, messages: list[str]) -> bool:
+        with self._mutex:
+            entry = self._entries.get(turn.id)
+            if entry is None or entry.owner != owner:
+                return False
+            entry.turn.final, entry.turn.messages = final, list(messages)
+            return True
+
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         now = self._clock()
         taken = []
@@ -184,6 +255,9 @@ class MemoryPendingTurns:
                     continue
                 entry.owner, entry.deadline = owner, now + entry.turn.entry_lease_s
                 entry.turn.attempts += 1
+                if entry.lock is not None:  # only if the dead owner still holds it (the token says)
+                    self._locks.release(*entry.lock)
+                    entry.lock = None
                 taken.append(dataclasses.replace(entry.turn, messages=list(entry.turn.messages)))
         return taken
 
@@ -207,10 +281,14 @@ class TurnLease:
         self._task: asyncio.Task[Any] | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._stopped = False
+        self._claims_kept = False
 
-    async def start(self) -> None:
-        began = time.monotonic()
-        await self.store.add(self.turn, self.owner)
+    async def start(self, *, recorded_at: float | None = None) -> None:
+        """Keep the entry (recorded now, unless it was at ``recorded_at``, this process's monotonic clock
+        before ``PendingTurns.accept`` was sent) and the claims from now on."""
+        began = time.monotonic() if recorded_at is None else recorded_at
+        if recorded_at is None:
+            await self.store.add(self.turn, self.owner)
         self._valid_until = began + self.turn.lease_s * 2 / 3
         if self.claims is not None:
             await self.claims.stop_renewing()  # renewed here from now on, always before the entry
@@ -245,7 +323,7 @@ class TurnLease:
         if not await self.store.renew(self.turn, self.owner, messages):
             self.lose("its pending entry is owned by another replica")
             return
-        if self.claims is not None:
+        if self.claims is not None and not self._claims_kept:  # kept for the dedupe TTL: not shortened again
             await self.claims.renew()
         self._valid_until = began + self.turn.lease_s * 2 / 3
 
@@ -279,6 +357,39 @@ class TurnLease:
             if await self._renew_now(current if current != recorded else None):
                 recorded, last_renewal = current, time.monotonic()
 
+    async def holds(self, lock: RenewingLock) -> None:
+        """``bot.state.TURN_LOCKS``: the turn is about to take ``lock``. Recorded with the entry first, so a
+        replica taking the turn over frees it at once instead of waiting out its TTL (30 s)."""
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                await self.store.hold_lock(self.turn, self.owner, lock.key, lock.token)
+        except Exception:  # the lock still works; only a take-over would wait for it to expire
+            log.warning("turn %s: could not record its lock %s with the pending entry", self.turn.id, lock.name,
+                        exc_info=True)
+
+    async def conclude(self, answer: Answer) -> bool:
+        """Before the final message is posted: the answer and the messages posted so far recorded with the
+        entry, if this replica still owns it (a fence: False, and nothing may be shown, once another took
+        the turn), then the claims kept as answered. From here on a replica taking the turn over shows
+        this answer again (in place of the messages recorded) and never runs the question again, and a
+        redelivery finds it answered, whether this replica dies before the post or after it."""
+        if self.lost:
+            return False
+        messages = list(self.messages()) if self.messages is not None else []
+        try:
+            async with asyncio.timeout(self.turn.lease_s / 3):
+                owned = await self.store.conclude(self.turn, self.owner, answer_payload(answer), messages)
+        except Exception:  # the store is out of reach: posting on a valid lease as before, not fenced
+            log.warning("turn %s: could not record its final answer; posting it unfenced", self.turn.id,
+                        exc_info=True)
+            return await self.confirm()
+        if not owned:
+            return False
+        self._claims_kept = True
+        if self.claims is not None:
+            await self.claims.finish(answered=True)
+        return True
+
     async def stop(self) -> None:
         """Stop renewing; the entry stays (a turn cut short, e.g. at shutdown, is taken over later)."""
         self._stopped = True
@@ -304,8 +415,9 @@ class TurnLease:
 
 
 class LeasedReply:
-    """The ``Reply`` of a turn on a lease: its final message (answer or failure) is shown only while the
-    lease is valid; a lost lease stops the turn instead (``TurnLease.lose``). It acknowledges when the
+    """The ``Reply`` of a turn on a lease: its final answer is shown only once recorded with the entry this
+    replica still owns (``TurnLease.conclude``), a failure only while the lease is valid; a lost lease
+    stops the turn instead (``TurnLease.lose``). It acknowledges when the
     platform's reply does (``Acknowledges``): nothing else of the wrapped reply is reached through it.
     """
 
@@ -329,8 +441,14 @@ class LeasedReply:
         await self.reply.push(delta)
 
     async def finish(self, answer: Answer) -> None:
-        await self._check()
+        # Recorded (and the claims kept) before it is posted, fenced by the entry's owner: a replica that
+        # dies anywhere around the post leaves a turn that is shown again, never answered again.
+        if not await self.lease.conclude(answer):
+            self.lease.lose("the turn was taken over before its final message")
+            raise asyncio.CancelledError(f"turn {self.lease.turn.id}: lease lost")
+        await KILL_POINTS.reach("final recorded")
         await self.reply.finish(answer)
+        await KILL_POINTS.reach("final posted")
 
     async def fail(self, message: str) -> None:
         await self._check()

@@ -16,8 +16,10 @@ key                                type    contents and lifetime
                                            ``TIME``), one set per platform account (Telegram
                                            bot, Slack bot user); removed when the turn ends
 ``{prefix}pending:{id}``           hash    the turn (``payload``), ``owner``, ``attempts``,
-                                           ``lease_ms``, ``account``, posted ``messages``;
-                                           expires after the event's dedupe TTL at the latest
+                                           ``lease_ms``, ``account``, posted ``messages``, the
+                                           thread ``lock`` it holds and its ``lock_token``, the
+                                           ``final`` answer once recorded; expires after the
+                                           event's dedupe TTL at the latest
 =================================  ======  =====================================================
 
 The client comes from ``connect_redis``: bounded socket timeouts (a dead server is an error,
@@ -45,6 +47,7 @@ from redis.asyncio.lock import Lock as _RedisPyLock
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import LockError, RedisError
 
 from bot.history import cap_messages
@@ -265,12 +268,16 @@ class RedisLock(RenewingLock):
                  wait_s: float = 0.0, poll_s: float = 0.1):
         super().__init__(name, ttl_s=ttl_s, wait_s=wait_s, poll_s=poll_s)
         self.client = client
-        self.key = f"{prefix}lock:{name}"
+        self._key = f"{prefix}lock:{name}"
         # thread_local=False: the token belongs to this object, whichever thread or task uses it.
-        self._lock = _RedisPyLock(client, self.key, timeout=self.ttl_s, blocking=False, thread_local=False)
+        self._lock = _RedisPyLock(client, self._key, timeout=self.ttl_s, blocking=False, thread_local=False)
+
+    @property
+    def key(self) -> str:
+        return self._key
 
     async def _try_acquire(self) -> bool:
-        return await self._lock.acquire(blocking=False)
+        return await self._lock.acquire(blocking=False, token=self.token)
 
     async def _renew(self) -> bool:
         try:
@@ -299,11 +306,35 @@ class RedisLock(RenewingLock):
 # them. The take-over script touches hashes it finds in the set: one Redis (or Sentinel) only.
 _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
+# A turn recorded again (a redelivery, or a take-over keeping its entry) replaces the entry whole: a lock
+# another owner recorded is not this one's to free. A final answer recorded before is kept with its
+# messages (ARGV[8], ARGV[9]): the turn is still only to be shown again.
 _PENDING_ADD = _NOW_MS + """
+redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'owner', ARGV[2], 'payload', ARGV[3], 'attempts', ARGV[4], 'lease_ms', ARGV[5],
-           'account', ARGV[6], 'messages', '[]')
+           'account', ARGV[6], 'messages', ARGV[9])
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'final', ARGV[8]) end
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), ARGV[1])
+"""
+
+# The same, only where no entry of that id is (accepting a question: a redelivery never steals a turn).
+_PENDING_ACCEPT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+""" + _PENDING_ADD + """
+return 1
+"""
+
+_PENDING_HOLD = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lock', ARGV[2], 'lock_token', ARGV[3])
+return 1
+"""
+
+_PENDING_CONCLUDE = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'final', ARGV[2], 'messages', ARGV[3])
+return 1
 """
 
 _PENDING_RENEW = _NOW_MS + """
@@ -329,13 +360,18 @@ for _, due in ipairs(KEYS) do
   if left <= 0 then break end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, left)) do
     local key = ARGV[3] .. id
-    local f = redis.call('HMGET', key, 'payload', 'lease_ms', 'messages')
+    local f = redis.call('HMGET', key, 'payload', 'lease_ms', 'messages', 'final', 'lock', 'lock_token')
     redis.call('ZREM', due, id)
     if f[1] then  -- else its hash expired: nothing left to answer
       local attempts = redis.call('HINCRBY', key, 'attempts', 1)
       redis.call('HSET', key, 'owner', ARGV[1])
       redis.call('ZADD', due, now + tonumber(f[2]), id)
-      table.insert(out, f[1]) table.insert(out, attempts) table.insert(out, f[3])
+      -- The thread lock the dead owner held goes with its turn, if that owner still holds it (its token).
+      if f[5] then
+        if redis.call('GET', f[5]) == f[6] then redis.call('DEL', f[5]) end
+        redis.call('HDEL', key, 'lock', 'lock_token')
+      end
+      table.insert(out, f[1]) table.insert(out, attempts) table.insert(out, f[3]) table.insert(out, f[4] or '')
       left = left - 1
     end
   end
@@ -356,16 +392,27 @@ class RedisPendingTurns:
         self._renew = client.register_script(_PENDING_RENEW)
         self._remove = client.register_script(_PENDING_REMOVE)
         self._take = client.register_script(_PENDING_TAKE)
+        self._accept = client.register_script(_PENDING_ACCEPT)
+        self._hold = client.register_script(_PENDING_HOLD)
+        self._conclude = client.register_script(_PENDING_CONCLUDE)
 
     def _keys(self, turn: PendingTurn) -> list[str]:
         return [self.due_prefix + turn.account, self.entry_prefix + turn.id]
 
     async def add(self, turn: PendingTurn, owner: str) -> None:
+        await self._record(self._add, turn, owner)
+
+    async def accept(self, turn: PendingTurn, owner: str) -> bool:
+        return bool(await self._record(self._accept, turn, owner))
+
+    async def _record(self, script: AsyncScript, turn: PendingTurn, owner: str) -> object:
         args = [turn.id, owner, turn.payload(), turn.attempts, max(1, int(turn.entry_lease_s * 1000)), turn.account,
-                max(1, int(turn.dedupe_ttl_s * 1000))]
+                max(1, int(turn.dedupe_ttl_s * 1000)), turn.final or "",
+                json.dumps(turn.messages if turn.final else [])]
         async with self.client.client() as conn:  # WAIT counts the writes of its own connection
-            await self._add(keys=self._keys(turn), args=args, client=conn)
+            result = await script(keys=self._keys(turn), args=args, client=conn)
             await replicated(conn, self.replica_acks, f"the pending turn {turn.id!r}")
+        return result
 
     async def renew(self, turn: PendingTurn, owner: str, messages: list[str] | None = None) -> bool:
         recorded = "" if messages is None else json.dumps(messages)
@@ -374,14 +421,26 @@ class RedisPendingTurns:
     async def remove(self, turn: PendingTurn, owner: str) -> bool:
         return bool(await self._remove(keys=self._keys(turn), args=[turn.id, owner]))
 
+    async def hold_lock(self, turn: PendingTurn, owner: str, key: str, token: str) -> bool:
+        return bool(await self._hold(keys=[self.entry_prefix + turn.id], args=[owner, key, token]))
+
+    async def conclude(self, turn: PendingTurn, owner: str, final: str, messages: list[str]) -> bool:
+        async with self.client.client() as conn:  # WAIT counts the writes of its own connection
+            owned = bool(await self._conclude(keys=[self.entry_prefix + turn.id], args=[owner, final, json.dumps(messages)],
+                                              client=conn))
+            if owned:
+                await replicated(conn, self.replica_acks, f"the final answer of {turn.id!r}")
+        return owned
+
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         if not accounts or limit <= 0:
             return []
         raw = await self._take(keys=[self.due_prefix + a for a in accounts], args=[owner, limit, self.entry_prefix])
         turns = []
-        for payload, attempts, messages in zip(raw[::3], raw[1::3], raw[2::3]):
+        for payload, attempts, messages, final in zip(raw[::4], raw[1::4], raw[2::4], raw[3::4]):
             try:
-                turns.append(PendingTurn.from_payload(payload, attempts=int(attempts), messages=messages))
+                turns.append(PendingTurn.from_payload(payload, attempts=int(attempts), messages=messages,
+                                                      final=final))
             except (ValueError, TypeError, KeyError) as error:  # owned by us now: it expires again, logged each time
                 logger.error("skipping an unreadable pending turn: %s", error)
         return turns

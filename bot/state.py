@@ -18,18 +18,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+
+class KillPoints:
+    """Named steps of a turn's delivery where a replica can die, so tests can make it die exactly there.
+
+    Take-over is only as good as its worst kill point, and a process killed by the kernel dies between
+    two awaits, not at a sleep a test guessed. Each step that matters (``Conversations``, ``TurnLease``,
+    ``ThreadLocks``) calls ``reach(name)``; a test ``arm`` s one name with what dying means for its
+    replica (freeze the task, stop its renewals). Nothing is armed in production: ``reach`` is one dict
+    lookup. An armed point fires once, so the replica that takes over passes it.
+    """
+
+    def __init__(self) -> None:
+        self._armed: dict[str, Callable[[], Any]] = {}
+
+    def arm(self, name: str, action: Callable[[], Any]) -> None:
+        self._armed[name] = action
+
+    def disarm(self, name: str | None = None) -> None:
+        """Disarm ``name`` (None: every point)."""
+        if name is None:
+            self._armed.clear()
+        else:
+            self._armed.pop(name, None)
+
+    async def reach(self, name: str) -> None:
+        action = self._armed.pop(name, None)
+        if action is not None:
+            result = action()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+#: The process's kill points (see ``KillPoints``).
+KILL_POINTS = KillPoints()
 
 
 class LockNotAcquired(RuntimeError):
@@ -87,9 +123,17 @@ class RenewingLock(ABC):
         self.ttl_s = float(ttl_s)
         self.wait_s = wait_s
         self.poll_s = poll_s
+        #: This holder's token, known before the lock is taken: a turn records it with its pending entry
+        #: first (``TURN_LOCKS``), so whoever takes the turn over can free exactly this holder's lock.
+        self.token = uuid.uuid4().hex
         self._held = False
         self._lost = False
         self._renewal: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> str:
+        """Where the backend keeps the lock (a pending entry records it with ``token``)."""
+        return self.name
 
     # --- backend primitives ----------------------------------------------------------------
     @abstractmethod
@@ -266,16 +310,15 @@ class MemoryLock(RenewingLock):
                  table: MemoryLockTable | None = None):
         super().__init__(name, ttl_s=ttl_s, wait_s=wait_s, poll_s=poll_s)
         self.table = PROCESS_LOCKS if table is None else table
-        self._token = uuid.uuid4().hex
 
     async def _try_acquire(self) -> bool:
-        return self.table.try_acquire(self.name, self._token, self.ttl_s)
+        return self.table.try_acquire(self.name, self.token, self.ttl_s)
 
     async def _renew(self) -> bool:
-        return self.table.renew(self.name, self._token, self.ttl_s)
+        return self.table.renew(self.name, self.token, self.ttl_s)
 
     async def _release(self) -> bool:
-        return self.table.release(self.name, self._token)
+        return self.table.release(self.name, self.token)
 
 
 class ThreadTurnLock:
@@ -299,6 +342,14 @@ class ThreadTurnLock:
             self.table[self.key] = (lock, users - 1)
 
 
+#: Set by the turn running in this task (``bot.conversation``: its ``TurnLease.holds``): each shared lock
+#: the turn is about to take is handed to it first, to be recorded with the turn's pending entry. A
+#: replica that dies holding a thread's lock then leaves it to whoever takes the turn over, who frees
+#: it with the entry instead of waiting out its TTL (30 s).
+TURN_LOCKS: contextvars.ContextVar[Callable[[RenewingLock], Awaitable[None]] | None] = contextvars.ContextVar(
+    "turn_locks", default=None)
+
+
 class ThreadLocks:
     """One turn per conversation thread at a time, so history stays in order: in this process (an
     ``asyncio.Lock`` per thread, first come first served) and, given ``shared`` (a factory of
@@ -315,7 +366,12 @@ class ThreadLocks:
             if self.shared is None:
                 yield
                 return
-            async with self.shared(f"thread:{thread_key}"):
+            lock = self.shared(f"thread:{thread_key}")
+            recorded = TURN_LOCKS.get()
+            if recorded is not None:  # before it is taken: no step where it is held and not recorded
+                await recorded(lock)
+            async with lock:
+                await KILL_POINTS.reach("thread locked")
                 yield
 
 

@@ -171,12 +171,13 @@ async def ask(r: Replica, n: int, user: str = "alice") -> Answer | None:
     """What a console adapter does with a line typed at the desk."""
     if not r.delivery.admit(Access("question", user, "desk-1", "desk-1", private=True)):
         return None
-    claim = await r.delivery.claim([f"console:line:{n}"], 60, LEASE)
-    if claim is None:
-        return None
     inquiry = Inquiry("console", "desk-1", "desk-1", "console:desk-1", user, QUESTION)
-    return await r.delivery.answer(inquiry, ConsoleReply(r.console.screen), claim=claim, event_id=str(n),
-                                   kind="line", crashed="Something went wrong.", target={"desk": "desk-1"})
+    accepted = await r.delivery.accept(inquiry, [f"console:line:{n}"], 60, LEASE, event_id=str(n), kind="line",
+                                       crashed="Something went wrong.", target={"desk": "desk-1"})
+    if accepted is None:
+        return None
+    return await r.delivery.answer(inquiry, ConsoleReply(r.console.screen), accepted, event_id=str(n), kind="line",
+                                   crashed="Something went wrong.")
 
 
 async def test_a_third_platform_gets_the_gate_claims_takeover_and_failure_display(tmp_path: Path):

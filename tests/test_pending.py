@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.conversation import Conversations, TakeOver
+from bot.conversation import CRASHED, Conversations, TakeOver
 from bot.delivery import Delivery
 from bot.history import SqliteHistory
 from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
-from bot.redis_state import RedisIdempotency, RedisPendingTurns
-from bot.state import Idempotency, MemoryIdempotency
+from bot.redis_state import RedisIdempotency, RedisLock, RedisPendingTurns
+from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from bot.types import Answer, Inquiry, Outcome, Reply
+from tests.kill import die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
 from tests.replies import RecordingReply, Stuck
 
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -40,6 +41,9 @@ class Stores:
     idempotency: Idempotency
     #: The same pending turns seen from another event loop (another process, as far as the test goes).
     elsewhere: Callable[[], AbstractAsyncContextManager[PendingTurns]]
+    #: Redis (None: in process): where replicas' thread locks are shared.
+    redis: Redis | None = None
+    prefix: str = ""
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -61,7 +65,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     async def connected() -> AsyncIterator[PendingTurns]:
         async with Redis.from_url(REDIS_URL) as other:
             yield RedisPendingTurns(other, prefix)
-    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected)
+    yield Stores(RedisPendingTurns(client, prefix), RedisIdempotency(client, prefix), connected, client, prefix)
     await client.aclose()
 
 
@@ -157,8 +161,10 @@ class Answers:
 
     def __init__(self, outcome: Outcome = Outcome.ANSWERED):
         self.outcome = outcome
+        self.calls = 0
 
     async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        self.calls += 1
         await reply.start()
         if self.outcome is Outcome.ERROR:
             await reply.fail("Please ask a question.")
@@ -179,14 +185,16 @@ def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, *, pendi
     return conversations, platform
 
 
-async def accept(conversations: Conversations, n: int, reply: Reply) -> asyncio.Task[Answer | None]:
-    """What an adapter does with an event: claim it, then answer it (in the handler's task)."""
+async def accept(conversations: Conversations, n: int, reply: Reply, text: str = QUESTION) -> asyncio.Task[Answer | None]:
+    """What an adapter does with an event: accept it (recorded, claimed), acknowledge it, then answer it
+    (in the handler's task)."""
     keys = [f"slack:event:{n}", f"slack:message:{n}"]
-    claimed = await conversations.claim(keys, 60, lease_s=LEASE)
-    assert claimed is not None
-    inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", QUESTION)
-    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=claimed, event_id=f"Ev{n}",
-                                                    kind="mention", target={"n": n}, account=account()))
+    inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", text)
+    accepted = await conversations.accept(inquiry, keys, ttl_s=60, lease_s=LEASE, event_id=f"Ev{n}", kind="mention",
+                                          crashed=CRASHED, target={"n": n}, account=account())
+    assert accepted is not None
+    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=accepted, event_id=f"Ev{n}",
+                                                    kind="mention", crashed=CRASHED))
 
 
 async def recover(conversations: Conversations) -> int:
@@ -294,10 +302,7 @@ async def test_a_turn_that_failed_is_over_and_a_turn_left_behind_after_its_answe
     a, _ = replica(tmp_path, stores, "A", Answers(Outcome.ERROR))
     b, platform = replica(tmp_path, stores, "B")
     failed = Posting()
-    keys = ["slack:event:5", "slack:message:5"]
-    claimed = await a.claim(keys, 60, lease_s=LEASE)
-    answer = await a.answer(Inquiry("slack", "T1", "C1", "slack:T1:C1:5", "U1", "   "), failed, claimed=claimed,
-                            event_id="Ev5", kind="mention", target={}, account=account())
+    answer = await (await accept(a, 5, failed, text="   "))
     assert answer is not None and answer.outcome is Outcome.ERROR and failed.failure
     # The user saw the Answerer's message: not retried. A replica that died after keeping an answered
     # turn's claims but before removing its entry leaves an entry the recovery drops unanswered.
@@ -324,3 +329,92 @@ class Partitionable:
         if self.partitioned:
             await asyncio.sleep(3600)
         return await self.store.renew(*args)
+
+
+# --- kill points (issue #28): a replica dies at one exact step of a turn, another takes over -----------
+class UnderThreadLock:
+    """An Answerer that answers holding its thread's lock, as ``bot.answering.Answerer`` does
+    (``Admission.thread_locks``): across replicas a lock in Redis of 30 s, renewed while held, waited
+    for as long as a turn may take (``bot.runtime``)."""
+
+    def __init__(self, stores: Stores, answerer: Any = None):
+        assert stores.redis is not None
+        redis, prefix = stores.redis, stores.prefix
+        self.locks = ThreadLocks(lambda name: RedisLock(redis, name, ttl_s=30, prefix=prefix, wait_s=120, poll_s=0.05))
+        self.answerer = answerer or Answers()
+
+    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        async with self.locks.hold(inquiry.thread_key):
+            return await self.answerer.answer(inquiry, reply)
+
+
+async def take_over(conversations: Conversations) -> None:
+    """Recovery rounds until the dead replica's entry expired and was taken (no sleep guesses the
+    moment), then the turn taken over, answered within 10 s of that: not another lease, nor a lock's TTL."""
+    while await conversations.recover() == 0:
+        await asyncio.sleep(0.05)
+    async with asyncio.timeout(10):
+        await conversations.recovering.settle(0.05)
+
+
+async def buried(*tasks: asyncio.Task[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_waiting_out_the_lock(
+        tmp_path: Path, stores: Stores):
+    if stores.redis is None:
+        pytest.skip("one process's thread locks die with it; only Redis keeps a dead replica's lock")
+    killed = die_at("thread locked")
+    a, _ = replica(tmp_path, stores, "A", UnderThreadLock(stores))
+    b, platform = replica(tmp_path, stores, "B", UnderThreadLock(stores))
+    handler = await accept(a, 11, Posting())
+    await died(killed)
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler, *b.recovering._tasks)
+    [(turn, resumed)] = platform.resumed
+    assert turn.attempts == 2 and resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
+    assert not await RedisLock(stores.redis, "thread:slack:T1:C1:11", prefix=stores.prefix).locked(), "released"
+
+
+async def test_killed_after_posting_its_final_answer_the_question_is_not_answered_again(tmp_path: Path,
+                                                                                       stores: Stores):
+    killed = die_at("final posted")
+    answers = Answers()
+    a, _ = replica(tmp_path, stores, "A", answers)
+    b, platform = replica(tmp_path, stores, "B", answers)
+    handler = await accept(a, 12, reply := Posting())
+    await died(killed)
+    assert reply.final is not None, "A's answer was shown"
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler)
+    assert answers.calls == 1, "the question was answered once: not run again by the replica taking over"
+    [(turn, resumed)] = platform.resumed  # A's answer shown again in place of A's messages, not a second one
+    assert turn.attempts == 2 and platform.retired == reply.posted == ["m1"] and resumed.deltas == []
+    assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
+    assert resumed.final.text == reply.final.text
+    assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
+
+
+async def test_killed_before_posting_its_final_answer_the_question_is_answered_once(tmp_path: Path, stores: Stores):
+    killed = die_at("final recorded")
+    answers = Answers()
+    a, _ = replica(tmp_path, stores, "A", answers)
+    b, platform = replica(tmp_path, stores, "B", answers)
+    handler = await accept(a, 13, reply := Posting())
+    await died(killed)
+    assert reply.final is None, "A died before its answer was shown"
+    try:
+        await take_over(b)
+    finally:
+        await buried(handler)
+    [(turn, resumed)] = platform.resumed
+    assert answers.calls == 1 and platform.retired == reply.posted == ["m1"]
+    assert resumed.final is not None and resumed.final.text == "Every 2,000 operating hours."
+    assert await b.claim(["slack:event:13"], 60) is None, "a redelivery is not answered again"

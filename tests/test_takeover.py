@@ -4,11 +4,15 @@ replica takes the question over, removes the half-written message and answers on
 from __future__ import annotations
 
 import asyncio
+import json
+
+import pytest
 
 from bot.runtime import Runtime
 from bot.types import Outcome
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
+from tests.kill import die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
 from tests.replies import Stuck
 from tests.test_slack import fake_slack, slack_app  # noqa: F401  (fake_slack is a fixture)
 from tests.test_telegram import QUESTION, fake_tg, telegram_bot  # noqa: F401  (fake_tg is a fixture)
@@ -76,3 +80,75 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
     [turn] = b.turns
     assert turn.answer is not None and turn.answer.outcome is Outcome.ANSWERED and turn.inquiry.text == QUESTION
     assert stuck.cancelled_at is not None and not a.turns
+
+
+#: Slack waits this long for an event's 200, then sends it again; it sends nothing again once it got one.
+SLACK_ACK_S = 3.0
+
+
+@pytest.mark.parametrize("point", ["recorded", "claimed"])
+async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_event_is_answered_once(
+        kb_runtime: Runtime, fake_slack: FakeSlack, point: str):
+    """The replica dies after it took the event and before Slack had its 200 (issue #28: recorded before
+    acknowledged): Slack sends the event again, to another replica, and the question is answered once."""
+    killed = die_at(point)
+    async with slack_app(kb_runtime, fake_slack, replica="A", claim_lease_s=LEASE) as a, \
+            slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
+        for replica in (a, b):
+            replica.adapter.conversations.serve(replica.adapter.delivery)
+        body = a.event_body(a.mention())
+        event = body["event"]
+        first = asyncio.create_task(a.post(json.dumps(body)))
+        await died(killed)
+        done, _ = await asyncio.wait({first}, timeout=SLACK_ACK_S)
+        acknowledged = bool(done) and first.result().status == 200
+        assert not acknowledged, "Slack had its 200 before the question was recorded and claimed"
+        first.cancel()
+        for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from A
+            task.cancel()
+        if not acknowledged:  # Slack's retries: at once, then after a minute (A's leases are long gone)
+            await b.send(event, event_id=body["event_id"], retry=1)
+            await asyncio.sleep(LEASE * 1.6)
+            await b.send(event, event_id=body["event_id"], retry=2)
+        conversations = b.adapter.conversations
+        for _ in range(round(LEASE * 2 / 0.1)):  # recovery rounds while A's pending entry, if any, expires
+            await conversations.recover()
+            await asyncio.sleep(0.1)
+        await conversations.recovering.settle(0.05)
+        await b.adapter.settle()
+
+    answers = [m for m in fake_slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
+    assert len(answers) == 1, f"acknowledged: {acknowledged}; answers: {[m.body[:40] for m in answers]}"
+    assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
+
+
+@pytest.mark.parametrize("point", ["recorded", "claimed"])
+async def test_telegram_question_of_a_process_killed_before_it_confirmed_the_update_is_answered_once(
+        kb_runtime: Runtime, fake_tg: FakeTelegram, point: str):
+    """The process dies after it took an update from getUpdates and before it confirmed it (the next
+    getUpdates' offset): the next process gets the update again, and the question is answered once."""
+    killed = die_at(point)
+    async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as a:
+        a.adapter.conversations.serve(a.adapter.delivery)
+        fake_tg.push(message_update(QUESTION, chat_id=7003))
+        await died(killed)
+        polling = a.adapter._polling  # SIGKILL: no getUpdates more, nothing else from this process
+        assert polling is not None
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        for task in list(a.adapter.delivery.tasks._tasks):
+            task.cancel()
+    async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as b:
+        conversations = b.adapter.conversations
+        assert conversations.takeover is not None
+        conversations.takeover.replica = "B"
+        conversations.serve(b.adapter.delivery)
+        for _ in range(round(LEASE * 2 / 0.1)):  # recovery rounds while A's pending entry, if any, expires
+            await conversations.recover()
+            await asyncio.sleep(0.1)
+        await conversations.recovering.settle(0.05)
+        await b.adapter.settle()
+
+    answers = fake_tg.chat(7003)
+    assert len(answers) == 1, [m.text[:40] for m in answers]
+    assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
