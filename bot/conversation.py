@@ -299,13 +299,8 @@ class Conversations:
                      turn.event_id, turn.id)
             await t.pending.remove(turn, t.replica)
             return None
-        try:
-            reply = await resumer.resume(turn)
-            if reply is None:
-                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
-        except Exception:  # the entry expires again and is retried, within max_attempts
-            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
-                          turn.id)
+        reply = await self._rebuilt(turn, resumer)
+        if reply is None:
             await claims.finish(answered=False)
             return None
         if turn.attempts > t.max_attempts:
@@ -323,6 +318,20 @@ class Conversations:
         return await self._turn(turn.inquiry, reply, claimed=claims, event_id=turn.event_id, kind=turn.kind,
                                 crashed=turn.crashed, lease=lease)
 
+    @staticmethod
+    async def _rebuilt(turn: PendingTurn, resumer: Resumer) -> Reply | None:
+        """The reply of a pending turn as its platform rebuilds it; None (logged) when it cannot: the entry
+        then expires again and is retried, within ``max_attempts``."""
+        try:
+            reply = await resumer.resume(turn)
+            if reply is None:
+                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
+            return reply
+        except Exception:
+            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
+                          turn.id)
+            return None
+
     async def _show_again(self, turn: PendingTurn, resumer: Resumer) -> Answer | None:
         """A turn whose owner died around posting its final answer (recorded first, claims kept): that
         answer is shown again in place of the messages the owner recorded, not asked for again, so the
@@ -330,13 +339,8 @@ class Conversations:
         assert self.takeover is not None
         t = self.takeover
         answer = answer_of(turn.final or "")
-        try:
-            reply = await resumer.resume(turn)
-            if reply is None:
-                raise RuntimeError(f"{resumer.name} refused the turn of {turn.account}")
-        except Exception:  # the entry expires again and is retried, within max_attempts
-            log.exception("%s %s: could not rebuild the reply of pending turn %s", turn.platform, turn.event_id,
-                          turn.id)
+        reply = await self._rebuilt(turn, resumer)
+        if reply is None:
             return None
         log.warning("%s %s: pending turn %s had its final answer recorded; showing it again (attempt %d)",
                     turn.platform, turn.event_id, turn.id, turn.attempts)
