@@ -9,7 +9,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -109,30 +110,36 @@ async def test_a_full_bucket_leaves_no_key_behind():
         await client.aclose()
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
-async def test_both_stores_count_the_same(store: str):
-    """The burst, then the rate; a hold: nothing, then one at once; a refund: one more."""
-    client = None
-    if store == "redis":
-        if not os.environ.get("REDIS_URL"):
-            pytest.skip("REDIS_URL is not set")
-        from bot.redis_state import connect_redis
+@pytest.fixture(params=["memory", "redis"])
+async def bucket_stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Callable[[], Any]]]:
+    """Each test on both stores: (its name, a maker of handles on the same buckets, as each replica holds)."""
+    if request.param == "memory":
+        shared = MemoryBuckets()
+        yield "memory", lambda: shared
+        return
+    if not os.environ.get("REDIS_URL"):
+        pytest.skip("REDIS_URL is not set")
+    from bot.redis_state import connect_redis
 
-        client = await connect_redis(os.environ["REDIS_URL"])
-        buckets = RedisBuckets(client, f"test-rate-{uuid.uuid4().hex[:8]}:")
-    else:
-        buckets = MemoryBuckets()
-    rate = Rate(per_minute=60, burst=2)
+    client = await connect_redis(os.environ["REDIS_URL"])
+    prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
     try:
-        assert [await buckets.take([("k", rate)]) for _ in range(2)] == [0.0, 0.0]
-        assert await buckets.take([("k", rate)]) == pytest.approx(1.0, abs=0.05)
-        await buckets.give_back("k", rate)
-        assert await buckets.take([("k", rate)]) == 0.0
-        await buckets.hold("k", rate, 0.3)
-        assert (await buckets.peek("k", rate))[1] == pytest.approx(0.3 + 1.0, abs=0.05), "held, then the refill"
+        yield "redis", lambda: RedisBuckets(client, prefix)
     finally:
-        if client is not None:
-            await client.aclose()
+        await client.aclose()
+
+
+async def test_both_stores_count_the_same(bucket_stores: tuple[str, Callable[[], Any]]):
+    """The burst, then the rate; a hold: nothing, then one at once; a refund: one more."""
+    _, make = bucket_stores
+    buckets = make()
+    rate = Rate(per_minute=60, burst=2)
+    assert [await buckets.take([("k", rate)]) for _ in range(2)] == [0.0, 0.0]
+    assert await buckets.take([("k", rate)]) == pytest.approx(1.0, abs=0.05)
+    await buckets.give_back("k", rate)
+    assert await buckets.take([("k", rate)]) == 0.0
+    await buckets.hold("k", rate, 0.3)
+    assert (await buckets.peek("k", rate))[1] == pytest.approx(0.3 + 1.0, abs=0.05), "held, then the refill"
 
 
 async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_redis, caplog):  # noqa: F811
@@ -192,54 +199,27 @@ async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp
         await runtime.close()
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
-async def test_a_spare_only_call_leaves_the_reserve_to_the_calls_that_must_go(store: str):
+async def test_a_spare_only_call_leaves_the_reserve_to_the_calls_that_must_go(bucket_stores: tuple[str, Callable[[], Any]]):
     """Typing renewals and intermediate edits (spare) stop at the reserve; a first acknowledgement or text
     (a take that waits its turn) still finds a token at once."""
-    client = None
-    if store == "redis":
-        if not os.environ.get("REDIS_URL"):
-            pytest.skip("REDIS_URL is not set")
-        from bot.redis_state import connect_redis
-
-        client = await connect_redis(os.environ["REDIS_URL"])
-        buckets = RedisBuckets(client, f"test-rate-{uuid.uuid4().hex[:8]}:")
-    else:
-        buckets = MemoryBuckets()
+    _, make = bucket_stores
+    buckets = make()
     rate = Rate(per_minute=0.01, burst=3, reserve=2)  # no refill within the test
-    try:
-        assert await buckets.take([("bot", rate)], spare=True) == 0.0
-        assert await buckets.take([("bot", rate)], spare=True) > 0, "two left: the reserve"
-        assert [await buckets.take([("bot", rate)]) for _ in range(2)] == [0.0, 0.0]
-        assert await buckets.take([("bot", rate)]) > 0
-    finally:
-        if client is not None:
-            await client.aclose()
+    assert await buckets.take([("bot", rate)], spare=True) == 0.0
+    assert await buckets.take([("bot", rate)], spare=True) > 0, "two left: the reserve"
+    assert [await buckets.take([("bot", rate)]) for _ in range(2)] == [0.0, 0.0]
+    assert await buckets.take([("bot", rate)]) > 0
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
-async def test_every_free_token_goes_to_the_waiters_in_one_take(store: str):
+async def test_every_free_token_goes_to_the_waiters_in_one_take(bucket_stores: tuple[str, Callable[[], Any]]):
     """A dispatcher with a queue takes what is free at once (one round trip, not one per waiter), and
     when that is fewer than it wants, a spare-only call elsewhere yields to it."""
-    client = None
-    if store == "redis":
-        if not os.environ.get("REDIS_URL"):
-            pytest.skip("REDIS_URL is not set")
-        from bot.redis_state import connect_redis
-
-        client = await connect_redis(os.environ["REDIS_URL"])
-        prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
-        buckets, other = RedisBuckets(client, prefix), RedisBuckets(client, prefix)
-    else:
-        buckets = other = MemoryBuckets()
+    store, make = bucket_stores
+    buckets, other = make(), make()
     rate = Rate(per_minute=60, burst=3)
-    try:
-        taken, wait = await buckets.take_some("bot", rate, 5)
-        assert (taken, wait) == (3, pytest.approx(1.0, abs=0.05))
-        await buckets.give_back("bot", rate)
-        if store == "redis":  # another replica's spare-only call yields to the waiters left
-            assert await other.take([("bot", rate)], spare=True) > 0
-        assert await buckets.take_some("bot", rate, 2) == (1, pytest.approx(1.0, abs=0.05))
-    finally:
-        if client is not None:
-            await client.aclose()
+    taken, wait = await buckets.take_some("bot", rate, 5)
+    assert (taken, wait) == (3, pytest.approx(1.0, abs=0.05))
+    await buckets.give_back("bot", rate)
+    if store == "redis":  # another replica's spare-only call yields to the waiters left
+        assert await other.take([("bot", rate)], spare=True) > 0
+    assert await buckets.take_some("bot", rate, 2) == (1, pytest.approx(1.0, abs=0.05))
