@@ -17,10 +17,16 @@ Slack's documented tiers, the ones bench.streaming uses (``tests.fakes.slack_ser
 per workspace: chat.startStream and chat.stopStream 20/min, chat.appendStream 100/min, chat.update,
 reactions.add and the status 50/min, reactions.remove 20/min; chat.postMessage 5 per 5 s per channel.
 
+The two-workspaces run is the steady run with a second, quiet workspace of the same Enterprise Grid org
+beside it (``--quiet-per-minute`` questions a minute, default 5, in channels of its own; the fake Slack
+counts its per-workspace tiers apart): the busy one must not starve the quiet one's acknowledgements.
+
 Reported per run: questions asked, answered once (delivered), never answered (lost), answered more
-than once (duplicated), first text and final text (ms from the mention's delivery, p50/p95), 429s
-the fake Slack and the fake model sent, the turns' outcomes as the replicas logged them, and each
-replica's peak RSS (a restarted replica's is its new process's). A mention a replica had
+than once (duplicated), turns that ended in an error outcome, the acknowledgement (the status, the
+reaction or the first text, whichever came first; the quiet workspace's apart), first text and final
+text (ms from the mention's delivery, p50/p95), 429s the fake Slack and the fake model sent, the turns'
+outcomes as the replicas logged them, and each replica's peak RSS (a restarted replica's is its new
+process's). A mention a replica had
 acknowledged when it was killed is not redelivered by Slack: such a question is lost, and counted so.
 """
 
@@ -45,7 +51,17 @@ import aiohttp
 
 import pipelines  # noqa: F401  (telemetry off)
 from bench.report import table
-from tests.cluster.replicas import answers_in, deliver, event_body, refresh_once, running, serve_env, wait_healthy, write_config
+from tests.cluster.replicas import (
+    TEAM,
+    answers_in,
+    deliver,
+    event_body,
+    refresh_once,
+    running,
+    serve_env,
+    wait_healthy,
+    write_config,
+)
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, steps
@@ -68,6 +84,14 @@ class Turn:
     asked_at: float = 0.0
     first_text_s: float | None = None
     final_s: float | None = None
+    question_ts: str = ""
+    team: str = TEAM
+
+
+#: The second workspace of the two-workspace run (an Enterprise Grid org: one app, one token).
+QUIET_TEAM = "T0QUIET"
+#: Outcomes of a turn that ended as it should (anything else is an error outcome).
+GOOD_OUTCOMES = {"answered", "not_found", "off_topic", "clarify", "cached"}
 
 
 @dataclass
@@ -98,18 +122,20 @@ async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry
 
 
 async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, session: Any, replicas: list[Any],
-                       start: float) -> None:
-    await asyncio.sleep(max(0.0, start + c * args.duration / args.conversations - time.monotonic()))
-    channel = f"C0LOAD{c % args.channels:02d}"
+                       start: float, *, at: float | None = None, team: str = TEAM, channel: str | None = None,
+                       turns: int | None = None) -> None:
+    await asyncio.sleep(max(0.0, start + (c * args.duration / args.conversations if at is None else at)
+                            - time.monotonic()))
+    channel = channel or f"C0LOAD{c % args.channels:02d}"
     root: dict[str, Any] | None = None
-    for k in range(args.turns):
-        body = json.loads(event_body(QUESTIONS[(c + k) % len(QUESTIONS)], channel, f"EvLoad{c:04d}{k:02d}",
-                                     user=f"U0LOAD{c:04d}"))  # one asker per conversation: under the per-user limit
+    for k in range(args.turns if turns is None else turns):
+        body = json.loads(event_body(QUESTIONS[(c + k) % len(QUESTIONS)], channel, f"Ev{team}{c:04d}{k:02d}",
+                                     user=f"U0LOAD{c:04d}", team=team))  # one asker per conversation
         if root is not None:
             body["event"]["thread_ts"] = root["ts"]
         root = root or body["event"]
         raw = json.dumps(body)
-        turn = Turn(c, channel, root["ts"], asked_at=time.monotonic())
+        turn = Turn(c, channel, root["ts"], asked_at=time.monotonic(), question_ts=body["event"]["ts"], team=team)
         run.turns.append(turn)
         thread_body = json.dumps({"event": root})
         before = {m.ts for m in answers_in(slack, thread_body)}
@@ -137,6 +163,25 @@ async def inject_faults(run: Run, args: argparse.Namespace, session: Any, replic
     began = time.monotonic()
     await wait_healthy(session, [replicas[0]])
     run.faults.append(f"replica 0 started again at {began - start:.0f} s, healthy {time.monotonic() - began:.0f} s later")
+
+
+def acknowledged_s(slack: Any, turn: Turn) -> float | None:
+    """Seconds from the question to the first sign it was taken: the status set in its thread, the
+    reaction on it, or its first text, whichever Slack showed first."""
+    shown = [c.at for c in slack.calls if c.ok and c.at >= turn.asked_at and (
+        (c.method == "assistant.threads.setStatus" and c.args.get("status")
+         and (c.args.get("channel_id"), c.args.get("thread_ts")) == (turn.channel, turn.thread_ts))
+        or (c.method == "reactions.add" and (c.args.get("channel"), c.args.get("timestamp"))
+            == (turn.channel, turn.question_ts)))]
+    if turn.first_text_s is not None:
+        shown.append(turn.asked_at + turn.first_text_s)
+    return min(shown) - turn.asked_at if shown else None
+
+
+def quiet_plan(args: argparse.Namespace) -> list[float]:
+    """When the quiet workspace's questions are asked: ``--quiet-per-minute`` over the run, evenly."""
+    count = max(1, round(args.quiet_per_minute * args.duration / 60))
+    return [(i + 0.5) * args.duration / count for i in range(count)]
 
 
 async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -171,6 +216,12 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
             await wait_healthy(session, replicas)
             start = time.monotonic()
             work = [conversation(c, run, args, slack, session, replicas, start) for c in range(args.conversations)]
+            if name == "two-workspaces":  # a quiet workspace of the same org beside the busy one
+                for i, at in enumerate(quiet_plan(args)):
+                    channel = f"C0QUIET{i % 3}"
+                    slack.channel_teams[channel] = QUIET_TEAM
+                    work.append(conversation(10_000 + i, run, args, slack, session, replicas, start, at=at,
+                                             team=QUIET_TEAM, channel=channel, turns=1))
             if faults:
                 work.append(inject_faults(run, args, session, replicas, start))
             await asyncio.gather(*work)
@@ -183,6 +234,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
                     counts[key] = len(answers_in(slack, json.dumps({"event": {"channel": turn.channel,
                                                                               "ts": turn.thread_ts}})))
             slack_429s = sum(1 for call in slack.calls if call.status == 429)
+            acks = {id(t): acknowledged_s(slack, t) for t in run.turns}
             outcomes = collections.Counter(
                 line["message"].rsplit(" ", 1)[1] for r in replicas for line in r.lines()
                 if " -> turn " in str(line.get("message")))
@@ -193,8 +245,18 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
     duplicated = sum(max(0, counts[k] - n) for k, n in threads.items())
     first = [t.first_text_s * 1000 for t in run.turns if t.first_text_s is not None]
     final = [t.final_s * 1000 for t in run.turns if t.final_s is not None]
+
+    def ack_ms(team: str | None = None) -> list[float]:
+        return [acks[id(t)] * 1000 for t in run.turns if acks[id(t)] is not None and team in (None, t.team)]
+
+    quiet = ack_ms(QUIET_TEAM) if name == "two-workspaces" else []
     return {"run": name, "replicas": args.replicas, "asked": asked, "delivered": answered, "lost": asked - answered,
-            "duplicated": duplicated, "first_text_p50_ms": pct(first, 0.5), "first_text_p95_ms": pct(first, 0.95),
+            "duplicated": duplicated,
+            "error_outcomes": sum(n for outcome, n in outcomes.items() if outcome not in GOOD_OUTCOMES),
+            "ack_p50_ms": pct(ack_ms(TEAM), 0.5), "ack_p95_ms": pct(ack_ms(TEAM), 0.95),
+            **({"quiet_asked": sum(1 for t in run.turns if t.team == QUIET_TEAM), "quiet_ack_p50_ms": pct(quiet, 0.5),
+                "quiet_ack_p95_ms": pct(quiet, 0.95)} if quiet else {}),
+            "first_text_p50_ms": pct(first, 0.5), "first_text_p95_ms": pct(first, 0.95),
             "final_p50_ms": pct(final, 0.5), "final_p95_ms": pct(final, 0.95), "slack_429s": slack_429s,
             "model_429s": model_429s, "outcomes": " ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
             "rss_mb": "/".join(f"{r:.0f}" if r else "–" for r in rss),
@@ -211,7 +273,9 @@ def main() -> None:
     parser.add_argument("--retry-s", type=float, default=2.0, help="Slack's redelivery delay (1 min in Slack)")
     parser.add_argument("--lease-s", type=float, default=4.0, help="slack.claim_lease_s of the replicas")
     parser.add_argument("--answer-timeout", type=float, default=90.0)
-    parser.add_argument("--runs", nargs="+", default=["steady", "faults"], choices=["steady", "faults"])
+    parser.add_argument("--runs", nargs="+", default=["steady", "faults"], choices=["steady", "faults", "two-workspaces"])
+    parser.add_argument("--quiet-per-minute", type=float, default=5.0,
+                        help="two-workspaces: questions a minute in the quiet workspace")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the replicas' logs and data in DIR")
     args = parser.parse_args()

@@ -104,13 +104,13 @@ class Replica:
         self._out.close()
 
 
-def event_body(text: str, channel: str, event_id: str, user: str = "U0ALICE") -> str:
+def event_body(text: str, channel: str, event_id: str, user: str = "U0ALICE", team: str = TEAM) -> str:
     ts = f"{1_900_000_000 + next(_ts)}.000100"
     event = {"type": "app_mention", "user": user, "text": f"<@{BOT}> {text}", "ts": ts, "channel": channel,
-             "team": TEAM, "event_ts": ts}
-    return json.dumps({"token": "legacy", "team_id": TEAM, "api_app_id": "AKBBOT", "type": "event_callback",
+             "team": team, "event_ts": ts}
+    return json.dumps({"token": "legacy", "team_id": team, "api_app_id": "AKBBOT", "type": "event_callback",
                        "event_id": event_id, "event_time": int(time.time()),
-                       "authorizations": [{"team_id": TEAM, "user_id": BOT, "is_bot": True}], "event": event})
+                       "authorizations": [{"team_id": team, "user_id": BOT, "is_bot": True}], "event": event})
 
 
 async def deliver(session: aiohttp.ClientSession, replica: Replica, body: str, retry: int = 0) -> float:

@@ -174,6 +174,9 @@ class FakeSlack(LocalServer):
         self._appends: dict[tuple[str, str], int] = defaultdict(int)
         self._limits: dict[str, tuple[int, float, str | None]] = {}
         self._window: dict[tuple[str, str], deque[float]] = defaultdict(deque)
+        #: channel -> the workspace it belongs to, for an Enterprise Grid org of several workspaces: the
+        #: per-workspace tiers are counted per workspace (a channel not listed is in ``team_id``'s).
+        self.channel_teams: dict[str, str] = {}
         #: Bodies POSTed to response URLs (slash commands' ``respond``), by the key in the URL.
         self.responses: dict[str, list[dict[str, Any]]] = defaultdict(list)
         #: Messages posted with chat.postEphemeral, oldest first.
@@ -293,7 +296,10 @@ class FakeSlack(LocalServer):
 
     def _window_key(self, method: str, args: dict[str, Any]) -> tuple[str, str]:
         per = self._limits[method][2]
-        return method, str(args.get(per, "")) if per else ""
+        if per:
+            return method, str(args.get(per, ""))
+        channel = str(args.get("channel") or args.get("channel_id") or "")
+        return method, self.channel_teams.get(channel, self.team_id)
 
     def _over_limit(self, method: str, args: dict[str, Any], now: float) -> float | None:
         if method not in self._limits:
