@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.rate_buckets import OUT_OF_REACH
+from bot.rate_buckets import SharedScript
 
 log = logging.getLogger("kbbot.model_calls")
 
@@ -297,32 +297,20 @@ class RedisModelCalls:
     adaptation: Adaptation = field(default_factory=Adaptation)
     outage_retry_s: float = 5.0
     fallback: MemoryModelCalls | None = None
-    _down_until: float = field(default=float("-inf"), init=False, repr=False)
-    _script: Any = field(default=None, init=False, repr=False)
+    _script: SharedScript = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._script = self.client.register_script(_SCRIPT)
+        self._script = SharedScript(self.client, _SCRIPT, what="model calls", meanwhile="this process keeps its own count",
+                                    back="the replicas share the model's limit again", retry_s=self.outage_retry_s,
+                                    logger=log)
         if self.fallback is None:
             self.fallback = MemoryModelCalls(self.adaptation)
 
     async def _run(self, op: str, *args: Any) -> str | None:
         """The script's answer, or None when Redis is out of reach (the fallback answers then)."""
-        if time.monotonic() < self._down_until:
-            return None
         a = self.adaptation
-        try:
-            answer = await self._script(keys=[f"{self.prefix}state", f"{self.prefix}calls"],
-                                        args=[op, a.start, a.minimum, a.maximum, round(a.idle_s * 1000), *args])
-        except OUT_OF_REACH as exc:
-            if self._down_until == float("-inf"):
-                log.warning("model calls: Redis out of reach (%s); this process keeps its own count, retrying "
-                            "Redis every %g s", type(exc).__name__, self.outage_retry_s)
-            self._down_until = time.monotonic() + self.outage_retry_s
-            return None
-        if self._down_until != float("-inf"):
-            log.warning("model calls: Redis is back; the replicas share the model's limit again")
-            self._down_until = float("-inf")
-        return answer.decode() if isinstance(answer, bytes) else str(answer)
+        return await self._script([f"{self.prefix}state", f"{self.prefix}calls"],
+                                  [op, a.start, a.minimum, a.maximum, round(a.idle_s * 1000), *args])
 
     async def start(self, call: str) -> float:
         assert self.fallback is not None

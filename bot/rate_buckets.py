@@ -287,6 +287,34 @@ return '0'
 OUT_OF_REACH: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 
+class SharedScript:
+    """A Lua script every replica runs on Redis, answering None while Redis is out of reach: its caller
+    then keeps to a state of this process, and Redis is tried again ``retry_s`` later. The outage and
+    the return are logged once each (``what``: whose script; ``meanwhile``: what the process does)."""
+
+    def __init__(self, client: Any, source: str, *, what: str, meanwhile: str, back: str, retry_s: float,
+                 logger: logging.Logger = log):
+        self._script = client.register_script(source)
+        self.what, self.meanwhile, self.back, self.retry_s, self.log = what, meanwhile, back, retry_s, logger
+        self.down_until = float("-inf")
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> str | None:
+        if time.monotonic() < self.down_until:
+            return None
+        try:
+            answer = await self._script(keys=keys, args=args)
+        except OUT_OF_REACH as exc:
+            if self.down_until == float("-inf"):
+                self.log.warning("%s: Redis out of reach (%s); %s, retrying Redis every %g s", self.what,
+                                 type(exc).__name__, self.meanwhile, self.retry_s)
+            self.down_until = time.monotonic() + self.retry_s
+            return None
+        if self.down_until != float("-inf"):
+            self.log.warning("%s: Redis is back; %s", self.what, self.back)
+            self.down_until = float("-inf")
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+
 @dataclass
 class RedisBuckets:
     """Buckets in Redis, shared by every replica with the same ``prefix``; see the module docstring."""
@@ -297,35 +325,22 @@ class RedisBuckets:
     outage_retry_s: float = 5.0
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     fallback: MemoryBuckets = field(default_factory=MemoryBuckets)
-    _down_until: float = field(default=float("-inf"), init=False, repr=False)
-    _script: Any = field(default=None, init=False, repr=False)
+    _script: SharedScript = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._script = self.client.register_script(_SCRIPT)
+        self._script = SharedScript(self.client, _SCRIPT, what="rate budgets",
+                                    meanwhile="this process keeps to buckets of its own at the full rates",
+                                    back="the replicas share the buckets again", retry_s=self.outage_retry_s)
 
     async def _run(self, op: str, buckets: Sequence[tuple[str, Rate]], *, mark_s: float = 0.0,
                    hold_s: float = 0.0, count: int | None = None) -> str | None:
         """The script's answer, or None when Redis is out of reach (then the fallback answers)."""
-        if time.monotonic() < self._down_until:
-            return None
         keys: list[str] = []
         args: list[Any] = [op, self.id, round(mark_s * 1000, 3), count if count is not None else round(hold_s * 1000, 3)]
         for key, rate in buckets:
             keys += [self.prefix + key, f"{self.prefix}{key}:w"]
             args += [repr(rate.per_s / 1000.0), rate.burst, rate.reserve]
-        try:
-            answer = await self._script(keys=keys, args=args)
-        except OUT_OF_REACH as exc:
-            if self._down_until == float("-inf"):
-                log.warning("rate budgets: Redis out of reach (%s); this process keeps to buckets of its own "
-                            "at the full rates, retrying Redis every %g s", type(exc).__name__,
-                            self.outage_retry_s)
-            self._down_until = time.monotonic() + self.outage_retry_s
-            return None
-        if self._down_until != float("-inf"):
-            log.warning("rate budgets: Redis is back; the replicas share the buckets again")
-            self._down_until = float("-inf")
-        return answer.decode() if isinstance(answer, bytes) else str(answer)
+        return await self._script(keys, args)
 
     async def take(self, buckets: Sequence[tuple[str, Rate]], *, spare: bool = False,
                    still_waiting: bool = False) -> float:
