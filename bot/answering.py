@@ -66,6 +66,11 @@ def resolve_citations(text: str, sources: list[Document]) -> tuple[str, list[Cit
     return cleaned, [cited[n] for n in sorted(cited)]
 
 
+def _party(inquiry: Inquiry) -> str:
+    """Whose turn it is, for the gate's fair share: the workspace (or bot) on its platform."""
+    return f"{inquiry.platform}:{inquiry.tenant}"
+
+
 @dataclass(frozen=True)
 class TurnLimits:
     """What one turn may take (``answering.*``): its time, its question's length, its model calls (the
@@ -148,7 +153,7 @@ class Answerer:
                 language = detect_language(wants_fresh(inquiry.text.strip())[1])
                 answer = await self._refuse(reply, trace, refusal_message(refusal, language))
                 METRICS.observe_turn(inquiry.platform, "rate_limited", trace)
-            elif self.admission.gate is not None and not self.admission.gate.admit():
+            elif self.admission.gate is not None and not self.admission.gate.admit(_party(inquiry)):
                 log.warning("turn %s refused: %d turns admitted (%d running, %d queued): busy", trace.turn_id,
                             self.admission.gate.admitted, self.admission.gate.running, self.admission.gate.queued)
                 METRICS.limit_refusals.labels("busy").inc()
@@ -161,7 +166,7 @@ class Answerer:
                     answer = await self._turn(inquiry, reply, trace)
                 finally:
                     if self.admission.gate is not None:
-                        self.admission.gate.leave()
+                        self.admission.gate.leave(_party(inquiry))
                 METRICS.observe_turn(inquiry.platform, answer.outcome.value, answer.trace)
             if self.turns is not None:
                 await self.turns.keep(inquiry, answer)
@@ -186,7 +191,7 @@ class Answerer:
         if isinstance(reply, Acknowledges):
             await reply.acknowledge()  # a question queued behind others is still seen to be taken
         try:
-            async with self.admission.thread_locks.hold(inquiry.thread_key), self._running():
+            async with self.admission.thread_locks.hold(inquiry.thread_key), self._running(inquiry):
                 return await asyncio.wait_for(self._answer(inquiry, question, reply, trace, fresh),
                                               self.limits.timeout_s)
         except LockNotAcquired:  # another replica kept the thread's lock past the wait
@@ -203,8 +208,9 @@ class Answerer:
             return await self._refuse(reply, trace, say(key, language, reason=diagnosis.reason,
                                                         turn_id=trace.turn_id))
 
-    def _running(self) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.admission.gate.slot() if self.admission.gate is not None else contextlib.nullcontext()
+    def _running(self, inquiry: Inquiry) -> contextlib.AbstractAsyncContextManager[None]:
+        gate = self.admission.gate
+        return gate.slot(_party(inquiry)) if gate is not None else contextlib.nullcontext()
 
     async def _refuse(self, reply: Reply, trace: Trace, message: str) -> Answer:
         await reply.fail(message)
