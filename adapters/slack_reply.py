@@ -92,6 +92,8 @@ DEFAULT_RATES: dict[str, Rate] = {
     # Never urgent: kept inside 20 in any minute (burst + rate), so taking reactions back meets no 429.
     UNREACT: Rate(15, burst=5),
 }
+#: A reaction is added only with the token that takes it back reserved (see ``_acknowledge``).
+REACT_PAIR = (REACT, UNREACT)
 
 
 def retry_after_of(error: SlackApiError, default: float = 1.0) -> float:
@@ -577,6 +579,7 @@ class SlackReply(StreamedReply):
                                    name=where.key)
         self._ack_task: asyncio.Task[None] | None = None
         self._ack_in_flight: str | None = None  # the acknowledging method whose call is on its way
+        self._unreact_reserved = False  # a reactions.remove token taken with the reaction's
         #: How this question was acknowledged: STATUS, REACT, or None (not yet, or its text came first).
         self.acknowledged: str | None = None
         self._status_interrupted = False
@@ -615,23 +618,43 @@ class SlackReply(StreamedReply):
 
     async def _acknowledge(self) -> None:
         """Show at once that the question was taken: the status if its budget has a token now, else
-        the reaction; with neither free, whichever frees first. Text on screen acknowledges too."""
+        the reaction; with neither free, whichever frees first. Text on screen acknowledges too.
+
+        A reaction is added only when a token to take it back (reactions.remove, Tier 2) is taken with
+        it: removals then never queue up behind additions (Tier 3 adds 50 a minute, Tier 2 removes 20),
+        and the 👀 goes with the answer's first message instead of up to 53 s after its final one
+        (issue 28). Past that rate the question waits for the status, a reaction or its first text."""
         team = self.where.team
         kinds = [m for m, on in ((STATUS, self.settings.status), (REACT, self.settings.ack_reaction)) if on]
         if not self.where.question_ts and REACT in kinds:
             kinds.remove(REACT)
         while kinds and not self.sink.visible:
             for method in list(kinds):
-                if not await self.rates.try_acquire(team, method):
-                    continue
-                call = self._set_status_call(self.settings.status) if method == STATUS else self._reaction_call(REACT)
+                if method == STATUS:
+                    if not await self.rates.try_acquire(team, STATUS):
+                        continue
+                    call = self._set_status_call(self.settings.status)
+                else:
+                    if not await self.rates.try_acquire_all(*((team, m) for m in REACT_PAIR)):
+                        continue
+                    self._unreact_reserved = True
+                    call = self._reaction_call(REACT)
                 if await self._ack_call(method, call):
                     self.acknowledged = method
                     return
+                if method == REACT:
+                    await self._release_unreact()
                 kinds.remove(method)  # refused for this question: the other kind
                 break
             else:
-                await asyncio.sleep(max(0.01, min([await self.rates.eta(team, m) for m in kinds])))
+                etas = [max([await self.rates.eta(team, m) for m in (REACT_PAIR if m == REACT else (m,))])
+                        for m in kinds]
+                await asyncio.sleep(max(0.01, min(etas)))
+
+    async def _release_unreact(self) -> None:
+        if self._unreact_reserved:
+            self._unreact_reserved = False
+            await self.rates.refund(self.where.team, UNREACT)
 
     async def _ack_settled(self, timeout_s: float = 1.0) -> None:
         """Before the first message: an acknowledgement still waiting for its budget is dropped (the
@@ -656,11 +679,14 @@ class SlackReply(StreamedReply):
         if not await self._budgeted_call(STATUS, self._set_status_call("")):
             log.debug("thread %s: status not cleared", self.where.key)
 
-    async def _budgeted_call(self, method: str, call: Callable[[], Awaitable[Any]], attempts: int = 3) -> bool:
+    async def _budgeted_call(self, method: str, call: Callable[[], Awaitable[Any]], attempts: int = 3,
+                             *, paid: bool = False) -> bool:
         """A call that should land eventually (clearing the status, taking the reaction back): it waits
-        for its budget, and a 429 holds that budget for the Retry-After the next attempt waits out."""
-        for _ in range(attempts):
-            await self.rates.acquire(self.where.team, method)
+        for its budget (unless its first token is ``paid`` already), and a 429 holds that budget for the
+        Retry-After the next attempt waits out."""
+        for attempt in range(attempts):
+            if not (paid and attempt == 0):
+                await self.rates.acquire(self.where.team, method)
             try:
                 await self.sink.call(method, call, paid=True)
                 return True
@@ -679,8 +705,9 @@ class SlackReply(StreamedReply):
         if self.acknowledged != REACT:
             return
         self.acknowledged = None
-        in_background(self._budgeted_call(UNREACT, self._reaction_call(UNREACT)), name=f"unreact {self.where.key}",
-                      track=self._background)
+        paid, self._unreact_reserved = self._unreact_reserved, False
+        in_background(self._budgeted_call(UNREACT, self._reaction_call(UNREACT), paid=paid),
+                      name=f"unreact {self.where.key}", track=self._background)
 
     # --- Reply ----------------------------------------------------------------------------------
     def message_ids(self) -> list[str]:

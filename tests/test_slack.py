@@ -577,6 +577,29 @@ async def test_the_acknowledging_reaction_is_taken_back_with_the_first_message_n
     assert min(texts) <= removed.at < max(texts), "taken back once text shows, before the answer is complete"
 
 
+async def test_a_reaction_is_added_only_with_its_removal_reserved_so_no_eyes_outlive_the_answers(claude, fake_slack):
+    """Slack adds reactions at 50 a minute and removes them at 20: at 120 questions a minute the 👀 of
+    the old code piled up and stayed up to 53 s after their answers (issue 28). A reaction now goes
+    on only with a reactions.remove token taken with it, so each comes off with the answer's first
+    message; past that budget the answer's first text is the acknowledgement."""
+    model, runtime = claude
+    model.responder = lambda req: Script(steps(req, 6), tokens_per_second=120)
+    rates = busy_channel_rates(reactions_remove=Rate(6, burst=2))  # two now, then one each 10 s
+    async with slack_app(runtime, fake_slack, rates=rates, status="") as slack:
+        mentions = [slack.mention(f"{QUESTION} (ticket {i})", channel="C0MANY", user=f"U0ASKER{i}") for i in range(6)]
+        await asyncio.wait_for(asyncio.gather(*(slack.send(m, settle=False) for m in mentions)), 30)
+        await asyncio.wait_for(slack.adapter.settle(), 30)
+
+    assert len(slack.turns) == 6 and all(t.answer.outcome is Outcome.ANSWERED for t in slack.turns)
+    added = fake_slack.ok_calls("reactions.add")
+    removed = fake_slack.ok_calls("reactions.remove")
+    assert len(added) == 2, "no more reactions than removals at hand"
+    assert len(removed) == 2 and all(fake_slack.reactions[("C0MANY", m["ts"])] == [] for m in mentions)
+    last_text = max(c.at for c in fake_slack.calls if c.ok and c.method.startswith("chat.") and c.text_sent)
+    assert max(c.at for c in removed) <= last_text, "every 👀 was gone by the time the answers were"
+    assert not [c for c in fake_slack.calls if c.status == 429]
+
+
 async def test_a_busy_channel_posts_a_complete_answer_before_others_first_texts(claude, fake_slack):
     """The channel's chat.postMessage budget is held (a 429 elsewhere) while four long answers wait to
     show their first text and a short one completes: when the budget frees, the complete answer is
