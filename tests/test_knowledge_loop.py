@@ -1,0 +1,191 @@
+"""The knowledge loop, items 3 and 4: approved answers re-checked after a refresh (Slack buttons,
+Telegram inline keyboard), the golden set replayed, and the weekly digest split by owner. On the fake
+Slack and Telegram servers, with the real Redis when REDIS_URL is set."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from adapters.knowledge_loop import ReviewerMessages
+from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION
+from adapters.slack_text import APPROVE_ACTION
+from bot.runtime import Runtime, build_runtime
+from bot.types import Outcome
+from tests.fakes.slack_server import Message
+from tests.fakes.telegram_server import callback_update, message_update, user
+from tests.refresh_helpers import folder_source
+from tests.test_approvals import REVIEWER, TG_REVIEWER, ask, button, click, memory_settings, review_note, started
+from tests.test_slack import fake_slack, slack_app  # noqa: F401 - fixture
+from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
+
+QUESTION = "What does fault E-917 mean?"
+OLD = ("# Fault E-917\n\nFault E-917 means the cooling fan of the drive is blocked. "
+       "Clean the fan grille and restart the drive.\n")
+NEW = ("# Fault E-917\n\nFault E-917 means the drive's cooling fan is blocked or has failed. "
+       "Clean the fan grille; replace the fan if it does not spin.\n")
+PUMP = "# Pump P-3\n\nThe pump P-3 impeller is inspected every 2000 operating hours.\n"
+
+
+@contextlib.asynccontextmanager
+async def knowledge(tmp_path: Path, **golden: str) -> AsyncIterator[tuple[Runtime, Path]]:
+    """A started runtime on a folder source ``docs`` (fault-e917.md, pump-p3.md), indexed by a refresh."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "fault-e917.md").write_text(OLD, encoding="utf-8")
+    (docs / "pump-p3.md").write_text(PUMP, encoding="utf-8")
+    settings = memory_settings(tmp_path / "kb")
+    settings.sources = [folder_source("docs", docs)]
+    settings.approvals.golden_file = str(tmp_path / "golden.yaml")
+    for name, text in golden.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    runtime = build_runtime(settings)
+    async with started(settings, tmp_path / "state", runtime):
+        record = await runtime.refresher().run("docs")
+        assert record.ok and record.added == 2
+        yield runtime, docs
+
+
+def section_text(message: Message) -> str:
+    return "\n".join(b["text"]["text"] for b in message.blocks_of("section"))
+
+
+async def approve_then_change(slack: Any, runtime: Runtime, docs: Path) -> tuple[Any, Message, Any]:
+    """The question approved by REVIEWER, then a refresh that changed its source: (first turn, the
+    re-check posted to the reviewer, the refresh's record)."""
+    refresher = runtime.refresher()
+    refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages([slack.adapter], runtime.settings)).after_refresh
+    first, message = await ask(slack, QUESTION)
+    assert first.answer.outcome is Outcome.ANSWERED and "blocked" in first.answer.text
+    await click(slack, message, APPROVE_ACTION, REVIEWER)
+    assert (await ask(slack, QUESTION))[0].answer.outcome is Outcome.CACHED
+    (docs / "fault-e917.md").write_text(NEW, encoding="utf-8")
+    record = await refresher.run("docs")
+    assert record.ok and record.changed == 1
+    [recheck] = [m for m in slack.fake.messages.values() if m.channel == REVIEWER]
+    return first, recheck, record
+
+
+async def test_slack_a_changed_source_sends_the_approval_to_its_reviewer_and_keep_approves_the_new_answer(
+        tmp_path, fake_slack):
+    async with knowledge(tmp_path) as (runtime, docs), \
+            slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
+        first, recheck, record = await approve_then_change(slack, runtime, docs)
+        turn_id = first.answer.trace.turn_id
+        assert button(recheck, KEEP_ACTION)["value"] == turn_id and button(recheck, RETIRE_ACTION)["value"] == turn_id
+        shown = section_text(recheck)
+        assert QUESTION.casefold() in shown and "cooling fan of the drive is blocked" in shown, "the old answer"
+        assert "blocked or has failed" in shown, "and the new one"
+        assert f"version {record.knowledge_version}" in shown
+
+        # Until a reviewer decides, the old approved answer is not served.
+        meanwhile, shown_meanwhile = await ask(slack, QUESTION)
+        assert meanwhile.answer.outcome is Outcome.ANSWERED
+        assert not shown_meanwhile.body.startswith("✅ Previously approved answer")
+
+        await click(slack, recheck, KEEP_ACTION, "U0ALICE")  # not a reviewer: refused, nothing changes
+        assert "only kbbot reviewers" in fake_slack.ephemerals[-1].text
+        assert (await ask(slack, QUESTION))[0].answer.outcome is Outcome.ANSWERED
+
+        await click(slack, recheck, KEEP_ACTION, REVIEWER)
+        assert f"Kept approved by <@{REVIEWER}>" in review_note(recheck)
+        assert button(recheck, KEEP_ACTION) is None and button(recheck, RETIRE_ACTION) is None
+        hit, served = await ask(slack, QUESTION)
+        assert hit.answer.outcome is Outcome.CACHED and hit.answer.approved_turn_id == turn_id
+        assert "blocked or has failed" in served.body and "Previously approved answer" in served.body
+        assert all(runtime.store.is_current(c.doc_id, c.version) for c in hit.answer.citations)
+        [entry] = await runtime.approved.entries()
+        assert entry.knowledge_version == record.knowledge_version and entry.held is None
+
+        await click(slack, recheck, RETIRE_ACTION, REVIEWER, value=turn_id)  # decided already
+        assert "Nothing waits for a decision" in fake_slack.ephemerals[-1].text
+
+
+async def test_slack_retire_removes_the_approval(tmp_path, fake_slack):
+    async with knowledge(tmp_path) as (runtime, docs), \
+            slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
+        first, recheck, _ = await approve_then_change(slack, runtime, docs)
+        await click(slack, recheck, RETIRE_ACTION, REVIEWER)
+        assert f"Retired by <@{REVIEWER}>" in review_note(recheck)
+        assert await runtime.approved.entries() == []
+        after, _ = await ask(slack, QUESTION)
+        assert after.answer.outcome is Outcome.ANSWERED and "blocked or has failed" in after.answer.text
+        # A refresh that changes nothing the approval cites does not ask anyone.
+        assert len([m for m in fake_slack.messages.values() if m.channel == REVIEWER]) == 1
+
+
+async def test_slack_unchanged_sources_keep_serving_the_approval_across_a_refresh(tmp_path, fake_slack):
+    async with knowledge(tmp_path) as (runtime, docs), \
+            slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
+        refresher = runtime.refresher()
+        refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages([slack.adapter],
+                                                                          runtime.settings)).after_refresh
+        _, message = await ask(slack, QUESTION)
+        await click(slack, message, APPROVE_ACTION, REVIEWER)
+        (docs / "valve-v9.md").write_text("# Valve V-9\n\nValve V-9 is replaced every 5 years.\n", encoding="utf-8")
+        record = await refresher.run("docs")
+        assert record.added == 1 and record.changed == 0
+        hit, _ = await ask(slack, QUESTION)
+        assert hit.answer.outcome is Outcome.CACHED, "a new document retires nothing the approval cites"
+        assert not [m for m in fake_slack.messages.values() if m.channel == REVIEWER]
+
+
+async def test_telegram_the_reviewer_gets_an_inline_keyboard_and_keep_serves_the_new_answer(tmp_path, fake_tg):
+    async with knowledge(tmp_path) as (runtime, docs), \
+            telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
+        refresher = runtime.refresher()
+        refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages([tg.adapter], runtime.settings)).after_refresh
+        reviewer = user(TG_REVIEWER, first_name="Rita")
+        await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
+        [answer_message] = fake_tg.chat(TG_REVIEWER)
+        turn_id = tg.turns[-1].answer.trace.turn_id
+        await tg.send(callback_update(f"kbap:{turn_id}", message=answer_message, from_user=reviewer))
+        assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("✅ Approved")
+
+        (docs / "fault-e917.md").write_text(NEW, encoding="utf-8")
+        record = await refresher.run("docs")
+        recheck = fake_tg.chat(TG_REVIEWER)[-1]
+        assert [b["callback_data"] for b in recheck.buttons()] == [f"kbkp:{turn_id}", f"kbrt:{turn_id}"]
+        assert "cooling fan of the drive is blocked" in recheck.text and "blocked or has failed" in recheck.text
+        assert "approved by Rita" not in recheck.text and "(by Rita)" in recheck.text
+
+        await tg.send(message_update("/new", chat_id=7001, entities=[{"type": "bot_command", "offset": 0,
+                                                                       "length": 4}]))
+        await tg.send(message_update(QUESTION, chat_id=7001))
+        assert tg.turns[-1].answer.outcome is Outcome.ANSWERED, "held: not served as approved"
+
+        await tg.send(callback_update(f"kbkp:{turn_id}", message=recheck, from_user=user(7001)))
+        assert "only kbbot reviewers" in fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"]
+        await tg.send(callback_update(f"kbkp:{turn_id}", message=recheck, from_user=reviewer))
+        assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("✅ Kept approved")
+        assert recheck.buttons() == []
+        await tg.send(message_update("/new", chat_id=7001, entities=[{"type": "bot_command", "offset": 0,
+                                                                       "length": 4}]))
+        await tg.send(message_update(QUESTION, chat_id=7001))
+        cached = tg.turns[-1].answer
+        assert cached.outcome is Outcome.CACHED and "blocked or has failed" in cached.text
+        [entry] = await runtime.approved.entries()
+        assert entry.knowledge_version == record.knowledge_version
+
+
+async def test_telegram_retire(tmp_path, fake_tg):
+    async with knowledge(tmp_path) as (runtime, docs), \
+            telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
+        refresher = runtime.refresher()
+        refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages([tg.adapter], runtime.settings)).after_refresh
+        reviewer = user(TG_REVIEWER, first_name="Rita")
+        await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
+        turn_id = tg.turns[-1].answer.trace.turn_id
+        await tg.send(callback_update(f"kbap:{turn_id}", message=fake_tg.chat(TG_REVIEWER)[0], from_user=reviewer))
+        (docs / "fault-e917.md").unlink()
+        await refresher.run("docs")
+        recheck = fake_tg.chat(TG_REVIEWER)[-1]
+        assert "no longer answers it" in recheck.text, "a removed source: the new answer cannot be kept"
+        assert [b["callback_data"] for b in recheck.buttons()] == [f"kbrt:{turn_id}"]
+        await tg.send(callback_update(f"kbrt:{turn_id}", message=recheck, from_user=reviewer))
+        assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("🗑 Retired")
+        assert await runtime.approved.entries() == []
+        json.dumps([])  # keeps the import for the golden tests below
