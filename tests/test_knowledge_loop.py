@@ -5,15 +5,19 @@ Slack and Telegram servers, with the real Redis when REDIS_URL is set."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
 from adapters.knowledge_loop import ReviewerMessages
+from adapters.server import build_web_app
 from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION
 from adapters.slack_text import APPROVE_ACTION
-from bot.runtime import Runtime, build_runtime
+from bot.refresh import format_status
+from bot.runtime import Runtime, build_runtime, status_of
 from bot.types import Outcome
 from tests.fakes.slack_server import Message
 from tests.fakes.telegram_server import callback_update, message_update, user
@@ -188,4 +192,72 @@ async def test_telegram_retire(tmp_path, fake_tg):
         await tg.send(callback_update(f"kbrt:{turn_id}", message=recheck, from_user=reviewer))
         assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("🗑 Retired")
         assert await runtime.approved.entries() == []
-        json.dumps([])  # keeps the import for the golden tests below
+
+
+# --- the golden set ------------------------------------------------------------------------------------
+GOLDEN = """\
+- question: What does fault E-917 mean?
+  cite: fault-e917.md
+  words: [cooling fan]
+- question: How often is the pump P-3 impeller inspected?
+  cite: pump-p3.md
+"""
+
+
+async def test_the_golden_replay_fails_when_a_source_is_removed_and_status_healthz_and_reviewers_say_so(
+        tmp_path, fake_slack):
+    token = "admin-token-0123456789"
+    async with knowledge(tmp_path, **{"golden.yaml": GOLDEN}) as (runtime, docs), \
+            slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
+        runtime.settings.insights.admin_token = SecretStr(token)
+        loop = runtime.knowledge_loop(ReviewerMessages([slack.adapter], runtime.settings))
+        refresher = runtime.refresher()
+        refresher.after_refresh = loop.after_refresh
+        passed = await loop.replay_golden(runtime.store.knowledge_version)
+        assert (passed.passed, passed.failed) == (2, 0), passed.failures
+        assert not [m for m in fake_slack.messages.values() if m.channel == REVIEWER], "a pass bothers nobody"
+
+        (docs / "pump-p3.md").unlink()
+        record = await refresher.run("docs")
+        assert record.removed == 1
+
+        # kbbot status (its own connections, as the command runs) shows the last replay.
+        text = format_status(await status_of(runtime.settings))
+        assert "Golden set: replayed" in text and "1 passed, 1 failed" in text
+        assert "failed: How often is the pump P-3 impeller inspected?: " in text
+
+        # /healthz's detail, for admins only.
+        app = build_web_app([], runtime)
+        async with TestClient(TestServer(app)) as client:
+            public = await (await client.get("/healthz")).json()
+            assert "detail" not in public
+            refused = await client.get("/healthz?detail=1")
+            assert refused.status == 401
+            wrong = await client.get("/healthz?detail=1", headers={"Authorization": "Bearer nope"})
+            assert wrong.status == 401
+            body = await (await client.get("/healthz?detail=1", headers={"Authorization": f"Bearer {token}"})).json()
+        golden = body["detail"]["golden"]
+        assert (golden["passed"], golden["failed"]) == (1, 1)
+        assert golden["knowledge_version"] == record.knowledge_version
+        assert golden["failures"][0]["question"] == "How often is the pump P-3 impeller inspected?"
+
+        # The reviewers were told (no reviewers channel: each Slack reviewer directly).
+        [told] = [m for m in fake_slack.messages.values() if m.channel == REVIEWER]
+        assert "golden set fails" in told.text and "pump P-3" in told.text
+
+
+def test_a_golden_file_with_mistakes_is_refused_with_where_and_why(tmp_path):
+    from bot.loop.golden import GoldenError, load_golden
+
+    assert load_golden(tmp_path / "absent.yaml") == []
+    bad = tmp_path / "golden.yaml"
+    for text, problem in (("question: x", "must be a list"), ("- cite: a.md", "case 1: needs a question"),
+                          ("- question: q", "needs cite"), ("- question: q\n  cite: a\n  colour: red", "unknown key"),
+                          ("- question: q\n  words: {a: 1}", "words must be a list")):
+        bad.write_text(text, encoding="utf-8")
+        try:
+            load_golden(bad)
+        except GoldenError as exc:
+            assert problem in str(exc) and str(bad) in str(exc)
+        else:
+            raise AssertionError(f"accepted {text!r}")
