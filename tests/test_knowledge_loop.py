@@ -261,3 +261,65 @@ def test_a_golden_file_with_mistakes_is_refused_with_where_and_why(tmp_path):
             assert problem in str(exc) and str(bad) in str(exc)
         else:
             raise AssertionError(f"accepted {text!r}")
+
+
+# --- gaps to their owners ---------------------------------------------------------------------------
+async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(tmp_path, fake_slack, fake_tg):
+    import time
+    import uuid
+
+    from adapters.insights import digest_poster, make_digest
+    from adapters.slack import SlackAdapter
+    from adapters.telegram import TelegramAdapter
+    from bot.insights.records import TurnRecord, ranked_chunks
+    from bot.platform_settings import SlackSettings, TelegramSettings
+    from pipelines.query import retrieval_inputs
+
+    docs = tmp_path / "docs"
+    for folder, name, text in (("drives", "fault-e917.md", OLD), ("pumps", "pump-p3.md", PUMP),
+                               ("misc", "valve-v9.md", "# Valve V-9\n\nValve V-9 has a red handle lever.\n")):
+        (docs / folder).mkdir(parents=True)
+        (docs / folder / name).write_text(text, encoding="utf-8")
+    settings = memory_settings(tmp_path / "kb")
+    settings.sources = [folder_source("docs", docs, owners={"drives/": ["U0OLD"], "drives/fault": ["U0OWNER"],
+                                                            "./pumps/": ["7002"], "pumps/old/": ["U0PUMPS"]})]
+    settings.insights.digest.slack_channel = "C0ADMINS"
+    runtime = build_runtime(settings)
+    async with started(settings, tmp_path / "state", runtime):
+        assert (await runtime.refresher().run("docs")).added == 3
+        retrieval = runtime.retrieval_pipeline()
+        gaps = {"Which torque do the E-917 fan grille screws need?": "fault-e917.md",
+                "What seal kit fits the P-3 pump impeller?": "pump-p3.md",
+                "Who makes the valve V-9 handle lever?": "valve-v9.md"}
+        for question, nearest in gaps.items():
+            ranked = ranked_chunks(retrieval.run(retrieval_inputs(question))["rank"]["documents"])
+            assert ranked[0]["source"].endswith(nearest), (question, ranked[0])
+            for _ in range(2):  # asked twice: one group
+                await runtime.turns.log.add(TurnRecord(
+                    turn_id=uuid.uuid4().hex, at=time.time() - 3600, platform="slack", tenant="T1", channel="C1",
+                    thread_key="slack:T1:C1:1", user="U1", question=question, outcome="not_found",
+                    answer="not found", ranked=ranked))
+
+        slack = SlackAdapter(None, SlackSettings(bot_token=fake_slack.token, signing_secret="s" * 32,
+                                                 api_url=fake_slack.base_url))
+        telegram = TelegramAdapter(None, TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url))
+        try:
+            digest = make_digest(runtime, [slack, telegram], digest_poster([slack, telegram], settings))
+            text = await digest.send()
+        finally:
+            await telegram.bot.session.close()
+
+    [owner_dm] = [m for m in fake_slack.messages.values() if m.channel == "U0OWNER"]
+    assert "Which torque do the E-917 fan grille screws need? — asked 2×" in owner_dm.text
+    assert "fault-e917.md" in owner_dm.text and "cooling fan of the drive is blocked" in owner_dm.text, \
+        "with the passage that came closest"
+    assert "seal kit" not in owner_dm.text and "handle lever?" not in owner_dm.text, "only their gaps"
+    [pump_owner] = fake_tg.chat(7002)
+    assert "What seal kit fits the P-3 pump impeller?" in pump_owner.text and "2000 operating hours" in pump_owner.text
+    assert not [m for m in fake_slack.messages.values() if m.channel in ("U0PUMPS", "U0OLD")], \
+        "the longest matching prefix wins"
+    [admins] = [m for m in fake_slack.messages.values() if m.channel == "C0ADMINS"]
+    assert admins.text == text
+    assert "Who makes the valve V-9 handle lever?" in text, "a gap nobody owns stays in the digest"
+    assert "E-917 fan grille" not in text and "seal kit" not in text
+    assert "2 more groups went to the owners of their nearest documents" in text
