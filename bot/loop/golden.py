@@ -176,8 +176,10 @@ def golden_results(redis: Any, prefix: str, data_dir: Path) -> GoldenResults:
     return RedisGoldenResults(redis, prefix) if redis is not None else FileGoldenResults(data_dir / "golden-last.json")
 
 
-def golden_line(last: dict[str, Any] | None) -> str:
-    """The status's line on the last replay (``last`` is ``asdict(GoldenReplay)``)."""
+def golden_line(last: dict[str, Any] | None, path: str | None = None) -> str:
+    """The status's line on the last replay (``last`` is ``asdict(GoldenReplay)``); ``path`` is the
+    golden file when it exists."""
     if last is None:
-        return "Golden set: never replayed (approvals.golden_file)"
+        return (f"Golden set: {path}, not replayed yet (after the next refresh that changes documents)" if path
+                else "Golden set: none (no approvals.golden_file)")
     return "Golden set: " + GoldenReplay(**last).summary().removeprefix("golden set ")

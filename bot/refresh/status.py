@@ -55,8 +55,10 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
             golden = asdict(last) if last is not None else None
         except Exception as exc:  # noqa: BLE001 - the status says what it can
             log.warning("cannot read the last golden replay: %s", exc)
+    golden_file = settings.resolve(settings.approvals.golden_file)
     return {"knowledge_version": version, "sources": sources,
-            "services": {"weaviate": weaviate, "redis": redis_status}, "golden": golden}
+            "services": {"weaviate": weaviate, "redis": redis_status}, "golden": golden,
+            "golden_file": str(golden_file) if golden_file.exists() else None}
 
 
 def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
@@ -89,6 +91,6 @@ def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
             if len(run["failed"]) > max_failures:
                 lines.append(f"    … and {len(run['failed']) - max_failures} more")
     if "golden" in status:
-        lines.append(golden_line(status["golden"]))
+        lines.append(golden_line(status["golden"], status.get("golden_file")))
     return "\n".join(lines)
 
