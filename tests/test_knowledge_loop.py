@@ -5,6 +5,7 @@ Slack and Telegram servers, with the real Redis when REDIS_URL is set."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,130 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
     assert "Who makes the valve V-9 handle lever?" in text, "a gap nobody owns stays in the digest"
     assert "E-917 fan grille" not in text and "seal kit" not in text
     assert "2 more groups went to the owners of their nearest documents" in text
+
+
+# --- the whole loop in kbbot serve, against the fake Slack ---------------------------------------------
+async def wait_for(condition: Any, what: str, seconds: float = 60.0) -> Any:
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_kbbot_serve_rechecks_an_approval_after_an_admins_refresh_and_replays_the_golden_set(
+        tmp_path, fake_slack, monkeypatch):
+    """``kbbot serve`` as deployed (its web app, scheduler and refresher) with the fake Slack: a reviewer
+    approves, an admin's ``/kbbot refresh docs`` changes the cited page, the reviewer gets the re-check
+    and keeps it, the next asker gets the new approved answer; the golden set's failure reaches the
+    reviewer and ``/kbbot status``. Prints the transcript (``pytest -s``)."""
+    import asyncio
+    from urllib.parse import urlencode
+
+    import aiohttp
+
+    from adapters.server import serve
+    from tests.test_admin_commands import slash
+    from tests.test_slack import SECRET, TEAM, Slack, new_ts
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "fault-e917.md").write_text(OLD, encoding="utf-8")
+    (docs / "pump-p3.md").write_text(PUMP, encoding="utf-8")
+    (tmp_path / "golden.yaml").write_text("- question: What does fault E-917 mean?\n  words: [cooling fan]\n"
+                                          "- question: What does fault E-917 mean?\n  words: [spins at 400 rpm]\n",
+                                          encoding="utf-8")
+    for name, value in {"SLACK_BOT_TOKEN": fake_slack.token, "SLACK_SIGNING_SECRET": SECRET,
+                        "SLACK_API_URL": fake_slack.base_url}.items():
+        monkeypatch.setenv(name, value)
+    settings = memory_settings(tmp_path / "kb", SLACK_BOT_TOKEN=fake_slack.token, SLACK_SIGNING_SECRET=SECRET,
+                               SLACK_API_URL=fake_slack.base_url)
+    settings.sources = [folder_source("docs", docs, interval="24h")]
+    settings.approvals.golden_file = str(tmp_path / "golden.yaml")
+    settings.slack.reviewers = [REVIEWER]
+    settings.slack.admins = ["U0ADMIN"]
+    settings.slack.stream_interval_s = settings.slack.edit_interval_s = 0.2
+    runtime = build_runtime(settings)
+    runtime.settings.data_dir = tmp_path / "state"
+    stop = asyncio.Event()
+    ports: list[int] = []
+    transcript: list[str] = []
+    server = asyncio.create_task(serve(runtime, env={}, host="127.0.0.1", port=0, stop=stop, drain_s=10,
+                                       on_listening=ports.append))
+    try:
+        await wait_for(lambda: ports or server.done(), "kbbot serve to listen")
+        assert ports, server
+        async with aiohttp.ClientSession() as session:
+            slack = Slack(fake_slack, None, f"http://127.0.0.1:{ports[0]}", session, [])  # type: ignore[arg-type]
+            await wait_for(lambda: runtime.store.knowledge_version >= 1, "the scheduled first refresh")
+
+            async def mention(text: str, user: str = "U0ALICE") -> Message:
+                event = await slack.send(slack.mention(text, user=user), settle=False)
+                ts = event["event"]["ts"]
+                return await wait_for(lambda: [m for m in fake_slack.thread("C0SUPPORT", ts)
+                                               if not m.streaming and m.blocks], f"the answer to {text!r}")
+
+            async def press(message: Message, action_id: str, user: str) -> None:
+                before = len(fake_slack.calls)
+                found = button(message, action_id)
+                payload = {"type": "block_actions", "token": "legacy", "api_app_id": "AKBBOT", "trigger_id": "1.2.3",
+                           "team": {"id": TEAM, "domain": "kb"},
+                           "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": TEAM},
+                           "container": {"type": "message", "message_ts": message.ts, "channel_id": message.channel,
+                                         "is_ephemeral": False, "thread_ts": message.thread_ts},
+                           "channel": {"id": message.channel, "name": "x"},
+                           "message": {"type": "message", "ts": message.ts, "thread_ts": message.thread_ts,
+                                       "text": message.text or message.body, "blocks": message.blocks},
+                           "response_url": fake_slack.response_url(f"click-{new_ts()}"),
+                           "actions": [{"type": "button", "action_id": action_id, "block_id": "b",
+                                        "value": found["value"], "action_ts": "1"}]}
+                resp = await slack.post(urlencode({"payload": json.dumps(payload)}),
+                                        content_type="application/x-www-form-urlencoded")
+                assert resp.status == 200
+                await wait_for(lambda: any(c.method in ("chat.update", "chat.postEphemeral")
+                                           for c in fake_slack.calls[before:]), f"the effect of {action_id}")
+
+            [answer] = await mention(QUESTION)
+            transcript.append(f"U0ALICE: @kbbot {QUESTION}\nkbbot: {answer.body}")
+            await press(answer, APPROVE_ACTION, REVIEWER)
+            transcript.append(f"{REVIEWER} clicks ✅ Approve -> {review_note(answer)}")
+            [cached] = await mention(QUESTION, user="U0BOB")
+            assert cached.body.startswith("✅ Previously approved answer")
+
+            (docs / "fault-e917.md").write_text(NEW, encoding="utf-8")
+            status, _ = await slash(slack, "refresh docs", "U0ADMIN", "refresh")
+            assert status == 200
+            [result] = await wait_for(lambda: fake_slack.responses.get("refresh"), "the refresh result")
+            transcript.append(f"U0ADMIN: /kbbot refresh docs\nkbbot: {result['text']}")
+            recheck = await wait_for(lambda: next((m for m in fake_slack.messages.values()
+                                                   if m.channel == REVIEWER and m.blocks), None),
+                                     "the re-check to reach the reviewer")
+            transcript.append(f"kbbot -> {REVIEWER} (DM):\n{section_text(recheck)}\n"
+                              f"[{button(recheck, KEEP_ACTION)['text']['text']}] "
+                              f"[{button(recheck, RETIRE_ACTION)['text']['text']}]")
+            told = await wait_for(lambda: next((m for m in fake_slack.messages.values()
+                                                if m.channel == REVIEWER and "golden set fails" in (m.text or "")),
+                                               None), "the golden failure to reach the reviewer")
+            transcript.append(f"kbbot -> {REVIEWER} (DM):\n{told.text}")
+            assert "1 passed, 1 failed" in told.text and "spins at 400 rpm" in told.text
+
+            [meanwhile] = await mention(QUESTION, user="U0CAROL")
+            assert not meanwhile.body.startswith("✅ Previously approved answer"), "held: not served"
+            await press(recheck, KEEP_ACTION, REVIEWER)
+            transcript.append(f"{REVIEWER} clicks Keep approved -> {review_note(recheck)}")
+            [kept] = await mention(QUESTION, user="U0DAVE")
+            assert kept.body.startswith("✅ Previously approved answer") and "blocked or has failed" in kept.body
+            transcript.append(f"U0DAVE: @kbbot {QUESTION}\nkbbot: {kept.body}")
+
+            status, _ = await slash(slack, "status", "U0ADMIN", "status")
+            [shown] = await wait_for(lambda: fake_slack.responses.get("status"), "the status")
+            assert "Golden set: replayed" in shown["text"] and "1 passed, 1 failed" in shown["text"]
+            transcript.append(f"U0ADMIN: /kbbot status\nkbbot: {shown['text']}")
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 30)
+    print("\n\n".join(transcript))
