@@ -451,3 +451,22 @@ async def test_kbbot_serve_rechecks_an_approval_after_an_admins_refresh_and_repl
         stop.set()
         await asyncio.wait_for(server, 30)
     print("\n\n".join(transcript))
+
+
+def test_owners_of_web_pages_by_the_longest_url_prefix_and_bad_owner_ids_refused(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from bot.loop.owners import owners_resolver
+    from tests.refresh_helpers import url_source
+
+    web = url_source("site", ["https://docs.example.com/sitemap.xml"],
+                     owners={"https://docs.example.com/": ["U0DOCS"], "https://docs.example.com/motors/": ["555"]})
+    folder = folder_source("kb", tmp_path, owners={"https://docs.example.com/pumps/": ["U0NOT"]})
+    owners_of = owners_resolver([web, folder], lambda p: Path(p))
+    assert owners_of({"source": "https://docs.example.com/motors/m1.html", "doc_id": "x"}) == ["555"]
+    assert owners_of({"source": "https://docs.example.com/pumps/p.html", "doc_id": "y"}) == ["U0DOCS"], \
+        "a folder's owners: are paths inside it, never URLs"
+    assert owners_of({"source": "https://other.example.com/", "doc_id": "z"}) == []
+    with pytest.raises(ValidationError, match="neither a Slack user id"):
+        folder_source("kb", tmp_path, owners={"drives/": ["@jane"]})
