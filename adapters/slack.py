@@ -26,6 +26,9 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   server holds the answer) and the message then says who approved it, with "Withdraw approval";
   answers served from the cache carry "Withdraw approval" too. Anyone else's click is refused in an
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
+- after a refresh changed what an approved answer cites, its reviewer (or ``approvals.reviewers_channel``)
+  gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack_loop.py``,
+  ``bot/loop/recheck.py``), reviewers only like the approval buttons;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
   ephemerally in the ack).
 """

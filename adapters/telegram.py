@@ -31,6 +31,9 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   private chat the buttons appear only when the chat's user is a reviewer; in groups whenever
   reviewers are configured, and a click by anyone else is refused. A click approves by turn id (the
   server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
+- after a refresh changed what an approved answer cites, its reviewer (else every reviewer) gets the
+  old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram_loop.py``,
+  ``bot/loop/recheck.py``); the buttons go once one is clicked;
 - everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """
 
