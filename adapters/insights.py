@@ -16,6 +16,7 @@ from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
+from bot.loop.owners import owners_resolver
 from bot.refresh import schedule_zone
 from bot.settings_base import reveal
 from bot.streaming import split_message
@@ -47,6 +48,34 @@ def digest_poster(adapters: list[Any], settings: Any) -> Any:
     return post
 
 
+def owner_teller(adapters: list[Any]) -> Any:
+    """``tell(owner, text) -> bool``: a DM on Slack (a ``U…``/``W…`` id), a message on Telegram (a number)."""
+    slack = next((a for a in adapters if isinstance(a, SlackAdapter)), None)
+    telegram = next((a for a in adapters if isinstance(a, TelegramAdapter)), None)
+
+    async def tell(owner: str, text: str) -> bool:
+        if owner.isdigit():
+            return telegram is not None and await telegram.post_text(owner, text)
+        return slack is not None and await slack.post_text(owner, text)
+
+    return tell
+
+
+def make_digest(runtime: Any, adapters: list[Any], post: Any) -> WeeklyDigest:
+    """The weekly digest of a started runtime, posting with ``post``; the gaps of documents with owners
+    (``owners:`` of a source) go to those owners through the ``adapters``."""
+    i = runtime.settings.insights
+
+    async def build(since: float, until: float) -> dict[str, Any]:
+        return await report_of(runtime, since=since, until=until)  # every gap: the owners get theirs
+
+    settings = runtime.settings
+    owners = owners_resolver(settings.sources, settings.resolve) if any(s.owners for s in settings.sources) else None
+    return WeeklyDigest(str(i.digest.cron or "0 9 * * mon"), schedule_zone(settings), build=build, post=post,
+                        claim=runtime.idempotency.claim, top=i.digest.top, admin_url=i.admin_url, owners=owners,
+                        tell=owner_teller(adapters))
+
+
 def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
     """The weekly digest job, started; None when it is not configured."""
     i = runtime.settings.insights
@@ -58,11 +87,7 @@ def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
         log.error("weekly digest off: %s", exc)
         return None
 
-    async def build(since: float, until: float) -> dict[str, Any]:
-        return await report_of(runtime, since=since, until=until, top=i.digest.top)
-
-    digest = WeeklyDigest(str(i.digest.cron), schedule_zone(runtime.settings), build=build, post=post,
-                          claim=runtime.idempotency.claim, top=i.digest.top, admin_url=i.admin_url)
+    digest = make_digest(runtime, adapters, post)
     digest.start()
     return digest
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import signal
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import aiohttp
@@ -31,6 +33,7 @@ from aiohttp import web
 from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
+from adapters.knowledge_loop import ReviewerMessages
 from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_rates as make_slack_rates
 from adapters.telegram import TelegramAdapter
@@ -39,10 +42,12 @@ from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
+from bot.loop.golden import golden_results
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
 from bot.pending import RecoveryLoop
 from bot.scheduler import KnowledgeAdmin
 from bot.server_settings import ServerSettings
+from bot.settings_base import reveal
 
 log = logging.getLogger("kbbot.server")
 
@@ -150,8 +155,9 @@ def _check_adapter(adapter: Any) -> dict[str, Any]:
 
 
 async def health_report(adapters: list[Adapter], runtime: Any = None, scheduler: Any = None,
-                        timeout_s: float = 2.0) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, body): 503 when Redis, Weaviate, the scheduler or an adapter is down."""
+                        timeout_s: float = 2.0, *, detail: bool = False) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body): 503 when Redis, Weaviate, the scheduler or an adapter is down; ``detail``
+    (an admin asked) adds the last golden set replay, failures and all."""
     checks: dict[str, Any] = {}
     body: dict[str, Any] = {}
     if runtime is not None:
@@ -168,7 +174,31 @@ async def health_report(adapters: list[Adapter], runtime: Any = None, scheduler:
                   + [f"adapter:{name}" for name, c in adapter_checks.items() if c["status"] == "down"])
     body = {"status": "down" if down else "ok", **({"down": down} if down else {}), "checks": checks,
             "adapters": adapter_checks, **body}
+    if detail and runtime is not None:
+        body["detail"] = {"golden": await _last_golden(runtime)}
     return (503 if down else 200), body
+
+
+async def _last_golden(runtime: Any) -> dict[str, Any] | None:
+    s = runtime.settings
+    try:
+        last = await golden_results(runtime.redis, s.redis_prefix, s.data_dir).last()
+    except Exception as exc:  # noqa: BLE001 - the health report says what it can
+        return {"error": type(exc).__name__}
+    return asdict(last) if last is not None else None
+
+
+def _detail_refusal(request: web.Request, runtime: Any) -> web.Response | None:
+    """None when ``?detail`` comes with the admin token (``Authorization: Bearer KBBOT_ADMIN_TOKEN``)."""
+    token = reveal(runtime.settings.insights.admin_token) if runtime is not None else ""
+    if not token:
+        return web.json_response({"error": "the detail needs KBBOT_ADMIN_TOKEN to be set on the server"},
+                                 status=404)
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return web.json_response({"error": "the detail is for admins: send Authorization: Bearer <KBBOT_ADMIN_TOKEN>"},
+                                 status=401)
+    return None
 
 
 def build_web_app(adapters: list[Adapter], runtime: Any = None, scheduler: Any = None,
@@ -180,7 +210,10 @@ def build_web_app(adapters: list[Adapter], runtime: Any = None, scheduler: Any =
                           client_max_size=max_body_bytes(settings.api.max_body_kb if settings else None))
 
     async def healthz(request: web.Request) -> web.Response:
-        status, body = await health_report(adapters, runtime, scheduler)
+        detail = "detail" in request.query
+        if detail and (refusal := _detail_refusal(request, runtime)) is not None:
+            return refusal
+        status, body = await health_report(adapters, runtime, scheduler, detail=detail)
         return web.json_response(body, status=status)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -218,6 +251,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
     adapters = build_adapters(runtime, conversations=conversations)
+    # After a refresh changed documents: approved answers re-checked, the golden set replayed (bot/loop).
+    knowledge.refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages(adapters, runtime.settings)).after_refresh
     # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
     recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]

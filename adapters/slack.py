@@ -26,6 +26,9 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   server holds the answer) and the message then says who approved it, with "Withdraw approval";
   answers served from the cache carry "Withdraw approval" too. Anyone else's click is refused in an
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
+- after a refresh changed what an approved answer cites, its reviewer (or ``approvals.reviewers_channel``)
+  gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack_loop.py``,
+  ``bot/loop/recheck.py``), reviewers only like the approval buttons;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
   ephemerally in the ack).
 """
@@ -45,6 +48,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
 from adapters.slack_reply import SlackReply, SlackThread, error_code, make_client, make_rates
 from adapters.slack_text import (
     APPROVE_ACTION,
@@ -62,6 +66,7 @@ from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
+from bot.loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
@@ -132,6 +137,8 @@ class SlackAdapter:
         self.app.action(FEEDBACK_ACTION)(self._on_feedback)
         self.app.action(APPROVE_ACTION)(self._on_review)
         self.app.action(WITHDRAW_ACTION)(self._on_review)
+        self.app.action(KEEP_ACTION)(self._on_recheck)
+        self.app.action(RETIRE_ACTION)(self._on_recheck)
         self.app.command(SLASH_COMMAND)(self._on_command)
         self.delivery = Delivery(conversations, self)
         self.delivery.check(self._team_allowed)
@@ -336,6 +343,62 @@ class SlackAdapter:
         except SlackApiError as exc:
             log.warning("turn %s: could not update the reviewed message (%s)", turn_id, error_code(exc))
             await self._ephemeral(client, channel, user, note, thread_ts)
+
+    # --- the knowledge loop (bot/loop): re-checked approvals, messages to reviewers ----------------------
+    async def post_recheck(self, channel: str, request: RecheckRequest) -> bool:
+        """The re-check of an approval with "Keep approved" / "Retire" in ``channel`` (a user id: their DM)."""
+        team = request.tenant.partition(":")[2]
+        try:
+            await self.rates.acquire(team, "chat.postMessage")
+            await self.client.chat_postMessage(channel=channel, text=recheck_text(request),
+                                               blocks=recheck_blocks(request), unfurl_links=False)
+        except SlackApiError as exc:
+            log.warning("turn %s: the re-check could not be posted to %s (%s)", request.turn_id, channel,
+                        error_code(exc))
+            return False
+        return True
+
+    async def post_text(self, channel: str, text: str) -> bool:
+        try:
+            await self.client.chat_postMessage(channel=channel, text=mrkdwn_escape(neutralise(text)),
+                                               unfurl_links=False)
+        except SlackApiError as exc:
+            log.warning("could not post to %s (%s)", channel, error_code(exc))
+            return False
+        return True
+
+    async def _on_recheck(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
+                          client: AsyncWebClient) -> None:
+        """A click on "Keep approved" or "Retire" under a re-checked approval: reviewers only, by turn id."""
+        action = (body.get("actions") or [{}])[0]
+        keep = action.get("action_id") == KEEP_ACTION
+        turn_id = str(action.get("value") or "")
+        who = body.get("user") or {}
+        user = str(who.get("id") or "")
+        team = _click_team(body)
+        container = body.get("container") or {}
+        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=turn_id))
+        await ack()
+        if not admitted:
+            return
+        language = await self.conversations.user_language("slack", team, user) or "en"
+        review = await self.conversations.decide_recheck(
+            turn_id, keep=keep, reviewer=self.settings.is_reviewer(team, user), user=user,
+            display_name=who.get("name") or who.get("username") or "")
+        if review.status not in (ReviewStatus.KEPT, ReviewStatus.RETIRED):
+            await self._ephemeral(client, channel, user, review_text(review.status, language, **NAMES), None)
+            return
+        note = review_text(review.status, language, user=f"<@{user}>")
+        message = body.get("message") or {}
+        ts = str(container.get("message_ts") or message.get("ts") or "")
+        try:
+            await self.rates.acquire(team, "chat.update")
+            await client.chat_update(channel=channel, ts=ts, text=note,
+                                     blocks=decided_blocks(list(message.get("blocks") or []), note))
+        except SlackApiError as exc:
+            log.warning("turn %s: could not update the re-check message (%s)", turn_id, error_code(exc))
+            await self._ephemeral(client, channel, user, note, None)
 
     async def _on_command(self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any],
                           respond: Callable[..., Awaitable[Any]]) -> None:

@@ -31,6 +31,9 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   private chat the buttons appear only when the chat's user is a reviewer; in groups whenever
   reviewers are configured, and a click by anyone else is refused. A click approves by turn id (the
   server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
+- after a refresh changed what an approved answer cites, its reviewer (else every reviewer) gets the
+  old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram_loop.py``,
+  ``bot/loop/recheck.py``); the buttons go once one is clicked;
 - everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """
 
@@ -51,6 +54,7 @@ from aiogram.filters import Command, CommandObject, CommandStart
 from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
 from aiohttp import web
 
+from adapters.telegram_loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
 from adapters.telegram_reply import (
     FirstAcknowledgements,
     TelegramChat,
@@ -74,6 +78,7 @@ from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
+from bot.loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
@@ -144,6 +149,8 @@ class TelegramAdapter:
         router.callback_query.register(later(self._on_feedback), F.data.startswith(f"{FEEDBACK_PREFIX}:"))
         router.callback_query.register(later(self._on_review), F.data.startswith(f"{APPROVE_PREFIX}:")
                                        | F.data.startswith(f"{WITHDRAW_PREFIX}:"))
+        router.callback_query.register(later(self._on_recheck), F.data.startswith(f"{KEEP_PREFIX}:")
+                                       | F.data.startswith(f"{RETIRE_PREFIX}:"))
         return router
 
     # --- serving ------------------------------------------------------------------------------------
@@ -479,6 +486,54 @@ class TelegramAdapter:
             await self._answer_callback(query, say(f"review_{review.status.value}", language))
             return
         await self._answer_callback(query, say(f"review_{review.status.value}", language, **NAMES), alert=True)
+
+    # --- the knowledge loop (bot/loop): re-checked approvals, messages to reviewers ----------------------
+    async def post_recheck(self, chat_id: str, request: RecheckRequest) -> bool:
+        """The re-check of an approval with "Keep approved" / "Retire" to ``chat_id`` (a reviewer's user id)."""
+        parts = plain_parts(recheck_text(request), self.settings.max_message_units)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                await self.bot.send_message(chat_id=int(chat_id), text=part, parse_mode=None,
+                                            disable_web_page_preview=True,
+                                            reply_markup=recheck_markup(request) if last else None)
+        except TelegramAPIError as exc:
+            log.warning("turn %s: the re-check could not be sent to %s (%s)", request.turn_id, chat_id, exc)
+            return False
+        return True
+
+    async def post_text(self, chat_id: str, text: str) -> bool:
+        try:
+            for part in plain_parts(text, self.settings.max_message_units):
+                await self.bot.send_message(chat_id=int(chat_id), text=part, parse_mode=None,
+                                            disable_web_page_preview=True)
+        except TelegramAPIError as exc:
+            log.warning("could not send to %s (%s)", chat_id, exc)
+            return False
+        return True
+
+    async def _on_recheck(self, query: CallbackQuery) -> None:
+        """A click on "Keep approved" or "Retire" under a re-checked approval: reviewers only, by turn id."""
+        prefix, _, turn_id = (query.data or "").partition(":")
+        user = str(query.from_user.id)
+        language = user_language(query.from_user.language_code)
+        if not self._admit_click(query, turn_id) or not self._our_button(query):
+            await self._answer_callback(query, None)
+            return
+        review = await self.conversations.decide_recheck(turn_id, keep=prefix == KEEP_PREFIX,
+                                                         reviewer=self.settings.is_reviewer(user), user=user,
+                                                         display_name=query.from_user.full_name)
+        if review.status not in (ReviewStatus.KEPT, ReviewStatus.RETIRED):
+            await self._answer_callback(query, say(f"review_{review.status.value}", language, **NAMES), alert=True)
+            return
+        message = query.message
+        if isinstance(message, Message):
+            try:
+                await self.bot.edit_message_reply_markup(chat_id=message.chat.id, message_id=message.message_id,
+                                                         reply_markup=None)
+            except TelegramAPIError as exc:
+                log.warning("turn %s: could not remove the re-check buttons (%s)", turn_id, exc)
+        await self._answer_callback(query, say(f"review_{review.status.value}", language))
 
     async def _swap_review_button(self, query: CallbackQuery, turn_id: str, *, approved: bool, language: str) -> None:
         message = query.message

@@ -253,6 +253,18 @@ class Answerer:
         text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
         return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
 
+    async def rerun(self, question: str, inquiry: Inquiry) -> Answer:
+        """``question`` answered again in ``inquiry``'s spaces, posted nowhere: no history, no cache, no
+        turn record (a re-check or a golden replay, not a turn anyone asked). The same pipeline and the
+        same checks as a turn; its model calls pass the same admission."""
+        trace = Trace()
+        budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
+                                  max_retries=self.limits.max_retries)
+        result = await asyncio.wait_for(self._run(question, inquiry, [], budget, None), self.limits.timeout_s)
+        answer = self._outcome(result, question, trace)
+        trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
+        return answer
+
     def _answer_calls(self, result: dict[str, Any]) -> int:
         return int(self.model_answers and "generate" in result)
 
@@ -304,6 +316,12 @@ class Answerer:
         key = await self._cache_key(inquiry, question) if not history else None
         if key is not None and not fresh:
             hit = await self.approvals.cache.lookup(key)
+            if hit is not None and await self._stale(hit.to_answer()):
+                # A cited document changed since the approval: never served in its old form (the
+                # re-check after the refresh asks a reviewer; meanwhile the question is answered afresh).
+                log.info("turn %s: the approved answer of turn %s cites changed documents; answering afresh",
+                         trace.turn_id, hit.turn_id)
+                hit = None
             if hit is not None:
                 answer = hit.to_answer()
                 answer.trace = trace

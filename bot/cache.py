@@ -4,10 +4,12 @@ The server, not the button, holds the answer being approved: every final answer 
 approved is *offered* under its turn id (kept ``pending_ttl_s``), and an approval names only the
 turn id, so an old button can never approve different text. The cache key covers the tenant (platform
 and workspace: one team's reviewers approve for that team only), the question (trimmed and
-case-folded, nothing more: no similarity matching), the knowledge spaces, the knowledge version, the
-model and a policy version from config; entries of older knowledge versions stop matching at once and
-are purged on the next lookup. An approval is refused when it comes from another tenant than the
-answer's, or after the knowledge changed (it could never match). Withdrawing turn A's approval removes
+case-folded, nothing more: no similarity matching), the knowledge spaces, the model and a policy version
+from config. A refresh does not retire approvals wholesale: an approved answer is served only while
+every document it cites is still the version it cited (the ``Answerer`` checks), and one whose sources
+changed is *held* with a re-run answer until a reviewer keeps the new answer or retires it
+(``bot/loop/recheck.py``). An approval is refused when it comes from another tenant than the
+answer's, or after the knowledge changed since the answer was offered. Withdrawing turn A's approval removes
 the entry only while it is still A's (compare-and-delete): a later approval of the same question stays.
 
 Redis keys (``prefix`` is ``redis_prefix``, default ``kbbot:``):
@@ -15,9 +17,8 @@ Redis keys (``prefix`` is ``redis_prefix``, default ``kbbot:``):
 | key | holds | expiry |
 | --- | --- | --- |
 | ``{prefix}answers:pending:{turn_id}`` | JSON: cache key fields and the answer | ``pending_ttl_s`` |
-| ``{prefix}answers:approved:{version}:{digest}`` | JSON: the approved answer, reviewer, time | purged when the version advances |
-| ``{prefix}answers:turn:{turn_id}`` | the approved key of that turn (for withdrawal) | 90 days |
-| ``{prefix}answers:purged_below`` | the knowledge version below which entries are gone | none |
+| ``{prefix}answers:approved:{digest}`` | JSON: the approved answer, reviewer, time, a held re-check | until withdrawn or retired |
+| ``{prefix}answers:turn:{turn_id}`` | the approved key of that turn (for withdrawal, keep, retire) | 90 days |
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ class ApprovedAnswer:
     approved_at: float = field(default_factory=time.time)
     #: The reviewer's display name at approval time (shown with the cached answer); "" if unknown.
     approver_name: str = ""
+    #: Where it was asked: what a re-check runs it in again.
+    spaces: list[str] = field(default_factory=list)
+    tenant: str = ""
+    #: A re-check after its sources changed, waiting for a reviewer: {"text", "citations", "outcome",
+    #: "knowledge_version", "at"}. While held the answer is not served.
+    held: dict[str, Any] | None = None
 
     def to_answer(self) -> Answer:
         return Answer(text=self.text, outcome=Outcome.CACHED, citations=[Citation(**c) for c in self.citations],
@@ -116,7 +123,31 @@ class AnswerCache(Protocol):
     async def withdraw(self, turn_id: str) -> bool:
         """Removes the approval of ``turn_id``; False if there was none."""
 
-    async def lookup(self, key: CacheKey) -> ApprovedAnswer | None: ...
+    async def lookup(self, key: CacheKey) -> ApprovedAnswer | None:
+        """The approved answer of ``key``'s question; None if none, or if it is held for a re-check."""
+
+    async def entries(self) -> list[ApprovedAnswer]:
+        """Every approved answer, held ones too (what a re-check goes through)."""
+
+    async def hold(self, turn_id: str, recheck: dict[str, Any]) -> bool:
+        """Holds the approval of ``turn_id`` with a re-check's answer; False if it is gone."""
+
+    async def keep(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+        """The held re-check's answer becomes the approved one (by ``reviewer``, now); None if
+        nothing of ``turn_id`` is held."""
+
+    async def retire(self, turn_id: str) -> bool:
+        """Withdraws the approval of ``turn_id`` while it is held for a re-check; False otherwise (a
+        decision already taken stands)."""
+
+
+def _kept(entry: ApprovedAnswer, reviewer: str, name: str) -> ApprovedAnswer | None:
+    held = entry.held
+    if held is None or held.get("outcome") != "answered":
+        return None
+    return ApprovedAnswer(text=held["text"], citations=held["citations"], question=entry.question,
+                          knowledge_version=held["knowledge_version"], turn_id=entry.turn_id, approved_by=reviewer,
+                          approver_name=name, spaces=entry.spaces, tenant=entry.tenant)
 
 
 def _key(held: dict[str, Any]) -> CacheKey:
@@ -137,7 +168,7 @@ async def _approvable(key: CacheKey, tenant: str | None, knowledge_version: Call
 def _entry(turn_id: str, key: CacheKey, answer: Answer) -> dict[str, Any]:
     return {"key": asdict(key), "answer": {"text": answer.text, "citations": [c.to_dict() for c in answer.citations],
                                            "question": key.question, "knowledge_version": key.knowledge_version,
-                                           "turn_id": turn_id}}
+                                           "turn_id": turn_id, "spaces": list(key.spaces), "tenant": key.tenant}}
 
 
 class MemoryAnswerCache:
@@ -147,8 +178,8 @@ class MemoryAnswerCache:
         self.pending_ttl_s = pending_ttl_s
         self.knowledge_version = knowledge_version
         self._pending: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._approved: dict[tuple[int, str], ApprovedAnswer] = {}
-        self._by_turn: dict[str, tuple[int, str]] = {}
+        self._approved: dict[str, ApprovedAnswer] = {}
+        self._by_turn: dict[str, str] = {}
 
     async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
         now = time.monotonic()
@@ -164,7 +195,7 @@ class MemoryAnswerCache:
         if not await _approvable(key, tenant, self.knowledge_version):
             return None
         approved = ApprovedAnswer(**held[1]["answer"], approved_by=reviewer, approver_name=name)
-        slot = (key.knowledge_version, key.digest)
+        slot = key.digest
         self._approved[slot] = approved
         self._by_turn[turn_id] = slot
         return approved
@@ -177,9 +208,33 @@ class MemoryAnswerCache:
         return True
 
     async def lookup(self, key: CacheKey) -> ApprovedAnswer | None:
-        for slot in [s for s in self._approved if s[0] < key.knowledge_version]:
-            del self._approved[slot]
-        return self._approved.get((key.knowledge_version, key.digest))
+        found = self._approved.get(key.digest)
+        return found if found is not None and found.held is None else None
+
+    async def entries(self) -> list[ApprovedAnswer]:
+        return list(self._approved.values())
+
+    def _of_turn(self, turn_id: str) -> str | None:
+        slot = self._by_turn.get(turn_id)
+        return slot if slot is not None and slot in self._approved and self._approved[slot].turn_id == turn_id else None
+
+    async def hold(self, turn_id: str, recheck: dict[str, Any]) -> bool:
+        slot = self._of_turn(turn_id)
+        if slot is None:
+            return False
+        self._approved[slot].held = recheck
+        return True
+
+    async def keep(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+        slot = self._of_turn(turn_id)
+        kept = _kept(self._approved[slot], reviewer, name) if slot is not None else None
+        if kept is not None:
+            self._approved[slot] = kept
+        return kept
+
+    async def retire(self, turn_id: str) -> bool:
+        slot = self._of_turn(turn_id)
+        return slot is not None and self._approved[slot].held is not None and await self.withdraw(turn_id)
 
 
 class RedisAnswerCache:
@@ -219,7 +274,7 @@ return 0
         if not await _approvable(key, tenant, self.knowledge_version):
             return None
         approved = ApprovedAnswer(**held["answer"], approved_by=reviewer, approver_name=name)
-        slot = self._k("approved", key.knowledge_version, key.digest)
+        slot = self._k("approved", key.digest)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(slot, json.dumps(asdict(approved), ensure_ascii=False))
             pipe.set(self._k("turn", turn_id), slot, ex=90 * 86400)
@@ -233,21 +288,41 @@ return 0
         slot = slot if isinstance(slot, str) else slot.decode()
         return bool(await self.redis.eval(self._COMPARE_AND_DELETE, 2, slot, self._k("turn", turn_id), turn_id))
 
-    async def _purge_below(self, version: int) -> None:
-        marker = self._k("purged_below")
-        done = int(await self.redis.get(marker) or 0)
-        if done >= version:
-            return
-        stale = []
-        async for name in self.redis.scan_iter(match=self._k("approved", "*"), count=500):
-            name = name if isinstance(name, str) else name.decode()
-            if int(name[len(self._k("approved", "")):].split(":", 1)[0]) < version:
-                stale.append(name)
-        if stale:
-            await self.redis.delete(*stale)
-        await self.redis.set(marker, version)
-
     async def lookup(self, key: CacheKey) -> ApprovedAnswer | None:
-        await self._purge_below(key.knowledge_version)
-        raw = await self.redis.get(self._k("approved", key.knowledge_version, key.digest))
-        return ApprovedAnswer(**json.loads(raw)) if raw is not None else None
+        raw = await self.redis.get(self._k("approved", key.digest))
+        found = ApprovedAnswer(**json.loads(raw)) if raw is not None else None
+        return found if found is not None and found.held is None else None
+
+    async def entries(self) -> list[ApprovedAnswer]:
+        names = [name async for name in self.redis.scan_iter(match=self._k("approved", "*"), count=500)]
+        raws = await self.redis.mget(names) if names else []
+        return [ApprovedAnswer(**json.loads(raw)) for raw in raws if raw is not None]
+
+    async def _of_turn(self, turn_id: str) -> tuple[str, ApprovedAnswer] | None:
+        slot = await self.redis.get(self._k("turn", turn_id))
+        if slot is None:
+            return None
+        slot = slot if isinstance(slot, str) else slot.decode()
+        raw = await self.redis.get(slot)
+        entry = ApprovedAnswer(**json.loads(raw)) if raw is not None else None
+        return (slot, entry) if entry is not None and entry.turn_id == turn_id else None
+
+    async def hold(self, turn_id: str, recheck: dict[str, Any]) -> bool:
+        found = await self._of_turn(turn_id)
+        if found is None:
+            return False
+        slot, entry = found
+        entry.held = recheck
+        await self.redis.set(slot, json.dumps(asdict(entry), ensure_ascii=False))
+        return True
+
+    async def keep(self, turn_id: str, reviewer: str, name: str = "") -> ApprovedAnswer | None:
+        found = await self._of_turn(turn_id)
+        kept = _kept(found[1], reviewer, name) if found is not None else None
+        if found is not None and kept is not None:
+            await self.redis.set(found[0], json.dumps(asdict(kept), ensure_ascii=False))
+        return kept
+
+    async def retire(self, turn_id: str) -> bool:
+        found = await self._of_turn(turn_id)
+        return found is not None and found[1].held is not None and await self.withdraw(turn_id)

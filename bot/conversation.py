@@ -75,6 +75,9 @@ class ReviewStatus(str, enum.Enum):
     EXPIRED = "expired"  # the turn was never offered, or its offer expired
     NOTHING_TO_WITHDRAW = "nothing_to_withdraw"
     FAILED = "failed"
+    KEPT = "kept"  # a re-checked approval: the new answer is approved now
+    RETIRED = "retired"  # a re-checked approval: gone
+    NOT_HELD = "not_held"  # nothing of that turn waits for a re-check decision (already decided)
 
 
 @dataclass(frozen=True)
@@ -419,6 +422,31 @@ class Conversations:
             return Review(ReviewStatus.FAILED)
         log.info("turn %s %s by %s", turn_id, "approved" if approving else "approval withdrawn", user)
         return Review(ReviewStatus.APPROVED, approved) if approving else Review(ReviewStatus.WITHDRAWN)
+
+    async def decide_recheck(self, turn_id: str, *, keep: bool, reviewer: bool, user: str,
+                             display_name: str) -> Review:
+        """"Keep approved" (the re-checked answer becomes the approved one) or "Retire" on an approval
+        held after its sources changed (``bot/loop/recheck.py``); reviewers only."""
+        if not reviewer:
+            log.info("refused the re-check decision on turn %s by %s: not a reviewer", turn_id, user)
+            return Review(ReviewStatus.NOT_REVIEWER)
+        cache = self.kept.approved
+        if cache is None:
+            return Review(ReviewStatus.DISABLED)
+        try:
+            if keep:
+                kept = await cache.keep(turn_id, user, display_name)
+                if kept is None:
+                    return Review(ReviewStatus.NOT_HELD)
+                log.info("turn %s: the re-checked answer kept approved by %s", turn_id, user)
+                return Review(ReviewStatus.KEPT, kept.to_answer())
+            if not await cache.retire(turn_id):
+                return Review(ReviewStatus.NOT_HELD)
+        except Exception:
+            log.exception("turn %s: the re-check decision failed", turn_id)
+            return Review(ReviewStatus.FAILED)
+        log.info("turn %s: the approval retired after its re-check by %s", turn_id, user)
+        return Review(ReviewStatus.RETIRED)
 
     # --- commands -----------------------------------------------------------------------------------
     async def admin_command(self, verb: str, source: str | None, *, user: str, is_admin: bool,

@@ -22,6 +22,9 @@ from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
+from bot.loop.golden import golden_results
+from bot.loop.hook import KnowledgeLoop
+from bot.loop.recheck import ApprovalRecheck, ReviewerDesk
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
@@ -329,6 +332,18 @@ class Runtime:
         """A refresher on this runtime's store and indexer; its run log and lock are in ``redis`` (default:
         the runtime's connection, once started) when Redis is configured."""
         return Refresher(self.settings, self.store, self.indexer, redis=redis if redis is not None else self._redis)
+
+    def knowledge_loop(self, desk: ReviewerDesk | None = None) -> KnowledgeLoop:
+        """What runs after a refresh changed documents (``bot.loop``), reaching reviewers through ``desk``
+        (the adapters'); on a started runtime."""
+        s = self.settings
+        results = golden_results(self._redis, s.redis_prefix, s.data_dir)
+        answerer = self.answerer
+        recheck = ApprovalRecheck(self._approved, answerer.rerun, desk, self.store.is_current) \
+            if self._approved is not None else None
+        return KnowledgeLoop(answerer.rerun, results, recheck=recheck, golden_file=s.resolve(s.approvals.golden_file),
+                             default_space=s.sources[0].space if s.sources else "default", desk=desk,
+                             knowledge_version=lambda: self.store.knowledge_version)
 
     def knowledge_admin(self, *, schedule: bool = True) -> KnowledgeAdmin:
         """What admin commands and the admin page run: status and refreshes, with the refresh scheduler

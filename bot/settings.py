@@ -237,6 +237,12 @@ class ApprovalsSettings(Section):
     policy_version: Text = "1"
     #: How long an answer stays approvable after it was sent.
     pending_days: Positive = 7
+    #: A Slack channel id where approved answers re-checked after a refresh go (with "Keep approved" /
+    #: "Retire") and golden set failures; empty: to the reviewer who approved it (``bot/loop``).
+    reviewers_channel: str = ""
+    #: The golden set replayed after each refresh that changed documents (relative to this file's
+    #: folder); no such file, no replay.
+    golden_file: str = "golden.yaml"
 
 
 class PreferencesSettings(Section):
@@ -340,6 +346,26 @@ class SourceSettings(Section):
     #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
     interval: str | None = None
     cron: str | None = None
+    #: Who owns what (the weekly digest sends each owner the gaps nearest their documents): a path
+    #: prefix (relative to ``path``), a URL prefix, or for Confluence ``author:NAME`` / ``space:KEY``,
+    #: to Slack user ids (``U…``/``W…``) and/or Telegram user ids (numbers). The longest prefix wins.
+    owners: dict[str, list[str]] = {}
+
+    @field_validator("owners", mode="before")
+    @classmethod
+    def _owner_ids(cls, owners: Any) -> Any:
+        if not isinstance(owners, dict):
+            return owners
+        out = {}
+        for prefix, ids in owners.items():
+            ids = ids if isinstance(ids, list) else [ids]
+            for one in ids:
+                text = str(one)
+                if isinstance(one, bool) or not (text.isdigit() or re.fullmatch(r"[UW][A-Z0-9]{2,}", text)):
+                    raise ValueError(f"owners[{prefix!r}]: {one!r} is neither a Slack user id (U…, W…) "
+                                     "nor a Telegram user id (a number)")
+            out[str(prefix)] = [str(one) for one in ids]
+        return out
 
     @field_validator("name")
     @classmethod

@@ -226,11 +226,22 @@ class Entry:
     title: str
     link: str  # the web link people follow (the page), for an attachment its download
     suffix: str = ".md"
+    #: Who owns it (``bot/loop/owners.py``): the page's author (an attachment: its page's) and space key.
+    author: str = ""
+    space_key: str = ""
 
     @property
     def tag(self) -> str:
         """What ``FetchState.etag`` keeps: the version this index format made it from."""
         return f"v{self.version}:{INDEX_FORMAT}"
+
+
+def _person(result: dict[str, Any]) -> str:
+    """A listed page's author (its creator; else who made its current version): the display name."""
+    for who in ((result.get("history") or {}).get("createdBy"), (result.get("version") or {}).get("by")):
+        if isinstance(who, dict) and (name := who.get("displayName") or who.get("username") or who.get("accountId")):
+            return str(name)
+    return ""
 
 
 def _cql_list(values: list[str]) -> str:
@@ -258,7 +269,9 @@ class _ConfluenceScan:
     def _item(self, entry: Entry) -> SourceItem:
         src = self.source
         item = SourceItem(doc_id=entry.doc_id, source=entry.link, root=src.root, suffix=entry.suffix,
-                          name=PurePosixPath(entry.title).stem if entry.kind == "attachment" else entry.title)
+                          name=PurePosixPath(entry.title).stem if entry.kind == "attachment" else entry.title,
+                          meta={k: v for k, v in (("author", entry.author), ("confluence_space", entry.space_key))
+                                if v})
         if self._unchanged(entry):
             item.not_modified = True
             src.updated_states[entry.doc_id] = src.states[entry.doc_id]
@@ -332,14 +345,16 @@ class ConfluenceSource:
         pages: dict[str, Entry] = {}
         space_keys: set[str] = set()
         for result in client.results("rest/api/content/search",
-                                     {"cql": self.page_cql(), "expand": "version,space", "limit": PAGE_SIZE}):
+                                     {"cql": self.page_cql(), "expand": "version,space,history",
+                                      "limit": PAGE_SIZE}):
             content_id = str(result["id"])
             links = result.get("_links") or {}
+            key = (result.get("space") or {}).get("key")
             entry = Entry(self._doc_id("page", content_id), "page", content_id,
                           int((result.get("version") or {}).get("number") or 0), str(result.get("title") or ""),
-                          client.url(links.get("webui") or f"pages/viewpage.action?pageId={content_id}"))
+                          client.url(links.get("webui") or f"pages/viewpage.action?pageId={content_id}"),
+                          author=_person(result), space_key=str(key or ""))
             pages[content_id] = entry
-            key = (result.get("space") or {}).get("key")
             if key:
                 space_keys.add(str(key))
         entries += pages.values()
@@ -354,9 +369,10 @@ class ConfluenceSource:
                 if container not in pages or suffix not in SUPPORTED_SUFFIXES or not links.get("download"):
                     continue
                 download = client.url(links["download"])
+                page = pages[container]
                 entries.append(Entry(self._doc_id("attachment", str(result["id"])), "attachment", str(result["id"]),
                                      int((result.get("version") or {}).get("number") or 0), title, download,
-                                     suffix=suffix))
+                                     suffix=suffix, author=page.author, space_key=page.space_key))
         if len(entries) > self.max_documents:
             raise ConfluenceError(f"{len(entries)} pages and attachments listed; more than the "
                                   f"{self.max_documents} a source may have (refresh.max_urls)")

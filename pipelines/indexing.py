@@ -157,6 +157,8 @@ class SourceItem:
     error: str | None = None
     gone: bool = False
     name: str = ""  # a file name for the title fallback
+    #: More of the document's meta, kept on each chunk (a Confluence page's ``author``, ``confluence_space``).
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 class Scan(Protocol):
@@ -448,7 +450,7 @@ class Indexer:
         if current and current.content_hash == digest and current.space == space and current.root == item.root:
             report.unchanged.append(item.source)
             return
-        meta = {"doc_id": item.doc_id, "content_hash": digest, "source": item.source, "space": space,
+        meta = {**item.meta, "doc_id": item.doc_id, "content_hash": digest, "source": item.source, "space": space,
                 "root": item.root}
         stream = ByteStream(item.data, meta={"suffix": item.suffix, "source": item.source,
                                              "file_path": (item.name or "document") + item.suffix})

@@ -192,3 +192,30 @@ def test_confluence_settings_are_checked(tmp_path: Path, entry: dict, message: s
     with pytest.raises(SettingsError, match=message):
         load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path)})
 
+
+
+async def test_a_pages_author_and_space_reach_its_chunks_and_name_its_owners(wiki):
+    from bot.loop.owners import owners_resolver
+
+    server, stack = wiki
+    seals = server.add_page("OPS", "HL-K8 seal replacement", SEALS, author="Grace Hopper", editor="Alan Turing")
+    server.add_page("OPS", "HL-K8 alarms", ALARMS)  # by the fake's default author, Ada Author
+    server.attach(seals, "hl-k8-wiring.pdf", pdf_attachment())
+    record = await stack.refresher.run("wiki")
+    assert record.ok, record
+    answer = await stack.ask("How often must the HL-K8 compressor seal be replaced?")
+    by_source = {c["source"]: c for c in answer.trace.ranked}
+    top = by_source[server.web_link(seals)]
+    assert top["author"] == "Grace Hopper" and top["confluence_space"] == "OPS", "the creator, not the last editor"
+    wiring = next(c for c in answer.trace.ranked if "/download/attachments/" in c["source"]) \
+        if any("/download/attachments/" in c["source"] for c in answer.trace.ranked) else None
+    if wiring is not None:
+        assert wiring["author"] == "Grace Hopper", "an attachment belongs to its page's author"
+
+    source = stack.settings.sources[0].model_copy(update={"owners": {"author:Grace Hopper": ["U0GRACE"],
+                                                                     "space:OPS": ["4242"]}})
+    owners_of = owners_resolver([source], stack.settings.resolve)
+    assert owners_of(top) == ["U0GRACE"], "the author's own owners first"
+    alarms = {**top, "author": "Ada Author"}
+    assert owners_of(alarms) == ["4242"], "else the space's"
+    assert owners_of({**top, "author": None, "confluence_space": "LAB"}) == []

@@ -68,19 +68,32 @@ async def test_an_offered_answer_is_served_once_approved_and_only_for_its_key(st
     assert await cache.approve("turn-unknown", "U_REVIEWER") is None  # the server holds the answers
 
 
-async def test_a_new_knowledge_version_stops_the_match_and_purges_and_withdrawal_works(stores):
+async def test_an_approval_outlives_a_new_knowledge_version_until_held_then_kept_or_retired(stores):
     cache, _ = stores
-    old = CacheKey.of("q?", ["default"], 1, "m", "1")
+    old = CacheKey.of("q?", ["drives"], 1, "m", "1", tenant="slack:T1")
     await cache.offer("t-old", old, _answer())
     await cache.approve("t-old", "R")
-    new = CacheKey.of("q?", ["default"], 2, "m", "1")
-    assert await cache.lookup(new) is None
-    assert await cache.lookup(old) is None  # purged, not just shadowed
-    await cache.offer("t-new", new, _answer("36 months [1]."))
-    await cache.approve("t-new", "R")
-    assert (await cache.lookup(new)).text == "36 months [1]."
-    assert await cache.withdraw("t-new") and await cache.lookup(new) is None
-    assert not await cache.withdraw("t-new")
+    new = CacheKey.of("q?", ["drives"], 2, "m", "1", tenant="slack:T1")
+    # Whether its cited documents are current is the Answerer's check; the store keeps the approval.
+    assert (await cache.lookup(new)).text == "24 months [1]."
+    [entry] = await cache.entries()
+    assert entry.spaces == ["drives"] and entry.tenant == "slack:T1" and entry.held is None
+    recheck = {"text": "36 months [1].", "outcome": "answered", "knowledge_version": 2, "at": 1.0,
+               "citations": [Citation(1, "kb/warranty.md", 4, 0, "Warranty", "kb/warranty.md").to_dict()]}
+    assert await cache.hold("t-old", recheck) and not await cache.hold("t-unknown", recheck)
+    assert await cache.lookup(new) is None, "held for a reviewer: not served"
+    assert (await cache.entries())[0].held["text"] == "36 months [1]."
+    kept = await cache.keep("t-old", "R2", "Rita")
+    assert kept.text == "36 months [1]." and kept.knowledge_version == 2 and kept.approved_by == "R2"
+    hit = await cache.lookup(new)
+    assert hit.text == "36 months [1]." and hit.citations[0]["version"] == 4 and hit.held is None
+    assert await cache.keep("t-old", "R2") is None, "nothing held any more"
+    assert not await cache.retire("t-old"), "a decision taken stands"
+    # Held again with a re-check that no longer answers: it cannot be kept, only retired.
+    await cache.hold("t-old", {**recheck, "outcome": "not_found"})
+    assert await cache.keep("t-old", "R2") is None and await cache.lookup(new) is None
+    assert await cache.retire("t-old") and await cache.entries() == []
+    assert not await cache.withdraw("t-old") and not await cache.retire("t-old")
 
 
 async def test_preferences_are_per_user_and_forget_clears_them(stores):
@@ -142,7 +155,8 @@ async def test_an_approved_first_question_is_served_from_cache_and_follow_ups_ne
     assert await runtime.approved.approve(follow.trace.turn_id, "reviewer") is None  # nor offered
 
 
-async def test_a_refresh_that_advances_the_knowledge_version_makes_the_cache_miss(kb_runtime, monkeypatch):
+async def test_an_approval_is_served_across_knowledge_versions_until_a_document_it_cites_changes(kb_runtime,
+                                                                                                  monkeypatch):
     runtime = kb_runtime
     first = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v1"), RecordingReply())
     await runtime.approved.approve(first.trace.turn_id, "reviewer")
@@ -150,8 +164,13 @@ async def test_a_refresh_that_advances_the_knowledge_version_makes_the_cache_mis
                                           RecordingReply())).outcome is Outcome.CACHED
     version = runtime.store.knowledge_version
     monkeypatch.setattr(type(runtime.store), "knowledge_version", property(lambda self: version + 1))
-    after = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v3"), RecordingReply())
-    assert after.outcome is Outcome.ANSWERED
+    again = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v3"), RecordingReply())
+    assert again.outcome is Outcome.CACHED, "a new knowledge version alone retires nothing"
+    changed = first.citations[0].doc_id
+    current = runtime.store.is_current
+    monkeypatch.setattr(runtime.answerer, "is_current", lambda doc_id, v: doc_id != changed and current(doc_id, v))
+    after = await runtime.answerer.answer(inquiry("How often should the bearings be greased?", "v4"), RecordingReply())
+    assert after.outcome is Outcome.ANSWERED, "a changed cited document is never served in its old form"
 
 
 async def test_preferences_reach_the_system_prompt_of_that_user_only(claude):

@@ -79,7 +79,8 @@ def test_refresh_then_status_json_has_exactly_the_documented_shape(deployment, c
     out = capsys.readouterr().out
     assert out.count("\n") == 1, "exactly one JSON object"
     status = json.loads(out)
-    assert set(status) == {"knowledge_version", "sources", "services"}
+    assert set(status) == {"knowledge_version", "sources", "services", "golden", "golden_file"}
+    assert status["golden"] is None and status["golden_file"] is None, "no golden file, never replayed"
     assert status["knowledge_version"] == 1
     docs, nightly = status["sources"]
     for source in (docs, nightly):

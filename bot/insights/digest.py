@@ -17,6 +17,8 @@ from typing import Any
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from bot.loop.owners import Owners, owner_text, split_by_owner
+
 log = logging.getLogger("kbbot.digest")
 
 WEEK_S = 7 * 86400
@@ -30,11 +32,15 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
              f"{report['turns']} questions, {'–' if rate is None else f'{rate * 100:.0f}%'} answered, "
              f"{fb['up']} 👍 / {fb['down']} 👎.", ""]
     gaps = report["gaps"][:top]
-    lines.append("Top unanswered questions:" if gaps else "Every question this week was answered.")
+    sent = report.get("gaps_to_owners") or 0
+    lines.append("Top unanswered questions:" if gaps else
+                 "No other unanswered questions." if sent else "Every question this week was answered.")
     for i, gap in enumerate(gaps, 1):
         others = len(gap["questions"]) - 1
         more = f" (+{others} similar)" if others > 0 else ""
         lines.append(f"{i}. {gap['representative']} — asked {gap['count']}×{more} in {', '.join(gap['channels'])}")
+    if sent:
+        lines.append(f"({sent} more groups went to the owners of their nearest documents.)")
     disliked = report["disliked"][:top]
     if disliked:
         lines += ["", "👎 answers:"]
@@ -49,15 +55,40 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
 
 
 class WeeklyDigest:
-    """``build(since, until) -> report``, ``post(text)``; ``claim(key, ttl_s) -> bool`` (optional)."""
+    """``build(since, until) -> report``, ``post(text)``; ``claim(key, ttl_s) -> bool`` (optional).
+
+    With ``owners`` (``bot/loop/owners.py``: nearest chunk -> owner ids) and ``tell(owner, text) -> bool``,
+    each gap whose nearest document has owners goes to them, one list per owner; the digest keeps the
+    gaps nobody owns, and those of an owner who could not be reached."""
 
     def __init__(self, cron: str, zone: Any, *, build: Callable[[float, float], Awaitable[dict[str, Any]]],
                  post: Callable[[str], Awaitable[None]], claim: Callable[[str, float], Awaitable[bool]] | None = None,
-                 top: int = 5, admin_url: str | None = None, clock: Callable[[], float] = time.time):
+                 top: int = 5, admin_url: str | None = None, clock: Callable[[], float] = time.time,
+                 owners: Owners | None = None, tell: Callable[[str, str], Awaitable[bool]] | None = None):
         self.trigger = CronTrigger.from_crontab(cron, timezone=zone)
         self.scheduler = AsyncIOScheduler(timezone=zone)
         self.build, self.post, self.claim = build, post, claim
         self.top, self.admin_url, self.clock = top, admin_url, clock
+        self.owners, self.tell = owners, tell
+
+    async def _to_owners(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Sends each owner their gaps; the report with the gaps left for the digest."""
+        if self.owners is None or self.tell is None or not report["gaps"]:
+            return report
+        mine, left = split_by_owner(report["gaps"], self.owners)
+        undelivered: list[dict[str, Any]] = []
+        for owner, gaps in mine.items():
+            text = owner_text(gaps, since=report["since"], until=report["until"])
+            try:
+                delivered = await self.tell(owner, text)
+            except Exception:  # noqa: BLE001 - their gaps stay in the digest
+                log.exception("the gaps of owner %s could not be sent", owner)
+                delivered = False
+            log.info("digest: %d gap groups %s owner %s", len(gaps), "sent to" if delivered else "NOT sent to", owner)
+            if not delivered:
+                undelivered += [g for g in gaps if g not in undelivered]
+        kept = [g for g in report["gaps"] if g in left or g in undelivered]
+        return {**report, "gaps": kept, "gaps_to_owners": len(report["gaps"]) - len(kept)}
 
     async def send(self) -> str | None:
         """Builds and posts this week's digest now; its text, or None if another replica sent it."""
@@ -66,7 +97,7 @@ class WeeklyDigest:
         if self.claim is not None and not await self.claim(f"digest:{week}", WEEK_S / 2):
             log.info("digest %s: another replica sends it", week)
             return None
-        report = await self.build(until - WEEK_S, until)
+        report = await self._to_owners(await self.build(until - WEEK_S, until))
         text = digest_text(report, top=self.top, admin_url=self.admin_url)
         await self.post(text)
         log.info("digest %s posted (%d turns, %d gap groups)", week, report["turns"], len(report["gaps"]))

@@ -84,6 +84,18 @@ class RecordingApprovals:
             await self.recorder.approval(turn_id, None)
         return withdrawn
 
+    async def retire(self, turn_id: str) -> bool:
+        retired = await self.inner.retire(turn_id)
+        if retired:
+            await self.recorder.approval(turn_id, None)
+        return retired
+
+    async def keep(self, turn_id: str, reviewer: str, name: str = "") -> Any:
+        kept = await self.inner.keep(turn_id, reviewer, name)
+        if kept is not None:
+            await self.recorder.approval(turn_id, name or reviewer)
+        return kept
+
     async def offer(self, *args: Any, **kwargs: Any) -> None:
         await self.inner.offer(*args, **kwargs)
 

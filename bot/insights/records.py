@@ -39,7 +39,9 @@ def ranked_chunks(documents: list[Document] | None) -> list[dict[str, Any]]:
                     "title": str(meta.get("title") or meta.get("source") or ""),
                     "source": str(meta.get("source") or ""),
                     "score": None if doc.score is None else round(float(doc.score), 4),
-                    "excerpt": (doc.content or "")[:240]})
+                    "excerpt": (doc.content or "")[:240],
+                    # Who owns the document, where its source says (the digest's lists per owner).
+                    **{k: str(meta[k]) for k in ("author", "confluence_space") if meta.get(k)}})
     return out
 
 

@@ -42,7 +42,18 @@ class Gap:
         return {"representative": self.representative, "count": len(self.records), "questions": questions,
                 "outcomes": dict(Counter(r.outcome for r in self.records)),
                 "channels": sorted({f"{r.platform}:{r.channel}" for r in self.records}),
-                "last_at": max(r.at for r in self.records), "turn_ids": [r.turn_id for r in self.records]}
+                "last_at": max(r.at for r in self.records), "turn_ids": [r.turn_id for r in self.records],
+                "nearest": nearest_chunks(self.records)}
+
+
+def nearest_chunks(records: list[TurnRecord], limit: int = 3) -> list[dict[str, Any]]:
+    """The passages that came closest to the group's questions (their turns' ranked chunks), best
+    first, one per document: the first is the gap's nearest document."""
+    chunks = sorted((c for r in records for c in r.ranked[:limit]), key=lambda c: -(c.get("score") or 0.0))
+    seen: dict[str, dict[str, Any]] = {}
+    for chunk in chunks:
+        seen.setdefault(chunk.get("doc_id") or chunk.get("source") or "", chunk)
+    return list(seen.values())[:limit]
 
 
 def group_by_meaning(records: list[TurnRecord], embed: Embed, threshold: float) -> list[Gap]:

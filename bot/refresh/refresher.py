@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bot.loop.changes import KnowledgeChanges
 from bot.redis_state import RedisLock
 from bot.refresh.orphans import Orphans, source_roots
 from bot.refresh.runs import RunLog, RunRecord, log_run, run_log
@@ -47,6 +48,9 @@ class Refresher:
         self.runs = runs if runs is not None else run_log(settings, redis)
         self._lock_factory = lock_factory
         self.stopping = False  # set on shutdown: a run stops before its next document
+        #: Called after each run with what it changed (``bot.loop``: approved answers re-checked, the golden
+        #: set replayed); ``kbbot serve`` sets it, once its platforms can reach the reviewers.
+        self.after_refresh: Callable[[KnowledgeChanges], Awaitable[None]] | None = None
 
     @property
     def sources(self) -> dict[str, SourceSettings]:
@@ -212,6 +216,7 @@ class Refresher:
         except Exception:  # noqa: BLE001 - the knowledge is refreshed; only its record is missing
             log.exception("could not record the refresh of %s", src.name)
         log_run(record)
+        if self.after_refresh is not None: await self.after_refresh(KnowledgeChanges.of_report(report, src.name))  # noqa: E701
         return record
 
     async def run_source(self, source: Source, *, space: str, progress: Progress | None = None,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 from bot.health import check_redis, check_store
+from bot.loop.golden import golden_line, golden_results
 from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
 from bot.refresh.schedule import iso, next_due, schedule_zone
@@ -46,8 +48,17 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
             upcoming = next_due(src, last.started if last else None, zone)
         sources.append({"name": src.name, "documents": documents, "chunks": chunks,
                         "last_run": last.to_dict() if last else None, "next_run": iso(upcoming)})
+    golden = None
+    if redis_status["status"] != "down":
+        try:
+            last = await golden_results(redis, settings.redis_prefix, settings.data_dir).last()
+            golden = asdict(last) if last is not None else None
+        except Exception as exc:  # noqa: BLE001 - the status says what it can
+            log.warning("cannot read the last golden replay: %s", exc)
+    golden_file = settings.resolve(settings.approvals.golden_file)
     return {"knowledge_version": version, "sources": sources,
-            "services": {"weaviate": weaviate, "redis": redis_status}}
+            "services": {"weaviate": weaviate, "redis": redis_status}, "golden": golden,
+            "golden_file": str(golden_file) if golden_file.exists() else None}
 
 
 def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
@@ -79,5 +90,7 @@ def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
                 lines.append(f"    failed: {failure['source']}: {failure['reason']}")
             if len(run["failed"]) > max_failures:
                 lines.append(f"    … and {len(run['failed']) - max_failures} more")
+    if "golden" in status:
+        lines.append(golden_line(status["golden"], status.get("golden_file")))
     return "\n".join(lines)
 

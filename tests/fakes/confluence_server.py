@@ -5,7 +5,8 @@ What ``pipelines.confluence`` uses, served the way Confluence serves it:
 - ``GET /rest/api/content/search?cql=...&expand=...&limit=...&start=...``: CQL clauses joined by
   ``and``: ``space = KEY``, ``space in ("A", "B")``, ``type = page|attachment``, ``label = x``;
   results in pages of ``limit`` with ``_links.next`` (relative to ``_links.base``) until the end;
-  ``expand=version`` adds ``version.number``, ``space`` the space key, ``container`` an attachment's page;
+  ``expand=version`` adds ``version.number`` and ``version.by`` (who made that version), ``history``
+  ``history.createdBy`` (the page's author), ``space`` the space key, ``container`` an attachment's page;
 - ``GET /rest/api/content/{id}?expand=body.storage,version``: a page with its storage-format body;
   404 for a deleted page, 403 for a restricted one (restricted pages are also left out of searches);
 - ``GET /download/attachments/{page}/{file}``: an attachment's bytes;
@@ -49,6 +50,13 @@ class FakePage:
     attachments: list[FakeAttachment] = field(default_factory=list)
     #: Where a request for the page's body is redirected (302), if anywhere.
     redirect: str | None = None
+    #: Who created the page, and who made its current version (display names; Cloud also gives accountId).
+    author: str = "Ada Author"
+    editor: str = ""
+
+
+def _user(name: str) -> dict[str, Any]:
+    return {"type": "known", "displayName": name, "accountId": "acc-" + name.lower().replace(" ", "-")}
 
 
 _CLAUSE = re.compile(r'^\s*(space|type|label)\s*(=|in)\s*(.+?)\s*$', re.I)
@@ -154,7 +162,9 @@ class FakeConfluence(LocalServer):
         data: dict[str, Any] = {"id": page.id, "type": "page", "status": "current", "title": page.title,
                                 "_links": {"webui": f"/spaces/{page.space}/pages/{page.id}"}}
         if "version" in expand:
-            data["version"] = {"number": page.version}
+            data["version"] = {"number": page.version, "by": _user(page.editor or page.author)}
+        if "history" in expand:
+            data["history"] = {"latest": True, "createdBy": _user(page.author)}
         if "space" in expand:
             data["space"] = {"key": page.space}
         if "body.storage" in expand:
