@@ -204,12 +204,13 @@ def ensure_chunk_readers(collection: Any, public: str) -> int:
     return rewrite_chunks(collection, None, {"readers": [public]})
 
 
-def rewrite_chunks(collection: Any, where: Any, changes: dict[str, Any]) -> int:
-    """Sets ``changes`` on the chunks ``where`` selects (all for None), vectors and ids kept."""
+def rewrite_chunks(collection: Any, where: Any, changes: dict[str, Any], limit: int = 10_000) -> int:
+    """Sets ``changes`` on the chunks ``where`` selects (all for None; else at most ``limit``, which
+    Weaviate caps at its QUERY_MAXIMUM_RESULTS, 10,000 by default), vectors and ids kept."""
     batch: list[DataObject] = []
     done = 0
     objects = (collection.iterator(include_vector=True) if where is None else
-               collection.query.fetch_objects(filters=where, include_vector=True, limit=100_000).objects)
+               collection.query.fetch_objects(filters=where, include_vector=True, limit=limit).objects)
     for obj in objects:
         props = {k: v for k, v in obj.properties.items() if v is not None}
         props.update(changes)

@@ -320,7 +320,8 @@ class WeaviateKnowledgeStore:
                 return False
             record.readers = sorted(readers)
             where = Filter.by_property("doc_id").equal(doc_id) & Filter.by_property("version").equal(record.version)
-            schema.rewrite_chunks(self.collection, where, {"readers": list(record.readers)})
+            schema.rewrite_chunks(self.collection, where, {"readers": list(record.readers)},
+                                  limit=min(max(record.chunks, 1), 10_000))
             seq = self.manifest_log.next_seq()
             self.manifest_log.write([(record, seq)])
             self.manifest_log.set_seq(seq)
