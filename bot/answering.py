@@ -305,8 +305,11 @@ class Answerer:
         if answer.outcome is Outcome.NOT_FOUND and await self._elsewhere(inquiry, question, audience):
             answer.text = f"{answer.text}\n\n{say('ask_in_dm', language)}"
             answer.trace.steps.append({"step": "permissions", "ask_in_dm": True})
-        notice = self.permissions.notice
-        if not audience.mapped and notice is not None and await notice.first_time(inquiry):
+        # Told where only the asker reads it, and only where identities are mapped at all (nothing
+        # configured: everyone reads public documents, and nobody needs telling).
+        notice, audiences = self.permissions.notice, self.permissions.audiences
+        if (not audience.mapped and audience.private and notice is not None and audiences is not None
+                and audiences.maps(inquiry.platform) and await notice.first_time(inquiry)):
             answer.text = f"{answer.text}\n\n{say('unmapped_identity', language)}"
 
     def _learn_later(self, inquiry: Inquiry, question: str, prefs: Preferences) -> None:

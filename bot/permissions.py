@@ -151,6 +151,11 @@ class Audiences:
             return None
         return frozenset(found or ()) | (from_map or frozenset())
 
+    def maps(self, platform: str) -> bool:
+        """Whether identities of ``platform`` are mapped at all (a directory, or settings naming its
+        users): only then is an asker who is not mapped worth telling."""
+        return platform in self.directories or any(k.startswith(f"{platform}:") for k in self.principals_map)
+
     async def _members(self, inquiry: Inquiry) -> list[str] | None:
         directory = self.directories.get(inquiry.platform)
         if directory is None:

@@ -287,10 +287,10 @@ def read_capped(path: Path, max_bytes: int | None) -> bytes:
 class _FileScan:
     files: list[tuple[Path, str | None]]
     max_bytes: int | None = None
-    #: (path, root) -> who may read the file (None: public to its space); see ``pipelines.acl``.
-    readers: Callable[[str, str | None], list[str] | None] | None = None
     outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
     revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
+    #: (path, root) -> who may read the file (None: public to its space); see ``pipelines.acl``.
+    readers: Callable[[str, str | None], list[str] | None] | None = None
 
     @property
     def total(self) -> int:

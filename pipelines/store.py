@@ -64,6 +64,12 @@ class FilteredDocumentStore(InMemoryDocumentStore):
     list-valued field (a chunk's ``readers``) is "contains any", as in Weaviate, so the permission filter
     is applied inside the query (before top-k) exactly as it is there."""
 
+    def to_dict(self) -> dict[str, Any]:
+        # Saved as Haystack's own store: the file stays what it was, readable by either class.
+        data = super().to_dict()
+        data["type"] = f"{InMemoryDocumentStore.__module__}.{InMemoryDocumentStore.__name__}"
+        return data
+
     def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
         if not filters:
             return super().filter_documents(filters)
