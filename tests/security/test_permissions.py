@@ -31,6 +31,7 @@ from bot.refresh import Refresher
 from bot.runtime import Runtime, build_runtime
 from bot.settings import ConfluenceSettings, SourceSettings
 from bot.types import Answer, Inquiry, Outcome
+from pipelines.components.facts import FactLookup
 from pipelines.components.retrievers import retriever_for
 from pipelines.filters import and_filters, readers_filter, space_filter
 from tests.conftest import make_settings
@@ -43,7 +44,8 @@ pytestmark = pytest.mark.skipif(SERVICES_MISSING is not None, reason=SERVICES_MI
 TEAM = "T0PERM"
 SEALS = "<p>The HL-K8 compressor seal must be replaced every 7,200 operating hours.</p>"
 CLAIMS = ("<p>Warranty claims for the HL-K8 compressor are approved up to 4,800 euros by the service manager "
-          "without further review.</p>")
+          "without further review.</p><h2>Claim limits</h2><table><tbody><tr><th>Model</th><th>Claim limit</th></tr>"
+          "<tr><td>HL-K8</td><td>4,800 euros</td></tr></tbody></table>")
 ESCALATION = "<p>HL-K8 warranty claims above 4,800 euros are escalated to the finance director Marta Ruiz.</p>"
 SECRET_WORDS = ("4,800", "Marta Ruiz")
 CLAIMS_QUESTION = "Up to which amount are HL-K8 warranty claims approved without further review?"
@@ -161,6 +163,16 @@ async def test_the_filter_is_inside_the_query_so_top_k_stays_full(world):
     # The two best chunks overall are restricted: had they been removed after retrieval, Bob's list
     # would be empty; filtered in the query, it holds what Bob may read.
     assert [d.meta["doc_id"] for d in found_bob] == [world.doc("seals")]
+
+
+async def test_facts_come_only_from_documents_the_audience_may_read(world):
+    facts = FactLookup(world.runtime.store)
+    spaces = space_filter(["default"])
+    bob = facts.run("HL-K8 claim limit", ["default"], filters=and_filters(spaces, readers_filter({"public"})))
+    alice = facts.run("HL-K8 claim limit", ["default"],
+                      filters=and_filters(spaces, readers_filter({"public", "user:alice@example.com"})))
+    assert any("4,800" in line for line in alice["facts"]), alice
+    assert not any("4,800" in line for line in bob["facts"]), bob
 
 
 async def test_restricted_page_never_reaches_channel_or_unauthorised_dm(world):
