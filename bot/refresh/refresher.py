@@ -209,6 +209,10 @@ class Refresher:
                 error += ": not fetched this run, its pages keep their indexed versions"
         duration = (utcnow() - started).total_seconds()
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
+        if permissions_only:
+            # Not the source's last run: its content was not refreshed, so its schedule and validators stand.
+            log_run(record)
+            return record
         try:
             await self.runs.save_run(record)
             if isinstance(source, UrlSource | ConfluenceSource):
