@@ -7,9 +7,15 @@ any of ``principals`` principals (``public`` and the audience's own; ``pipelines
 Queries alternate between the two, and which goes first alternates too.
 
 The chunks are synthetic, made the same way every run (seeded): texts of 40 words drawn from 2,000,
-384-dimensional unit vectors, 70 % public, the rest readable by 1-3 of 5,000 users and groups. What is
-compared is one filter against another on the same data, so the texts' meaning does not matter; the
-vectors are random, so the vector side's work is the HNSW search's worst case, not its best.
+384-dimensional unit vectors, 70 % public, the rest readable by 1-3 principals. What is compared is
+one filter against another on the same data, so the texts' meaning does not matter; the vectors are
+random, so the vector side's work is the HNSW search's worst case, not its best.
+
+Two corpora: ``named`` 5,000 (restrictions name principals from the whole pool of 5,000, so most of
+the audience's 1,000 are named by some document: the worst case, ~700 sent) and ``named`` 200
+(restrictions name 200 principals, as restrictions by a few groups do: ~40 sent). A turn sends only
+the principals some document names (``bot.permissions.Audience.filter``, ``KnownPrincipals``), and a
+store's cost grows with the values sent.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import numpy as np
 from haystack import Document
 from haystack.document_stores.types import DuplicatePolicy
 
+from bot.permissions import Audience
 from pipelines.analysis import chunk_search_text
 from pipelines.components.retrievers import retriever_for
-from pipelines.filters import PUBLIC, and_filters, readers_filter, space_filter
+from pipelines.filters import PUBLIC, and_filters, space_filter
 from pipelines.records import chunk_id
 from pipelines.store import InMemoryKnowledgeStore
 
@@ -41,7 +48,7 @@ def _principal(i: int) -> str:
     return f"group:g{i}" if i % 10 == 0 else f"user:u{i}@example.com"
 
 
-def synthetic_chunks(n: int, seed: int = 30) -> list[Document]:
+def synthetic_chunks(n: int, seed: int = 30, named: int = PRINCIPAL_POOL) -> list[Document]:
     rng = random.Random(seed)
     vectors = np.random.default_rng(seed).standard_normal((n, DIMENSIONS)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -49,7 +56,7 @@ def synthetic_chunks(n: int, seed: int = 30) -> list[Document]:
     for i in range(n):
         doc_id = f"bench:perm:{i // 4}"
         readers = [PUBLIC] if rng.random() < PUBLIC_SHARE else sorted(
-            {_principal(rng.randrange(PRINCIPAL_POOL)) for _ in range(rng.randint(1, 3))})
+            {_principal(rng.randrange(named)) for _ in range(rng.randint(1, 3))})
         text = " ".join(f"w{rng.randrange(VOCABULARY)}" for _ in range(40))
         meta = {"doc_id": doc_id, "version": 1, "position": i % 4, "title": doc_id, "source": doc_id,
                 "space": "default", "language": "en", "readers": readers}
@@ -64,10 +71,12 @@ def queries(n: int, seed: int = 31) -> list[tuple[str, list[float]]]:
     return [(" ".join(f"w{rng.randrange(VOCABULARY)}" for _ in range(6)), vectors[i].tolist()) for i in range(n)]
 
 
-def audience_filter(principals: int) -> dict[str, Any]:
-    """The spaces and a private audience of ``principals`` principals (``public`` among them)."""
+def audience_filter(principals: int, known: frozenset[str] | None = None) -> dict[str, Any]:
+    """The spaces and a private audience of ``principals`` principals (``public`` among them), built as
+    a turn builds it (``Audience.filter``): without the principals no document names, given ``known``."""
     own = [_principal(i) for i in range(0, PRINCIPAL_POOL, max(1, PRINCIPAL_POOL // (principals - 1)))][: principals - 1]
-    return and_filters(space_filter(["default"]), readers_filter({PUBLIC, *own}))
+    audience = Audience(private=True, everyone=frozenset({PUBLIC, *own}), asker=frozenset(own))
+    return and_filters(space_filter(["default"]), audience.filter(known))
 
 
 def memory_store(chunks: list[Document], directory: Path) -> InMemoryKnowledgeStore:
@@ -123,19 +132,32 @@ def side_by_side(store: Any, asked: list[tuple[str, list[float]]], with_filter: 
             "samples": len(plain_ms), "results_min": min(kept) if kept else 0}
 
 
-def run(url: str | None, *, chunks: int = 10_000, principals: int = 1000, n_queries: int = 50) -> list[dict[str, Any]]:
-    data = synthetic_chunks(chunks)
+def run(url: str | None, *, chunks: int = 10_000, principals: int = 1000, n_queries: int = 50,
+        named: tuple[int, ...] = (PRINCIPAL_POOL, 200)) -> list[dict[str, Any]]:
+    rows = []
+    for pool in named:
+        rows += run_one(url, chunks=chunks, principals=principals, n_queries=n_queries, named=pool)
+    return rows
+
+
+def run_one(url: str | None, *, chunks: int, principals: int, n_queries: int, named: int) -> list[dict[str, Any]]:
+    data = synthetic_chunks(chunks, named=named)
     asked = queries(n_queries)
-    with_filter, without = audience_filter(principals), space_filter(["default"])
+    # The principals the documents name, as KnownPrincipals reads them from the store's records.
+    known = frozenset(p for c in data for p in c.meta["readers"])
+    with_filter, without = audience_filter(principals, known), space_filter(["default"])
+    sent = sum(len(c["value"]) for c in with_filter["conditions"][1:])
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         memory = memory_store(data, Path(scratch))
-        rows.append({"backend": "memory", "chunks": memory.count_chunks(), "principals": principals,
+        rows.append({"backend": "memory", "chunks": memory.count_chunks(), "principals": principals, "named": named,
+                     "sent": sent,
                      **side_by_side(memory, asked, with_filter, without)})
     if url:
-        weaviate = weaviate_store(url, data)
+        weaviate = weaviate_store(url, data, f"BenchPermissions{named}")
         try:
             rows.append({"backend": "weaviate", "chunks": weaviate.count_chunks(), "principals": principals,
+                         "named": named, "sent": sent,
                          **side_by_side(weaviate, asked, with_filter, without)})
         finally:
             weaviate.close()

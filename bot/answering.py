@@ -111,6 +111,11 @@ class Permissions:
     audiences: Audiences | None = None
     notice: UnmappedNotice | None = None
     probe: Probe | None = None
+    #: Every principal the documents name (``bot.permissions.KnownPrincipals``): the filter sends no other.
+    known: Callable[[], frozenset[str]] | None = None
+
+    async def known_principals(self) -> frozenset[str] | None:
+        return await asyncio.to_thread(self.known) if self.known is not None else None
 
 
 class Answerer:
@@ -238,7 +243,8 @@ class Answerer:
                    on_chunk: Any, preferences: str = "", audience: Audience | None = None) -> dict[str, Any]:
         spaces = list(inquiry.spaces)
         # The permission filter is part of the store's query, never applied to its results afterwards.
-        filters = and_filters(space_filter(spaces), (audience or Audience.public()).filter())
+        known = await self.permissions.known_principals()
+        filters = and_filters(space_filter(spaces), (audience or Audience.public()).filter(known))
         data = query_inputs(self.pipeline, question, budget=budget, filters=filters, spaces=spaces or None,
                             history=history, preferences=preferences, streaming_callback=on_chunk)
         return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
@@ -296,8 +302,9 @@ class Answerer:
         alone = audience.alone()
         if alone is None or self.permissions.probe is None:
             return False
+        known = await self.permissions.known_principals()
         found = await self.permissions.probe(question, and_filters(space_filter(list(inquiry.spaces)),
-                                                                   alone.filter()))
+                                                                   alone.filter(known)))
         return any(not audience.admits(d.meta or {}) for d in found)
 
     async def _permission_notes(self, inquiry: Inquiry, question: str, answer: Answer, audience: Audience) -> None:

@@ -27,7 +27,7 @@ from bot.insights.store import RedisTurnLog, SqliteTurnLog
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
-from bot.permissions import Audiences, UnmappedNotice
+from bot.permissions import Audiences, KnownPrincipals, UnmappedNotice
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis
 from bot.refresh import Refresher, knowledge_status, run_log
@@ -421,7 +421,7 @@ class Runtime:
                         preferences=self._preferences, learner=learner if helper is not None else None,
                         turns=self._turns,
                         permissions=Permissions(self.audiences, UnmappedNotice(self.idempotency.claim),
-                                                self.retrieval_probe()))
+                                                self.retrieval_probe(), KnownPrincipals(self.store)))
 
     @cached_property
     def audiences(self) -> Audiences:

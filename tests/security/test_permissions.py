@@ -276,3 +276,26 @@ async def test_api_callers_and_telegram_users_are_mapped_by_the_settings(world):
     # A Telegram group: members cannot be listed, so only what the whole group may read.
     group = await world.ask("42", CLAIMS_QUESTION, platform="telegram", tenant="7", channel="-100", private=False)
     assert leaked(group, world, "claims", "escalation") == []
+
+
+def test_leaving_out_principals_no_document_names_changes_nothing_that_matches():
+    import random
+
+    from haystack import Document
+
+    from bot.permissions import Audience
+    from pipelines.filters import compile_filter
+
+    rng = random.Random(7)
+    pool = [f"user:u{i}@example.com" for i in range(60)] + [f"group:g{i}" for i in range(20)]
+    docs = [Document(content="", meta={"readers": ["public"] if rng.random() < 0.3 else rng.sample(pool[:40], 2)})
+            for _ in range(300)]
+    known = frozenset(p for d in docs for p in d.meta["readers"])
+    members = tuple(frozenset(rng.sample(pool, 5)) for _ in range(3))
+    for audience in (Audience(private=True, everyone=frozenset({"public", *members[0]}), asker=members[0]),
+                     Audience(private=False, everyone=frozenset({"public", "channel:c1"}), each=members),
+                     Audience(private=False, everyone=frozenset({"public", "channel:c1"}),
+                              each=(members[0], frozenset()))):
+        full, narrowed = compile_filter(audience.filter()), compile_filter(audience.filter(known))
+        assert [full(d) for d in docs] == [narrowed(d) for d in docs]
+        assert any(full(d) for d in docs) and not all(full(d) for d in docs)
