@@ -72,7 +72,8 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     return 1 if report.failed and nothing_indexed else 0
 
 
-def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", out: Any = None) -> int:
+def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", out: Any = None,
+                permissions_only: bool = False) -> int:
     """``kbbot refresh [SOURCE]``: the configured sources now, with a progress bar and a summary line each.
 
     Exit status 1 when a run failed as a whole (e.g. its folder is missing); documents that failed are
@@ -91,7 +92,8 @@ def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", 
                 refresher.source(name)  # unknown names fail before anything runs
             for name in names:
                 records.append(await refresher.run(name, trigger=trigger, on_wait=_waiting,
-                                                   progress=tqdm_progress(f"refreshing {name}", "doc")))
+                                                   progress=tqdm_progress(f"refreshing {name}", "doc"),
+                                                   permissions_only=permissions_only))
         return records
 
     try:
@@ -322,6 +324,9 @@ def parser() -> argparse.ArgumentParser:
 
     rf = sub.add_parser("refresh", help="refresh the configured sources now (all, or the one named)")
     rf.add_argument("source", nargs="?", help="a source name from the settings file")
+    rf.add_argument("--permissions-only", action="store_true",
+                    help="only who may read each indexed document (Confluence restrictions and space permissions, "
+                         "the acl: of folders and URLs): no content read, nothing embedded")
 
     sub.add_parser("reindex", help="rebuild the keyword (BM25) index from the stored chunks, after an upgrade "
                                    "that changed the keyword analysis (no re-embedding)")
@@ -386,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if args.command == "index" and args.paths:
                     return run_index(runtime, args.paths, args.space)
-                return run_refresh(runtime, [args.source] if getattr(args, "source", None) else [])
+                return run_refresh(runtime, [args.source] if getattr(args, "source", None) else [],
+                                   permissions_only=getattr(args, "permissions_only", False))
             finally:
                 runtime.store.close()
         if args.command == "ask":

@@ -51,4 +51,4 @@ class ConsoleReply:
 
 def console_inquiry(text: str, thread: str) -> Inquiry:
     return Inquiry(platform="console", tenant="local", channel="console", thread_key=f"console:{thread}",
-                   user_id="console", text=text)
+                   user_id="console", text=text, private=True)

@@ -230,7 +230,7 @@ class HttpApi:
     def _inquiry(self, caller: ApiToken, question: str, conversation: str, user: str | None) -> Inquiry:
         return Inquiry(platform="api", tenant=caller.name, channel=caller.name,
                        thread_key=f"api:{caller.name}:{conversation}", user_id=user or conversation, text=question,
-                       spaces=caller.spaces)
+                       spaces=caller.spaces, private=True)  # the caller alone reads the answer
 
     async def _turn(self, inquiry: Inquiry, claimed: Claim | None, kind: str) -> AsyncIterator[Event]:
         """Runs the turn and yields its events as they happen; the turn finishes even if the client

@@ -35,6 +35,7 @@ from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest
 from adapters.knowledge_loop import ReviewerMessages
 from adapters.slack import SlackAdapter
+from adapters.slack_directory import SlackDirectory
 from adapters.slack_reply import make_rates as make_slack_rates
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_reply import make_rates as make_telegram_rates
@@ -117,7 +118,9 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
     slack = runtime.settings.slack
     if slack.enabled:
         slack.check_serving()
-        adapters.append(SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix)))
+        adapter = SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix))
+        runtime.audiences.register("slack", SlackDirectory(adapter.client, cache_s=runtime.settings.permissions.cache_s))
+        adapters.append(adapter)
     telegram = runtime.settings.telegram
     if telegram.enabled:
         telegram.check_serving()

@@ -482,7 +482,7 @@ class SlackAdapter:
                             question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
-                          spaces=self.settings.spaces_for(channel))
+                          spaces=self.settings.spaces_for(channel), private=is_dm)
         if self._bot_id is None and getattr(context, "bot_id", None):
             self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
         accepted = await self.delivery.accept(inquiry, keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s,

@@ -382,7 +382,7 @@ class TelegramAdapter:
             language = "zh"
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
-                          spaces=self.settings.spaces_for(str(where.chat_id)))
+                          spaces=self.settings.spaces_for(str(where.chat_id)), private=where.private)
         event_id = str(event_update.update_id if event_update is not None else 0)
         kind = "private" if where.private else "group"
         accepted = await self.delivery.accept(inquiry, self._keys(message, event_update), self.settings.dedupe_ttl_s,

@@ -3,6 +3,10 @@ against a bare weaviate-client hybrid query of the same collection, and latency 
 
     uv run python -m bench.retrieval [--dataset ../shared/eval/clapnq] [--scale 50000] [--queries 100]
                                      [--scale-queries 50] [--json]
+    uv run python -m bench.retrieval --permissions [--json]
+
+``--permissions``: only the cost of the permission filter, side by side on both stores (1,000
+principals over 10,000 chunks, with and without it; ``bench/permission_cost.py``).
 
 Quality (hit@1, hit@5, MRR@10) and latency (p50/p95, query embedding included) come from the
 real retrieval pipeline (embed -> retrieve -> current -> rank) through ``pipelines.evaluation``.
@@ -334,6 +338,18 @@ class Stopwatch:
             print(f"bench.retrieval: {name} {self.seconds[name]:.1f} s", file=sys.stderr, flush=True)
 
 
+def permissions_main(as_json: bool) -> int:
+    from bench import permission_cost
+
+    rows = permission_cost.run(os.environ.get("WEAVIATE_URL"))
+    if as_json:
+        print(json.dumps({"permissions": rows}))
+        return 0
+    print("retrieval with a permission filter of 1,000 principals vs without (the spaces only), side by side:")
+    print(table(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default=str(REPO.parent / "shared" / "eval" / "clapnq"))
@@ -342,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-queries", type=int, default=50,
                         help="queries for the overhead at --scale chunks (each timed once per retriever)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--permissions", action="store_true",
+                        help="only the permission filter's cost (1,000 principals over 10,000 chunks), both stores")
     args = parser.parse_args(argv)
+    if args.permissions:
+        return permissions_main(args.json)
     dataset = Path(args.dataset)
     if not (dataset / "corpus.jsonl").exists():
         print(f"bench.retrieval: no dataset at {dataset}; skipped", file=sys.stderr)

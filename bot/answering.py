@@ -23,14 +23,15 @@ from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
 from bot.metrics import METRICS
+from bot.permissions import Audience, Audiences, UnmappedNotice, audience_meta, visible_history
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
 from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
 from pipelines.citations import attach_missing_markers, normalize_markers
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
+from pipelines.filters import and_filters, space_filter
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
-from pipelines.store import space_filter
 from pipelines.text import detect_language, link_host
 from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
@@ -102,6 +103,26 @@ class Approvals:
     knowledge_version: Callable[[], int] | None = None
 
 
+#: Retrieval alone for a question under a filter: the chunks relevant enough to answer from.
+Probe = Callable[[str, dict[str, Any]], Awaitable[list[Document]]]
+
+
+@dataclass
+class Permissions:
+    """The access rule of a turn (``bot.permissions``): who will see it (``audiences``; None: public
+    documents only), the once-only note to askers who cannot be mapped, and the retrieval ``probe`` that
+    tells a channel's asker a direct message would find more."""
+
+    audiences: Audiences | None = None
+    notice: UnmappedNotice | None = None
+    probe: Probe | None = None
+    #: Every principal the documents name (``bot.permissions.KnownPrincipals``): the filter sends no other.
+    known: Callable[[], frozenset[str]] | None = None
+
+    async def known_principals(self) -> frozenset[str] | None:
+        return await asyncio.to_thread(self.known) if self.known is not None else None
+
+
 class Answerer:
     """Runs turns: history, the query pipeline with streaming, outcome, citations checked against
     the current knowledge (regenerated once if a cited document changed meanwhile), history, trace."""
@@ -121,6 +142,7 @@ class Answerer:
         preferences: PreferenceStore | None = None,
         learner: Callable[[str], Awaitable[str | None]] | None = None,
         turns: TurnRecorder | None = None,
+        permissions: Permissions | None = None,
     ):
         self.pipeline = pipeline
         self.history = history
@@ -134,6 +156,7 @@ class Answerer:
         self.preferences = preferences
         self.learner = learner  # one helper model call: system prompt in, reply out
         self.turns = turns  # turn records for the report and the admin page (bot.insights)
+        self.permissions = permissions or Permissions()
         self._background: set[asyncio.Task[None]] = set()
         install_stage_timer()
 
@@ -216,10 +239,19 @@ class Answerer:
         await reply.fail(message)
         return Answer(text=message, outcome=Outcome.ERROR, trace=trace)
 
+    async def audience(self, inquiry: Inquiry) -> Audience:
+        """Who will see the answer to ``inquiry`` (``bot.permissions``)."""
+        if self.permissions.audiences is None:
+            return Audience.public(private=inquiry.private)
+        return await self.permissions.audiences.of(inquiry)
+
     async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
-                   on_chunk: Any, preferences: str = "") -> dict[str, Any]:
+                   on_chunk: Any, preferences: str = "", audience: Audience | None = None) -> dict[str, Any]:
         spaces = list(inquiry.spaces)
-        data = query_inputs(self.pipeline, question, budget=budget, filters=space_filter(spaces), spaces=spaces or None,
+        # The permission filter is part of the store's query, never applied to its results afterwards.
+        known = await self.permissions.known_principals()
+        filters = and_filters(space_filter(spaces), (audience or Audience.public()).filter(known))
+        data = query_inputs(self.pipeline, question, budget=budget, filters=filters, spaces=spaces or None,
                             history=history, preferences=preferences, streaming_callback=on_chunk)
         return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
 
@@ -275,11 +307,35 @@ class Answerer:
         checks = await asyncio.to_thread(lambda: [self.is_current(c.doc_id, c.version) for c in answer.citations])
         return [c for c, ok in zip(answer.citations, checks) if not ok]
 
-    async def _cache_key(self, inquiry: Inquiry, question: str) -> CacheKey | None:
+    async def _cache_key(self, inquiry: Inquiry, question: str, audience: Audience) -> CacheKey | None:
         if self.approvals.cache is None or self.approvals.knowledge_version is None:
             return None
         version = await asyncio.to_thread(self.approvals.knowledge_version)
-        return CacheKey.of(question, inquiry.spaces, version, *self.approvals.identity, tenant=tenant_of(inquiry))
+        return CacheKey.of(question, inquiry.spaces, version, *self.approvals.identity, tenant=tenant_of(inquiry),
+                           audience=audience.key)
+
+    async def _elsewhere(self, inquiry: Inquiry, question: str, audience: Audience) -> bool:
+        """For a question not found where others see the answer: whether the asker's own access (a direct
+        message) has relevant chunks this audience may not read."""
+        alone = audience.alone()
+        if alone is None or self.permissions.probe is None:
+            return False
+        known = await self.permissions.known_principals()
+        found = await self.permissions.probe(question, and_filters(space_filter(list(inquiry.spaces)),
+                                                                   alone.filter(known)))
+        return any(not audience.admits(d.meta or {}) for d in found)
+
+    async def _permission_notes(self, inquiry: Inquiry, question: str, answer: Answer, audience: Audience) -> None:
+        language = detect_language(question)
+        if answer.outcome is Outcome.NOT_FOUND and await self._elsewhere(inquiry, question, audience):
+            answer.text = f"{answer.text}\n\n{say('ask_in_dm', language)}"
+            answer.trace.steps.append({"step": "permissions", "ask_in_dm": True})
+        # Told where only the asker reads it, and only where identities are mapped at all (nothing
+        # configured: everyone reads public documents, and nobody needs telling).
+        notice, audiences = self.permissions.notice, self.permissions.audiences
+        if (not audience.mapped and audience.private and notice is not None and audiences is not None
+                and audiences.maps(inquiry.platform) and await notice.first_time(inquiry)):
+            answer.text = f"{answer.text}\n\n{say('unmapped_identity', language)}"
 
     def _learn_later(self, inquiry: Inquiry, question: str, prefs: Preferences) -> None:
         """Background: explicit answering preferences in the message, for a user who opted in."""
@@ -307,13 +363,16 @@ class Answerer:
     async def _answer(self, inquiry: Inquiry, question: str, reply: Reply, trace: Trace, fresh: bool) -> Answer:
         started = time.perf_counter()
         await reply.start()
+        audience = await self.audience(inquiry)
         t = time.perf_counter()
-        history = await self.history.load(inquiry.thread_key)
+        # Only what was written for this same audience: an earlier answer for other readers may hold
+        # what this one may not read.
+        history = visible_history(await self.history.load(inquiry.thread_key), audience)
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")
         # Only a thread's first question is standalone for sure: later ones may lean on history
         # ("and the second one?"), so they are neither served from nor offered to the cache.
-        key = await self._cache_key(inquiry, question) if not history else None
+        key = await self._cache_key(inquiry, question, audience) if not history else None
         if key is not None and not fresh:
             hit = await self.approvals.cache.lookup(key)
             if hit is not None and await self._stale(hit.to_answer()):
@@ -326,7 +385,7 @@ class Answerer:
                 answer = hit.to_answer()
                 answer.trace = trace
                 answer.text = f"{cached_label(answer, detect_language(question))}\n\n{answer.text}"
-                return await self._conclude(inquiry, question, answer, reply, started)
+                return await self._conclude(inquiry, question, answer, reply, started, audience)
 
         prefs = Preferences()
         if self.preferences is not None:
@@ -343,7 +402,7 @@ class Answerer:
         budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
                                   max_retries=self.limits.max_retries)
         with record_stages(trace.stages, reply.progress if isinstance(reply, ShowsProgress) else None):
-            result = await self._run(question, inquiry, history, budget, on_chunk, note)
+            result = await self._run(question, inquiry, history, budget, on_chunk, note, audience)
         answer = self._outcome(result, question, trace)
         calls = len(budget.calls) + self._answer_calls(result)
         steps = list(budget.steps)
@@ -357,7 +416,7 @@ class Answerer:
             trace.regenerated = True
             again = TurnBudget(max_model_calls=max(self.limits.max_model_calls - calls, 1), deadline=budget.deadline,
                                retries_left=0)
-            result = await self._run(question, inquiry, history, again, None, note)
+            result = await self._run(question, inquiry, history, again, None, note, audience)
             answer = self._outcome(result, question, trace)
             calls += len(again.calls) + self._answer_calls(result)
             steps += [{"step": "regenerate"}, *again.steps]
@@ -373,15 +432,17 @@ class Answerer:
             await self.approvals.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
             answer.approvable = True
         self._learn_later(inquiry, question, prefs)
-        return await self._conclude(inquiry, question, answer, reply, started)
+        await self._permission_notes(inquiry, question, answer, audience)
+        return await self._conclude(inquiry, question, answer, reply, started, audience)
 
-    async def _conclude(self, inquiry: Inquiry, question: str, answer: Answer, reply: Reply, started: float) -> Answer:
+    async def _conclude(self, inquiry: Inquiry, question: str, answer: Answer, reply: Reply, started: float,
+                        audience: Audience) -> Answer:
         trace = answer.trace
         # History is written only once the answer exists: a failed turn leaves no half turn.
         t = time.perf_counter()
         await self.history.append(inquiry.thread_key, [
-            ChatMessage.from_user(question),
-            ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value}),
+            ChatMessage.from_user(question, meta=audience_meta(audience)),
+            ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value, **audience_meta(audience)}),
         ])
         trace.stages["history"] = trace.stages.get("history", 0.0) + (time.perf_counter() - t) * 1000
         trace.stages["total"] = (time.perf_counter() - started) * 1000

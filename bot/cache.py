@@ -60,15 +60,20 @@ class CacheKey:
     model: str
     policy: str
     tenant: str = ""  # "slack:T123", "telegram:<bot id>", "console"
+    #: What the asking audience may read (``bot.permissions.Audience.key``): an answer approved for one
+    #: audience is served only to the same one.
+    audience: str = ""
 
     @classmethod
     def of(cls, question: str, spaces: list[str] | tuple[str, ...], knowledge_version: int, model: str,
-           policy: str, tenant: str = "") -> CacheKey:
-        return cls(normalise_question(question), tuple(sorted(spaces)), knowledge_version, model, policy, tenant)
+           policy: str, tenant: str = "", audience: str = "") -> CacheKey:
+        return cls(normalise_question(question), tuple(sorted(spaces)), knowledge_version, model, policy, tenant,
+                   audience)
 
     @property
     def digest(self) -> str:
-        payload = json.dumps([self.question, self.spaces, self.model, self.policy, self.tenant], ensure_ascii=False)
+        payload = json.dumps([self.question, self.spaces, self.model, self.policy, self.tenant, self.audience],
+                             ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

@@ -15,6 +15,15 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "知识库中没有找到与这个问题相关的内容，因此无法给出可靠的回答。"
               "请补充产品型号或故障代码后重新提问，或联系售后服务团队。",
     },
+    "ask_in_dm": {
+        "en": "Some documents I may not use where others see my answer may hold it: ask me in a direct message.",
+        "zh": "某些文档可能包含答案，但在他人可见的对话中我不能使用：请通过私信向我提问。",
+    },
+    "unmapped_identity": {
+        "en": "I could not match you to an account of the knowledge sources, so I answer from public documents "
+              "only. An administrator can map you (permissions.principals).",
+        "zh": "无法将您对应到知识来源中的账号，因此我只根据公开文档回答。管理员可以为您配置映射（permissions.principals）。",
+    },
     "off_topic": {
         "en": "That is outside what I can help with. I answer questions from the company knowledge base about: {subjects}.",
         "zh": "这个问题超出了我的服务范围。我只根据公司知识库回答以下方面的问题：{subjects}。",

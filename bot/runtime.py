@@ -7,13 +7,16 @@ report (``bot/health.py``) and the insights report read theirs; adapters read th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from bot.answering import Admission, Answerer, Approvals, TurnLimits
+from haystack import Document
+
+from bot.answering import Admission, Answerer, Approvals, Permissions, Probe, TurnLimits
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
 from bot.conversation import Conversations, Kept, TakeOver, TurnRecord
@@ -27,6 +30,7 @@ from bot.loop.hook import KnowledgeLoop
 from bot.loop.recheck import ApprovalRecheck, ReviewerDesk
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
+from bot.permissions import Audiences, KnownPrincipals, UnmappedNotice
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis
 from bot.refresh import Refresher, knowledge_status, run_log
@@ -44,7 +48,15 @@ from pipelines.components.turn import TurnBudget, consult
 from pipelines.errors import ServiceUnavailable
 from pipelines.generators import ResponseHook, make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
-from pipelines.query import Decisions, Models, Prompting, Retrieval, build_query_pipeline, build_retrieval_pipeline
+from pipelines.query import (
+    Decisions,
+    Models,
+    Prompting,
+    Retrieval,
+    build_query_pipeline,
+    build_retrieval_pipeline,
+    retrieval_inputs,
+)
 from pipelines.store import KnowledgeStore, open_store
 
 
@@ -422,7 +434,30 @@ class Runtime:
                         approvals=Approvals(self._approved, (model_name, s.approvals.policy_version),
                                             lambda: self.store.knowledge_version),
                         preferences=self._preferences, learner=learner if helper is not None else None,
-                        turns=self._turns)
+                        turns=self._turns,
+                        permissions=Permissions(self.audiences, UnmappedNotice(self.idempotency.claim),
+                                                self.retrieval_probe(), KnownPrincipals(self.store)))
+
+    @cached_property
+    def audiences(self) -> Audiences:
+        """Who sees each answer (``bot.permissions``); adapters register their platform's directory."""
+        p = self.settings.permissions
+        return Audiences(principals=p.principals, cache_s=p.cache_s, max_members=p.max_members)
+
+    def retrieval_probe(self) -> Probe:
+        """Retrieval alone under a filter, keeping chunks as similar as ``retrieval.min_similarity``:
+        whether a direct message would find what a channel may not read."""
+        pipeline = self.retrieval_pipeline(candidates=10)
+        threshold = self.settings.retrieval.min_similarity
+        mode = self.settings.retrieval.mode
+
+        async def probe(question: str, filters: dict[str, Any]) -> list[Document]:
+            data = retrieval_inputs(question, mode=mode, filters=filters)
+            result = await asyncio.to_thread(pipeline.run, data, include_outputs_from={"current"})
+            dense = result["current"]["dense_documents"]
+            return [d for d in dense if (d.score or 0.0) >= threshold]
+
+        return probe
 
 
 def build_runtime(settings: Settings, *, directory_name: str = "store", collection: str | None = None) -> Runtime:

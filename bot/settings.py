@@ -37,6 +37,7 @@ from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.redis_state import SENTINEL_SCHEME, sentinel_url
 from bot.server_settings import ServerSettings
 from bot.settings_base import Env, EnvironmentSource, Explainer, Problem, Section, Text, Texts, refuse_environment_only
+from pipelines.acl import principal
 from pipelines.fusion import check_alpha
 from pipelines.local_model import missing_packages
 from pipelines.redact import redact_url
@@ -229,6 +230,36 @@ class LimitsSettings(Section):
         return self
 
 
+class PermissionsSettings(Section):
+    """Who may read what (``bot/permissions.py``): identities beyond what the platforms tell."""
+
+    #: ``platform:user id`` -> principals (``user:<e-mail>``, ``group:<name>``): Telegram users
+    #: (``telegram:12345``), API callers by name (``api:helpdesk``), the console (``console:console``);
+    #: for Slack users they add to the e-mail and user groups Slack gives.
+    principals: dict[str, list[str]] = {}
+    #: How long a channel's members and a user's principals are remembered (seconds).
+    cache_s: float = Field(300, ge=0)
+    #: A channel with more members than this reads only what the whole channel may (public documents
+    #: and those granted to the channel): checking each member's access would cost too much.
+    max_members: int = Field(500, ge=1)
+
+    @field_validator("principals")
+    @classmethod
+    def _principals(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        checked = {}
+        for who, principals in value.items():
+            platform, _, user = str(who).partition(":")
+            if not platform or not user:
+                raise ValueError(f"[{who!r}]: a key is platform:user id (telegram:12345, api:helpdesk, slack:U123)")
+            if isinstance(principals, str) or not principals:
+                raise ValueError(f"[{who!r}] must be a non-empty list of principals")
+            try:
+                checked[f"{platform.lower()}:{user}"] = [principal(p) for p in principals]
+            except ValueError as exc:
+                raise ValueError(f"[{who!r}]: {exc}") from None
+        return checked
+
+
 class ApprovalsSettings(Section):
     """Answers a reviewer approved, given again for the same first question (``bot/cache.py``)."""
 
@@ -307,6 +338,11 @@ class ConfluenceSettings(Section):
     user: str | None = None
     #: Index the pages' attachments of the indexed file types.
     attachments: StrictBool = True
+    #: Record who may read each page (read restrictions of the page and its ancestors, the space's
+    #: permissions); false: every page is readable by everyone of the source's knowledge space.
+    permissions: StrictBool = True
+    #: Groups meaning "everyone in the company": a space they may read restricts no one.
+    everyone_groups: Texts = ["confluence-users"]
     #: 429/503 answers are retried after their Retry-After, this many times, never waiting longer than this.
     max_retries: int = Field(5, ge=0)
     max_retry_wait_s: Positive = 120
@@ -367,6 +403,26 @@ class SourceSettings(Section):
             out[str(prefix)] = [str(one) for one in ids]
         return out
 
+    #: Folders and URLs: who may read what (a path relative to ``path``, or a URL prefix -> principals:
+    #: ``user:<e-mail>``, ``group:<name>``, ``channel:<id>``, ``public``); the longest prefix wins; a
+    #: document no prefix covers is public to its space. Confluence records its own permissions.
+    acl: dict[str, list[str]] = {}
+
+    @field_validator("acl")
+    @classmethod
+    def _acl(cls, acl: dict[str, list[str]]) -> dict[str, list[str]]:
+        checked = {}
+        for prefix, principals in acl.items():
+            if not str(prefix).strip():
+                raise ValueError("has an empty prefix; use a path (hr/) or a URL prefix")
+            if isinstance(principals, str) or not principals:
+                raise ValueError(f"[{prefix!r}] must be a non-empty list of principals")
+            try:
+                checked[str(prefix).strip()] = [principal(p) for p in principals]
+            except ValueError as exc:
+                raise ValueError(f"[{prefix!r}]: {exc}") from None
+        return checked
+
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
@@ -406,6 +462,9 @@ class SourceSettings(Section):
                           "confluence (a Confluence site)")
         if self.urls and (self.include or self.exclude):
             raise Problem(": include/exclude apply to folders; a URL source lists its urls")
+        if self.confluence and self.acl:
+            raise Problem(": acl applies to folders and URLs; a Confluence source records the permissions "
+                          "Confluence has (confluence.permissions)")
         if bool(self.interval) == bool(self.cron):
             raise Problem("needs exactly one schedule: interval (e.g. 30m, 6h) or cron (e.g. '0 3 * * *')")
         return self
@@ -485,6 +544,7 @@ class Settings(BaseSettings):
     answering: AnsweringSettings = Field(default_factory=AnsweringSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     approvals: ApprovalsSettings = Field(default_factory=ApprovalsSettings)
+    permissions: PermissionsSettings = Field(default_factory=PermissionsSettings)
     preferences: PreferencesSettings = Field(default_factory=PreferencesSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

@@ -34,6 +34,9 @@ class Inquiry:
     text: str
     received_at: float = field(default_factory=time.time)
     spaces: tuple[str, ...] = ("default",)
+    #: Only the asker sees the answer (a DM, a private chat, an API caller, an ephemeral reply): the
+    #: asker's own access applies; otherwise everyone of the channel's (``bot.permissions``).
+    private: bool = False
 
 
 @dataclass(frozen=True)

@@ -226,9 +226,14 @@ class Entry:
     title: str
     link: str  # the web link people follow (the page), for an attachment its download
     suffix: str = ".md"
-    #: Who owns it (``bot/loop/owners.py``): the page's author (an attachment: its page's) and space key.
+    #: Who owns it (``bot/loop/owners.py``): the page's author (an attachment: its page's), and its
+    #: space key (also whose space permissions apply).
     author: str = ""
-    space_key: str = ""
+    space: str = ""
+    #: The page's ancestors' content ids, root first (an attachment: its page's, and the page itself).
+    ancestors: tuple[str, ...] = ()
+    #: The page itself, or an attachment's page: whose read restrictions apply.
+    page_id: str = ""
 
     @property
     def tag(self) -> str:
@@ -270,8 +275,22 @@ class _ConfluenceScan:
         src = self.source
         item = SourceItem(doc_id=entry.doc_id, source=entry.link, root=src.root, suffix=entry.suffix,
                           name=PurePosixPath(entry.title).stem if entry.kind == "attachment" else entry.title,
-                          meta={k: v for k, v in (("author", entry.author), ("confluence_space", entry.space_key))
+                          meta={k: v for k, v in (("author", entry.author), ("confluence_space", entry.space))
                                 if v})
+        if src.permissions is not None:
+            try:
+                item.readers = src.permissions.readers(entry)
+            except Gone as exc:
+                item.gone, item.error = True, str(exc)
+                return item
+            except ConfluenceError as exc:  # permissions unknown: the document keeps its version and readers
+                item.error = f"permissions not read: {exc}"
+                return item
+        if src.permissions_only:
+            item.not_modified = True
+            if entry.doc_id in src.states:
+                src.updated_states[entry.doc_id] = src.states[entry.doc_id]
+            return item
         if self._unchanged(entry):
             item.not_modified = True
             src.updated_states[entry.doc_id] = src.states[entry.doc_id]
@@ -304,7 +323,8 @@ class ConfluenceSource:
 
     def __init__(self, name: str, client: ConfluenceClient | None, *, spaces: list[str] | None = None,
                  cql: str | None = None, attachments: bool = True, states: dict[str, FetchState] | None = None,
-                 max_documents: int = 10000, missing: str | None = None):
+                 max_documents: int = 10000, missing: str | None = None, permissions: bool = True,
+                 everyone_groups: Collection[str] = ("confluence-users",)):
         if bool(spaces) == bool(cql):
             raise ValueError("a Confluence source needs space keys or a CQL query (one of them)")
         self.name = name
@@ -318,6 +338,10 @@ class ConfluenceSource:
         #: Why there is no client (a token not set): the run fails with it, nothing is revoked.
         self.missing = missing
         self.listed_completely = True  # a listing is whole, or the scan raises
+        #: Read restrictions and space permissions per document (None: every document is public to its space).
+        self.permissions = ConfluencePermissions(client, everyone_groups) if permissions and client else None
+        #: Set by a permissions-only refresh: no body is read, only who may read each document.
+        self.permissions_only = False
 
     @property
     def root(self) -> str:
@@ -345,7 +369,7 @@ class ConfluenceSource:
         pages: dict[str, Entry] = {}
         space_keys: set[str] = set()
         for result in client.results("rest/api/content/search",
-                                     {"cql": self.page_cql(), "expand": "version,space,history",
+                                     {"cql": self.page_cql(), "expand": "version,space,history,ancestors",
                                       "limit": PAGE_SIZE}):
             content_id = str(result["id"])
             links = result.get("_links") or {}
@@ -353,7 +377,8 @@ class ConfluenceSource:
             entry = Entry(self._doc_id("page", content_id), "page", content_id,
                           int((result.get("version") or {}).get("number") or 0), str(result.get("title") or ""),
                           client.url(links.get("webui") or f"pages/viewpage.action?pageId={content_id}"),
-                          author=_person(result), space_key=str(key or ""))
+                          author=_person(result), space=str(key or ""), page_id=content_id,
+                          ancestors=tuple(str(a["id"]) for a in result.get("ancestors") or [] if a.get("id")))
             pages[content_id] = entry
             if key:
                 space_keys.add(str(key))
@@ -372,7 +397,9 @@ class ConfluenceSource:
                 page = pages[container]
                 entries.append(Entry(self._doc_id("attachment", str(result["id"])), "attachment", str(result["id"]),
                                      int((result.get("version") or {}).get("number") or 0), title, download,
-                                     suffix=suffix, author=page.author, space_key=page.space_key))
+                                     suffix=suffix, author=page.author, space=page.space,
+                                     page_id=page.content_id,
+                                     ancestors=page.ancestors))
         if len(entries) > self.max_documents:
             raise ConfluenceError(f"{len(entries)} pages and attachments listed; more than the "
                                   f"{self.max_documents} a source may have (refresh.max_urls)")
@@ -392,3 +419,112 @@ class ConfluenceSource:
                  self.name, len(entries), time.perf_counter() - started, self.client.requests, self.client.throttled)
         return _ConfluenceScan(self, entries, current, space)
 
+
+
+Level = tuple[frozenset[str], frozenset[str]]  # (users as principals, group names)
+
+
+class ConfluencePermissions:
+    """Who may read a page (or an attachment, as its page), read through the REST API once per run:
+
+    - the page's and each ancestor's read restrictions
+      (``GET rest/api/content/{id}/restriction/byOperation/read``): a reader must satisfy every one of
+      them that restricts anything (Confluence inherits view restrictions down the tree);
+    - the space's permissions (``GET rest/api/space/{key}?expand=permissions``, the ``read`` operation
+      on the space): no restriction when anonymous access is granted or one of ``everyone_groups`` has
+      it (the whole company), else a reader must hold it too.
+
+    One level: its users and groups are the readers. Several: their intersection, the groups of one
+    expanded to members (``GET rest/api/group/{name}/member``) where the other does not name them.
+    Users become ``user:<e-mail>`` (``user:confluence:<account id or user name>`` when the API shows
+    no e-mail), groups ``group:<name>``. No level at all: None (public to its space).
+    """
+
+    def __init__(self, client: ConfluenceClient, everyone_groups: Collection[str] = ("confluence-users",)):
+        self.client = client
+        self.everyone = frozenset(g.lower() for g in everyone_groups)
+        self._restrictions: dict[str, Level | None] = {}
+        self._spaces: dict[str, Level | None] = {}
+        self._members: dict[str, frozenset[str]] = {}
+
+    @staticmethod
+    def user_principal(user: dict[str, Any]) -> str | None:
+        email = str(user.get("email") or "").strip().lower()
+        if email:
+            return f"user:{email}"
+        ident = user.get("accountId") or user.get("username") or user.get("userKey")
+        return f"user:confluence:{str(ident).lower()}" if ident else None
+
+    def _level(self, users: list[dict[str, Any]], groups: list[dict[str, Any]]) -> Level | None:
+        people = frozenset(p for p in map(self.user_principal, users) if p)
+        names = frozenset(str(g.get("name") or "").lower() for g in groups if g.get("name"))
+        return (people, names) if people or names else None
+
+    def restriction(self, content_id: str) -> Level | None:
+        if content_id not in self._restrictions:
+            data = self.client.json(f"rest/api/content/{content_id}/restriction/byOperation/read",
+                                    {"expand": "restrictions.user,restrictions.group"})
+            found = data.get("restrictions") or {}
+            self._restrictions[content_id] = self._level(list(self._all(found.get("user"))),
+                                                         list(self._all(found.get("group"))))
+        return self._restrictions[content_id]
+
+    def _all(self, listing: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+        """A restriction's or permission's users or groups, following ``_links.next`` if it has more."""
+        while listing:
+            yield from listing.get("results") or []
+            following = (listing.get("_links") or {}).get("next")
+            listing = self.client.json(following) if following else None
+
+    def space(self, key: str) -> Level | None:
+        if key not in self._spaces:
+            data = self.client.json(f"rest/api/space/{key}", {"expand": "permissions"})
+            users: list[dict[str, Any]] = []
+            groups: list[dict[str, Any]] = []
+            reads = [p for p in data.get("permissions") or []
+                     if (p.get("operation") or {}).get("operation") == "read"
+                     and (p.get("operation") or {}).get("targetType") == "space"]
+            level: Level | None = None
+            if not reads:
+                # Data Center's REST API shows no space permissions (and an API user without admin
+                # rights sees none): the page restrictions alone decide, as the log says.
+                log.warning("confluence: no read permissions visible for space %s; its pages are restricted "
+                            "by their page restrictions only", key)
+            elif not any(p.get("anonymousAccess") for p in reads):
+                for permission in reads:
+                    subjects = permission.get("subjects") or {}
+                    users += list(self._all(subjects.get("user")))
+                    groups += list(self._all(subjects.get("group")))
+                if not any(str(g.get("name") or "").lower() in self.everyone for g in groups):
+                    level = self._level(users, groups)
+            self._spaces[key] = level
+        return self._spaces[key]
+
+    def members(self, group: str) -> frozenset[str]:
+        if group not in self._members:
+            people = self.client.results(f"rest/api/group/{group}/member", {"limit": PAGE_SIZE})
+            self._members[group] = frozenset(p for p in map(self.user_principal, people) if p)
+        return self._members[group]
+
+    def _admits(self, level: Level, user: str) -> bool:
+        people, groups = level
+        return user in people or any(user in self.members(g) for g in groups)
+
+    def readers(self, entry: Entry) -> list[str] | None:
+        levels = [level for level in (self.space(entry.space) if entry.space else None,
+                                      *(self.restriction(c) for c in (*entry.ancestors, entry.page_id)))
+                  if level is not None]
+        if not levels:
+            return None
+        if len(levels) == 1:
+            people, groups = levels[0]
+            return sorted(people | {f"group:{g}" for g in groups})
+        # A reader must pass every level: a group named by all of them passes as a group; anyone else
+        # is checked one by one (groups expanded to their members).
+        common_groups = frozenset.intersection(*(groups for _, groups in levels))
+        candidates = set().union(*(people for people, _ in levels))
+        for _, groups in levels:
+            for group in groups - common_groups:
+                candidates |= self.members(group)
+        people = {u for u in candidates if all(self._admits(level, u) for level in levels)}
+        return sorted(people | {f"group:{g}" for g in common_groups})

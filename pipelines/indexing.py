@@ -30,6 +30,7 @@ from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDo
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
 from pipelines.errors import ServiceUnavailable, root_cause
+from pipelines.records import PUBLIC
 from pipelines.store import DEFAULT_SPACE, DocRecord, KnowledgeStore
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class IndexReport:
     chunks: int = 0
     knowledge_version: int = 0
     seconds: float = 0.0
+    #: Documents whose readers (permissions at the source) changed while their content did not:
+    #: updated in place, without conversion or embedding.
+    permissions: list[str] = field(default_factory=list)
     #: Per file type (``pdf``, ``docx``, ...): what was converted this run, and what failed.
     formats: dict[str, FormatCounts] = field(default_factory=dict)
 
@@ -114,12 +118,14 @@ class IndexReport:
 
     @property
     def changed_anything(self) -> bool:
-        return bool(self.added or self.changed or self.removed or self.orphaned)
+        return bool(self.added or self.changed or self.removed or self.orphaned or self.permissions)
 
     def summary(self) -> str:
         return (
             f"indexed {len(self.added)} new, {len(self.changed)} changed, {len(self.unchanged)} unchanged, "
-            f"{len(self.removed)} removed, {len(self.failed)} failed; {self.chunks} chunks written; "
+            f"{len(self.removed)} removed, {len(self.failed)} failed"
+            + (f", {len(self.permissions)} with new permissions" if self.permissions else "")
+            + f"; {self.chunks} chunks written; "
             f"knowledge version {self.knowledge_version} ({self.seconds:.1f} s)"
         )
 
@@ -159,6 +165,13 @@ class SourceItem:
     name: str = ""  # a file name for the title fallback
     #: More of the document's meta, kept on each chunk (a Confluence page's ``author``, ``confluence_space``).
     meta: dict[str, str] = field(default_factory=dict)
+    #: Who may read it at the source (principals, ``pipelines.filters``); None: the source restricts
+    #: nothing, so everyone of the space may (``public``).
+    readers: list[str] | None = None
+
+    @property
+    def principals(self) -> list[str]:
+        return sorted(set(self.readers)) if self.readers is not None else [PUBLIC]
 
 
 class Scan(Protocol):
@@ -278,6 +291,8 @@ class _FileScan:
     max_bytes: int | None = None
     outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
     revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
+    #: (path, root) -> who may read the file (None: public to its space); see ``pipelines.acl``.
+    readers: Callable[[str, str | None], list[str] | None] | None = None
 
     @property
     def total(self) -> int:
@@ -292,7 +307,8 @@ class _FileScan:
                              error="outside the source's folder (published through a symbolic link): revoked")
         for path, root in self.files:
             item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
-                              name=path.stem)
+                              name=path.stem,
+                              readers=self.readers(path.as_posix(), root) if self.readers is not None else None)
             try:
                 item.data = read_capped(path, self.max_bytes)
             except OSError as exc:
@@ -311,8 +327,10 @@ class FolderSource:
     """
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], *, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
-                 include: Iterable[str] = (), exclude: Iterable[str] = (), max_file_mb: float | None = None):
+                 include: Iterable[str] = (), exclude: Iterable[str] = (), max_file_mb: float | None = None,
+                 readers: Callable[[str, str | None], list[str] | None] | None = None):
         self.paths = list(paths)
+        self.readers = readers
         self.suffixes = set(suffixes)
         self.include = list(include)
         self.exclude = list(exclude)
@@ -336,7 +354,7 @@ class FolderSource:
         leaked = [target for _, target in outside
                   if (record := current.get(target.as_posix())) is not None and record.root is None]
         return _FileScan([(path, root_of(path)) for path in found], self.max_bytes,
-                         [(link, target, root_of(link)) for link, target in outside], leaked)
+                         [(link, target, root_of(link)) for link, target in outside], leaked, self.readers)
 
 
 Progress = Callable[[Iterable[Any], int], Iterable[Any]]
@@ -383,12 +401,17 @@ class Indexer:
         should_stop: Callable[[], bool] | None = None,
         report: IndexReport | None = None,
         orphans: Callable[[dict[str, DocRecord], set[str]], Iterable[str]] | None = None,
+        permissions_only: bool = False,
     ) -> IndexReport:
         """Brings the store in step with ``source``; see the module docstring.
 
         ``orphans``, once every item is refreshed, is given the store's records and the doc ids the
         source listed this run, and names documents to revoke as well (``report.orphaned``): those of
         sources that are no longer configured, revoked only after their replacement is published.
+
+        ``permissions_only``: only the readers of documents already indexed are brought in step (a
+        source that can, ``source.permissions_only``, reads no content for it); nothing is converted,
+        embedded or added; what the source no longer lists is still revoked.
 
         A store that cannot be reached ends the refresh (``ServiceUnavailable``); any other error of
         one document is reported as its failure and the others go on. ``should_stop`` is asked before
@@ -399,6 +422,8 @@ class Indexer:
         report = report if report is not None else IndexReport()
         current = self.store.records()
         roots = set(source.roots)
+        if permissions_only and hasattr(source, "permissions_only"):
+            source.permissions_only = True
         scan = source.scan(current, space)
         seen: set[str] = set()
         try:
@@ -406,7 +431,10 @@ class Indexer:
             for item in iterator:
                 if should_stop is not None and should_stop():
                     raise RefreshAborted(f"stopped after {len(seen)} of {scan.total} documents")
-                self._refresh_item(item, current.get(item.doc_id), space, report, seen)
+                if permissions_only:
+                    self._refresh_readers(item, current.get(item.doc_id), report, seen)
+                else:
+                    self._refresh_item(item, current.get(item.doc_id), space, report, seen)
             for doc_id, record in self.store.records().items():
                 if record.root in roots and doc_id not in seen:
                     self.store.revoke(doc_id)
@@ -428,6 +456,28 @@ class Indexer:
             report.seconds = time.perf_counter() - started
         return report
 
+    def _refresh_readers(self, item: SourceItem, current: DocRecord | None, report: IndexReport,
+                         seen: set[str]) -> None:
+        """A permissions-only refresh of one item: its readers, if it is indexed; never its content."""
+        if item.gone:
+            if current is not None and self.store.revoke(item.doc_id):
+                report.removed.append(item.source)
+            return
+        seen.add(item.doc_id)
+        if item.error is not None:
+            report.failed.append(Failure(item.source, item.error))
+            return
+        if current is None:
+            return  # new at the source: the next full refresh indexes it
+        self._update_readers(item, current, report)
+
+    def _update_readers(self, item: SourceItem, current: DocRecord, report: IndexReport) -> None:
+        if sorted(current.readers) != item.principals and self.store.set_readers(item.doc_id, item.principals):
+            report.permissions.append(item.source)
+            log.info("permissions of %s are now %s", item.source, ", ".join(item.principals))
+        else:
+            report.unchanged.append(item.source)
+
     def _refresh_item(self, item: SourceItem, current: DocRecord | None, space: str, report: IndexReport,
                       seen: set[str]) -> None:
         if item.gone:
@@ -441,17 +491,17 @@ class Indexer:
             report.failed.append(Failure(item.source, item.error))
             return
         if item.not_modified and current is not None:
-            report.unchanged.append(item.source)
+            self._update_readers(item, current, report)
             return
         if item.data is None:
             report.failed.append(Failure(item.source, "no content was read"))
             return
         digest = content_hash(item.data)
         if current and current.content_hash == digest and current.space == space and current.root == item.root:
-            report.unchanged.append(item.source)
+            self._update_readers(item, current, report)
             return
         meta = {**item.meta, "doc_id": item.doc_id, "content_hash": digest, "source": item.source, "space": space,
-                "root": item.root}
+                "root": item.root, "readers": item.principals}
         stream = ByteStream(item.data, meta={"suffix": item.suffix, "source": item.source,
                                              "file_path": (item.name or "document") + item.suffix})
         try:

@@ -17,9 +17,9 @@ from typing import Any
 import bm25s
 import numpy as np
 from haystack import Document
-from haystack.utils.filters import document_matches_filter
 
 from pipelines.analysis import BM25_B, BM25_K1, analyze, chunk_search_text
+from pipelines.filters import compile_filter
 
 # bm25s logs every index build at DEBUG through a handler of its own; a rebuild is routine here.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -57,7 +57,8 @@ class KeywordIndex:
         if mask is None:
             if len(self._masks) >= 64:
                 self._masks.clear()
-            mask = np.fromiter((document_matches_filter(filters, d) for d in self._documents), dtype=bool,
+            match = compile_filter(filters)  # "in" on readers (a list) is "contains any", as in Weaviate
+            mask = np.fromiter((match(d) for d in self._documents), dtype=bool,
                                count=len(self._documents))
             self._masks[key] = mask
         return mask

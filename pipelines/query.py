@@ -238,7 +238,7 @@ def query_inputs(pipeline: Pipeline, question: str, *, budget: TurnBudget | None
         "reformulate": {"question": question, "budget": budget},
         "clarify": {"question": question},
         "answerable": {"budget": budget},
-        "facts": {"spaces": spaces},
+        "facts": {"spaces": spaces, "filters": filters},
         "budget": {"question": question, "history": history or [], "preferences": preferences},
         "judge": {"budget": budget},
         "generate": {"budget": budget},

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from haystack import Document
 
 DEFAULT_SPACE = "default"
+#: Readers of a document its source restricts in no way: everyone who may search its knowledge space.
+PUBLIC = "public"
 
 
 @dataclass
@@ -30,6 +32,9 @@ class DocRecord:
     root: str | None = None
     # Entity–attribute–value facts read from the document's tables (see components/facts.py).
     facts: list[list[str]] = field(default_factory=list)
+    #: Principals who may read it (``public``, ``user:<e-mail>``, ``group:<name>``, ``channel:<id>``): a
+    #: reader needs one of them (``pipelines.filters.readers_filter``). Stamped on every chunk.
+    readers: list[str] = field(default_factory=lambda: [PUBLIC])
     indexed_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
@@ -51,6 +56,7 @@ def prepare_chunks(record: DocRecord, chunks: list[Document]) -> list[Document]:
             "source": record.source,
             "space": record.space,
             "content_hash": record.content_hash,
+            "readers": list(record.readers),
         }
         meta.setdefault("language", record.language)
         out.append(

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from haystack import Document
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 from haystack.document_stores.types import DuplicatePolicy
 
+from pipelines.filters import PUBLIC, compile_filter
 from pipelines.filters import space_filter as space_filter
 from pipelines.keyword_index import KeywordIndex
 from pipelines.records import DEFAULT_SPACE as DEFAULT_SPACE
@@ -45,6 +46,8 @@ class KnowledgeStore(Protocol):
 
     def revoke(self, doc_id: str) -> bool: ...
 
+    def set_readers(self, doc_id: str, readers: list[str]) -> bool: ...
+
     def commit(self) -> int: ...
 
     def is_current(self, doc_id: str, version: int) -> bool: ...
@@ -54,6 +57,44 @@ class KnowledgeStore(Protocol):
     def close(self) -> None:
         """Releases connections (a no-op for the in-memory store)."""
         ...
+
+
+class FilteredDocumentStore(InMemoryDocumentStore):
+    """Haystack's in-memory store, matching filters with ``pipelines.filters.compile_filter``: ``in`` on a
+    list-valued field (a chunk's ``readers``) is "contains any", as in Weaviate, so the permission filter
+    is applied inside the query (before top-k) exactly as it is there."""
+
+    def to_dict(self) -> dict[str, Any]:
+        # Saved as Haystack's own store: the file stays what it was, readable by either class.
+        data = super().to_dict()
+        data["type"] = f"{InMemoryDocumentStore.__module__}.{InMemoryDocumentStore.__name__}"
+        return data
+
+    def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        if not filters:
+            return super().filter_documents(filters)
+        self._validate_filters(filters)
+        match = compile_filter(filters)
+        docs = [d for d in self.storage.values() if match(d)]
+        return docs if self.return_embedding else [replace(d, embedding=None) for d in docs]
+
+    def embedding_retrieval(self, query_embedding: list[float], filters: dict[str, Any] | None = None,
+                            top_k: int = 10, scale_score: bool = False,
+                            return_embedding: bool | None = False) -> list[Document]:
+        if not filters:
+            return super().embedding_retrieval(query_embedding, None, top_k, scale_score, return_embedding)
+        if len(query_embedding) == 0 or not isinstance(query_embedding[0], float):
+            raise ValueError("query_embedding should be a non-empty list of floats.")
+        self._validate_filters(filters)
+        match = compile_filter(filters)
+        candidates = [d for d in self.storage.values() if d.embedding is not None and match(d)]
+        if not candidates:
+            return []
+        scores = self._compute_query_embedding_similarity_scores(embedding=query_embedding, documents=candidates,
+                                                                 scale_score=scale_score)
+        keep = self.return_embedding if return_embedding is None else return_embedding
+        ranked = sorted(zip(candidates, scores, strict=True), key=lambda pair: pair[1], reverse=True)[:top_k]
+        return [replace(d, score=score, embedding=d.embedding if keep else None) for d, score in ranked]
 
 
 class InMemoryKnowledgeStore:
@@ -73,10 +114,10 @@ class InMemoryKnowledgeStore:
             self._load()
 
     @staticmethod
-    def _new_document_store() -> InMemoryDocumentStore:
+    def _new_document_store() -> FilteredDocumentStore:
         # BM25 is scored by our keyword index (pipelines.keyword_index), not by this store; it still
         # tokenizes what it is given for its own BM25, so it keeps its default (cheapest) tokenizer.
-        return InMemoryDocumentStore(
+        return FilteredDocumentStore(
             embedding_similarity_function="cosine",
             shared=False,
         )
@@ -136,6 +177,26 @@ class InMemoryKnowledgeStore:
             self._generation += 1
             return True
 
+    def set_readers(self, doc_id: str, readers: list[str]) -> bool:
+        """Who may read the document now, in its record and on each of its chunks, in place: no
+        conversion, no embedding. True when anything changed (the next commit counts it as a change
+        of the knowledge, so caches keyed by the knowledge version forget answers built on it)."""
+        with self._lock:
+            record = self._records.get(doc_id)
+            if record is None or sorted(record.readers) == sorted(readers):
+                return False
+            record.readers = sorted(readers)
+            chunks = self.document_store.filter_documents({"operator": "AND", "conditions": [
+                {"field": "meta.doc_id", "operator": "==", "value": doc_id},
+                {"field": "meta.version", "operator": "==", "value": record.version}]})
+            stamped = [replace(c, meta={**c.meta, "readers": list(record.readers)}) for c in chunks]
+            if not self.document_store.return_embedding:  # filter_documents dropped the vectors
+                stamped = [replace(c, embedding=self.document_store.storage[c.id].embedding) for c in stamped]
+            self.document_store.write_documents(stamped, policy=DuplicatePolicy.OVERWRITE)
+            self._dirty = True
+            self._generation += 1
+            return True
+
     def _delete_version(self, doc_id: str, version: int) -> None:
         self.document_store.delete_by_filter(
             {
@@ -180,6 +241,10 @@ class InMemoryKnowledgeStore:
         if chunks_file.exists():
             loaded = InMemoryDocumentStore.load_from_disk(str(chunks_file))
             docs = loaded.filter_documents()
+            # Chunks indexed before permissions were recorded were readable by everyone of their
+            # space; they stay so until the next refresh records their source's permissions.
+            docs = [d if "readers" in (d.meta or {}) else replace(d, meta={**d.meta, "readers": [PUBLIC]})
+                    for d in docs]
             self.document_store.write_documents(docs, policy=DuplicatePolicy.OVERWRITE)
             self._generation += 1
 

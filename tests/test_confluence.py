@@ -82,12 +82,18 @@ async def test_a_space_is_indexed_cited_by_link_and_page_and_refreshed_by_versio
     answer = await stack.ask("What is the HL-K9 roadmap?")
     assert all("Roadmap" not in c.title for c in answer.citations)  # another space: never indexed
 
-    # Nothing changed: one listing of pages and one of attachments, no body, no download, no embedding.
+    # Nothing changed: one listing of pages and one of attachments, and who may read them (the space's
+    # permissions once, each page's read restrictions once); no body, no download, no embedding.
     embedded, requests = stack.embedded, len(server.log)
     second = await refresher.run("wiki")
     assert second is not None and second.ok and (second.unchanged, second.added, second.changed) == (5, 0, 0)
     since = server.log[requests:]
-    assert [status for _, status, _ in since] == [200, 200] and all("/content/search" in p for p, _, _ in since)
+    assert all(status == 200 for _, status, _ in since)
+    assert sum("/content/search" in p for p, _, _ in since) == 2
+    assert sum("/rest/api/space/OPS" in p for p, _, _ in since) == 1
+    assert sorted(p.split("/")[-4] for p, _, _ in since if "/restriction/byOperation/read" in p) == sorted(
+        [seals.id, alarms.id, noise.id, moved.id])
+    assert len(since) == 7
     assert stack.embedded == embedded
 
     # An edit, a deletion, a move to another space and a restriction.

@@ -212,3 +212,30 @@ def test_include_and_exclude_globs_select_files(tmp_path: Path):
     assert names(include=["*.md"], exclude=["drafts/**", "guides/old/"]) == ["a.md", "guides/c.md"]
     assert names(include=["guides/*.md"]) == ["guides/c.md"]
     assert names(include=["guides/**/*.md"]) == ["guides/c.md", "guides/old/d.md"]
+
+
+@needs_services
+def test_refresh_permissions_only_applies_a_changed_acl_and_embeds_nothing(deployment, capsys):
+    docs, config = deployment["docs"], deployment["config"]
+    (docs / "hr").mkdir()
+    (docs / "hr" / "pay.txt").write_text("Pay scale\nHL-M300 technicians are paid on scale T4.\n", encoding="utf-8")
+    assert main(["refresh", "docs"]) == 0
+    raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+    raw["sources"][0]["acl"] = {"hr/": ["group:HR", "boss@example.com"]}
+    config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    capsys.readouterr()
+
+    assert main(["refresh", "docs", "--permissions-only"]) == 0
+    out = capsys.readouterr().out
+    assert "0 new, 0 changed, 0 removed" in out and "1 with new permissions" in out, out
+    from pipelines.weaviate_store import WeaviateKnowledgeStore
+
+    store = WeaviateKnowledgeStore(WEAVIATE_URL, collection=str(deployment["collection"]))
+    try:
+        readers = {Path(r.doc_id).name: r.readers for r in store.records().values()}
+        chunks = store.document_store.filter_documents({"field": "meta.doc_id", "operator": "==",
+                                                        "value": str((docs / "hr" / "pay.txt").resolve())})
+    finally:
+        store.close()
+    assert readers == {"grease.txt": ["public"], "pay.txt": ["group:hr", "user:boss@example.com"]}
+    assert chunks and all(sorted(c.meta["readers"]) == ["group:hr", "user:boss@example.com"] for c in chunks)

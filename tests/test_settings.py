@@ -46,8 +46,8 @@ def contained(old: Any, new: Any, where: str = "") -> list[str]:
             return [f"{where}: {new!r} is not a mapping"]
         return [d for key, value in old.items()
                 for d in (contained(value, new[key], f"{where}.{key}") if key in new else [f"{where}.{key}: missing"])]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and any(isinstance(v, dict) for v in old):
-        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in contained(a, b, f"{where}[{i}]")]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):  # e.g. sources, each a mapping
+        return [d for i, (o, n) in enumerate(zip(old, new, strict=True)) for d in contained(o, n, f"{where}[{i}]")]
     return [] if old == new else [f"{where}: {old!r} before, {new!r} now"]
 
 

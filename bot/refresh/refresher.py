@@ -15,6 +15,7 @@ from bot.refresh.runs import RunLog, RunRecord, log_run, run_log
 from bot.refresh.schedule import is_due, schedule_zone, utcnow
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
+from pipelines.acl import AclOnlySource, folder_key, readers_for
 from pipelines.confluence import ConfluenceClient, ConfluenceError, ConfluenceSource
 from pipelines.errors import ServiceUnavailable, one_line
 from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source
@@ -81,17 +82,24 @@ class Refresher:
                        max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent,
                        allow_hosts=r.allow_hosts)
 
-    def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None) -> Source:
-        if src.path:
-            return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
-                                exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb)
+    def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None, *,
+                     permissions_only: bool = False) -> Source:
         if src.confluence:
             return self._confluence(src, states or {})
+        if permissions_only:  # the settings' acl is all there is to read: nothing is listed or fetched
+            roots = source_roots(src)
+            if src.path:
+                return AclOnlySource(roots, lambda r: readers_for(src.acl, folder_key(r.doc_id, r.root)))
+            return AclOnlySource(roots, lambda r: readers_for(src.acl, r.doc_id))
+        if src.path:
+            return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
+                                exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb,
+                                readers=lambda path, root: readers_for(src.acl, folder_key(path, root)))
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
                          max_sitemaps=self.settings.refresh.max_sitemaps,
-                         robots=Robots(fetcher) if src.respect_robots else None)
+                         robots=Robots(fetcher) if src.respect_robots else None, acl=src.acl)
 
     def _confluence(self, src: SourceSettings, states: dict[str, FetchState]) -> ConfluenceSource:
         c, r = src.confluence, self.settings.refresh
@@ -104,7 +112,8 @@ class Refresher:
                                       max_retries=c.max_retries, max_retry_wait_s=c.max_retry_wait_s,
                                       user_agent=r.user_agent, allow_hosts=r.allow_hosts)
         return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
-                                states=states, max_documents=r.max_urls,
+                                states=states, max_documents=r.max_urls, permissions=c.permissions,
+                                everyone_groups=c.everyone_groups,
                                 missing=None if token else f"the environment variable {c.token_env} (the Confluence "
                                                            "token) is not set; nothing was read or revoked")
 
@@ -139,7 +148,7 @@ class Refresher:
 
     async def run(self, name: str, *, trigger: str = "manual", only_if_due: bool = False,
                   wait_s: float | None = None, progress: Progress | None = None,
-                  on_wait: Callable[[], None] | None = None) -> RunRecord | None:
+                  on_wait: Callable[[], None] | None = None, permissions_only: bool = False) -> RunRecord | None:
         """Refresh source ``name`` now; None when ``only_if_due`` and it was not due (anymore).
 
         :raises UnknownSource: no such source. :raises RefreshBusy: the lock stayed taken for ``wait_s``.
@@ -154,15 +163,15 @@ class Refresher:
                     log.info("refresh source=%s trigger=%s skipped: already run at %s (another replica?)",
                              name, trigger, last.started_at if last else "?")
                     return None
-            return await self._run_locked(src, trigger, lock, progress)
+            return await self._run_locked(src, trigger, lock, progress, permissions_only)
         finally:
             if lock.held:
                 await lock.release()
 
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
-                          progress: Progress | None) -> RunRecord:
+                          progress: Progress | None, permissions_only: bool = False) -> RunRecord:
         states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
-        source = self.build_source(src, states)
+        source = self.build_source(src, states, permissions_only=permissions_only)
         orphans = await self.orphans(src)
         started = utcnow()
         report = IndexReport()
@@ -179,7 +188,8 @@ class Refresher:
             try:
                 self.indexer.refresh(source, space=src.space, progress=progress, report=report,
                                      should_stop=lambda: lock.lost or self.stopping,
-                                     orphans=select_orphans if orphans is not None else None)
+                                     orphans=select_orphans if orphans is not None and not permissions_only else None,
+                                     permissions_only=permissions_only)
             finally:
                 if isinstance(source, UrlSource):
                     source.fetcher.close()
@@ -203,6 +213,10 @@ class Refresher:
                 error += ": not fetched this run, its pages keep their indexed versions"
         duration = (utcnow() - started).total_seconds()
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
+        if permissions_only:
+            # Not the source's last run: its content was not refreshed, so its schedule and validators stand.
+            log_run(record)
+            return record
         try:
             await self.runs.save_run(record)
             if isinstance(source, UrlSource | ConfluenceSource):

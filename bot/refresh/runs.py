@@ -40,6 +40,7 @@ class RunRecord:
     knowledge_version: int | None = None
     orphaned: int = 0  # documents revoked because their source is no longer configured
     disallowed: int = 0  # pages robots.txt kept this run from fetching (revoked if they were indexed)
+    permissions: int = 0  # documents whose readers changed at the source (updated in place, nothing embedded)
     #: Per file type: {"documents", "ocr_pages", "failed"} converted this run.
     formats: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -68,6 +69,7 @@ class RunRecord:
             record.added, record.changed = len(report.added), len(report.changed)
             record.removed, record.unchanged = len(report.removed), len(report.unchanged)
             record.orphaned = len(report.orphaned)
+            record.permissions = len(report.permissions)
             record.failed = [{"source": f.source, "reason": f.reason} for f in report.failed[: cls.MAX_FAILURES]]
             record.knowledge_version = report.knowledge_version or None
             record.formats = {name: asdict(counts) for name, counts in sorted(report.formats.items())}
@@ -81,6 +83,8 @@ class RunRecord:
             counts += f", {self.disallowed} disallowed by robots.txt"
         if self.orphaned:
             counts += f", {self.orphaned} removed with a source no longer configured"
+        if self.permissions:
+            counts += f", {self.permissions} with new permissions"
         if self.formats:
             counts += " (" + "; ".join(f"{name}: {FormatCounts(**c).summary()}" for name, c in self.formats.items()) + ")"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok

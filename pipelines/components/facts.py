@@ -12,9 +12,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from haystack import component
+from haystack import Document, component
 
 from pipelines.components.shared import FactLines
+from pipelines.filters import compile_filter
 from pipelines.store import DocRecord, KnowledgeStore
 from pipelines.text import identifiers, terms
 
@@ -131,13 +132,21 @@ class FactLookup:
         return self._index[1]
 
     @component.output_types(facts=FactLines)
-    def run(self, query: str, spaces: list[str] | None = None) -> dict[str, Any]:
+    def run(self, query: str, spaces: list[str] | None = None, filters: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``filters``: the retrieval filter of the turn (spaces and readers), matched against each
+        document's record as against its chunks, so a fact never comes from a document the audience
+        may not read."""
+        admits = compile_filter(filters)
         text = query.lower()
         named = {k.lower() for k in identifiers(query)}
         query_terms = set(terms(query))
         scored = []
         for record, fact, keys, fact_terms in self._facts():
             if spaces and record.space not in spaces:
+                continue
+            if filters and not admits(Document(content="", meta={"space": record.space, "readers": record.readers,
+                                                                  "doc_id": record.doc_id,
+                                                                  "language": record.language})):
                 continue
             if not (keys & named or any(len(k) >= 4 and k in text for k in keys)):
                 continue

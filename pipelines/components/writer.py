@@ -42,6 +42,8 @@ class KnowledgeWriter:
                 space=meta.get("space") or "default",
                 language=meta.get("language") or "en",
                 root=meta.get("root"),
+                # No readers in the meta: a caller that knows no permissions (everyone of the space may read).
+                readers=sorted(meta.get("readers") or ["public"]),
                 facts=unique_facts(f for chunk in chunks for f in table_facts(chunk.content or "", subject)),
             )
             published.append(self.store.publish(record, chunks))

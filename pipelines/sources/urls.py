@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
+from pipelines.acl import readers_for
 from pipelines.components.converter import HTML_SUFFIXES, PDF_SUFFIXES, TEXT_SUFFIXES
 from pipelines.indexing import SourceItem, content_hash
 from pipelines.netguard import normalise_host
@@ -65,7 +66,8 @@ class _UrlScan:
     def _item(self, url: str) -> SourceItem:
         src = self.source
         path = PurePosixPath(urlsplit(url).path)
-        item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page")
+        item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page",
+                          readers=readers_for(src.acl, url) if src.acl else None)
         if src.robots is not None:
             host = src.robots.host(url)
             if host.unreachable:
@@ -128,8 +130,11 @@ class UrlSource:
     """Pages and sitemaps as one source; ``root`` (``urls:<name>``) scopes revocation to it."""
 
     def __init__(self, name: str, urls: list[str], fetcher: Fetcher, *, states: dict[str, FetchState] | None = None,
-                 concurrency: int = 4, max_urls: int = 10000, max_sitemaps: int = 100, robots: Robots | None = None):
+                 concurrency: int = 4, max_urls: int = 10000, max_sitemaps: int = 100, robots: Robots | None = None,
+                 acl: dict[str, list[str]] | None = None):
         self.name = name
+        #: URL prefix -> who may read its pages (``pipelines.acl``); none: public to the space.
+        self.acl = dict(acl or {})
         self.urls = [normalise_url(u) for u in urls]
         self.fetcher = fetcher
         self.states = dict(states or {})

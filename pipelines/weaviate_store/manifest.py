@@ -17,7 +17,7 @@ from weaviate.classes.query import Filter
 from weaviate.collections.classes.data import DataObject
 from weaviate.util import generate_uuid5
 
-from pipelines.records import DocRecord
+from pipelines.records import PUBLIC, DocRecord
 
 RECORD_FIELDS = ("doc_id", "version", "content_hash", "title", "source", "space", "language", "chunks", "root",
                  "indexed_at")
@@ -25,7 +25,7 @@ META_OBJECT = "\x00manifest-meta"
 META_UUID = generate_uuid5(META_OBJECT)
 # Changed objects read per query; more changed than this: the whole manifest is read instead.
 PAGE = 5000
-_RECORD_PROPERTIES = [*RECORD_FIELDS, "facts", "revoked"]
+_RECORD_PROPERTIES = [*RECORD_FIELDS, "facts", "revoked", "readers"]
 
 
 def record_uuid(doc_id: str) -> str:
@@ -52,6 +52,8 @@ def record_of(props: dict[str, Any]) -> DocRecord:
     values["space"] = values["space"] or "default"
     values["facts"] = _load_facts(props.get("facts"))
     values["language"] = values["language"] or "en"
+    # A record written before permissions were recorded: readable by everyone of its space, as then.
+    values["readers"] = sorted(map(str, props.get("readers") or [])) or [PUBLIC]
     if not values["indexed_at"]:
         values.pop("indexed_at")
     return DocRecord(**values)
@@ -60,7 +62,7 @@ def record_of(props: dict[str, Any]) -> DocRecord:
 def record_properties(record: DocRecord, seq: int) -> dict[str, Any]:
     """The manifest object of ``record``, current as of sequence number ``seq``."""
     return {**{f: getattr(record, f) for f in RECORD_FIELDS}, "facts": json.dumps(record.facts, ensure_ascii=False),
-            "seq": seq, "revoked": False}
+            "readers": list(record.readers), "seq": seq, "revoked": False}
 
 
 def record_object(record: DocRecord, seq: int) -> DataObject:

@@ -36,8 +36,14 @@ SEARCHABLE_PROPERTIES = ("content", "title", "header")
 QUERY_PROPERTIES = ("search_text",)
 SEARCH_TEXT_PROPERTY = {"name": "search_text", "dataType": ["text"], "tokenization": "whitespace",
                         "indexFilterable": False}
+# Who may read a chunk (``pipelines.filters.readers_filter``): filtered on with ContainsAny, never searched.
+READERS_PROPERTY = {"name": "readers", "dataType": ["text[]"], "tokenization": "field", "indexSearchable": False,
+                    "indexFilterable": True}
 # A document's table facts, as JSON: read back whole, never searched.
 FACTS_PROPERTY = {"name": "facts", "dataType": ["text"], "indexSearchable": False, "indexFilterable": False}
+
+MANIFEST_READERS_PROPERTY = {"name": "readers", "dataType": ["text[]"], "indexSearchable": False,
+                             "indexFilterable": False}
 
 _CLASS_NAME = re.compile(r"[A-Z][_0-9A-Za-z]*")
 
@@ -98,6 +104,7 @@ def chunk_collection_settings(name: str, tokenization: str = DEFAULT_TOKENIZATIO
         SEARCH_TEXT_PROPERTY,
         *({"name": p, "dataType": ["text"], "tokenization": "field", "indexSearchable": False}
           for p in KEYWORD_PROPERTIES),
+        READERS_PROPERTY,
         {"name": "version", "dataType": ["int"]},
         {"name": "position", "dataType": ["int"]},
         {"name": "blob_data", "dataType": ["blob"]},
@@ -133,6 +140,7 @@ def manifest_collection_settings(name: str, replication_factor: int = 1) -> dict
             {"name": "seq", "dataType": ["int"], "indexRangeFilters": True},  # read as "seq > last seen"
             {"name": "revoked", "dataType": ["boolean"]},
             FACTS_PROPERTY,
+            MANIFEST_READERS_PROPERTY,
         ],
         **replication_settings(replication_factor),
     }
@@ -172,6 +180,46 @@ def ensure_facts_property(manifest: Any) -> None:
     with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
         manifest.config.add_property(Property(name="facts", data_type=DataType.TEXT,
                                               index_searchable=False, index_filterable=False))
+
+
+def ensure_manifest_readers(manifest: Any) -> None:
+    """Manifests made before permissions were recorded get the property (read back whole, never filtered)."""
+    if any(p.name == "readers" for p in manifest.config.get().properties):
+        return
+    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
+        manifest.config.add_property(Property(name="readers", data_type=DataType.TEXT_ARRAY,
+                                              index_searchable=False, index_filterable=False))
+
+
+def ensure_chunk_readers(collection: Any, public: str) -> int:
+    """Chunk collections made before permissions were recorded get the filterable ``readers``
+    property, and their chunks the readers they had: everyone of their space (``public``) until the
+    next refresh records their source's permissions. Returns how many chunks were stamped."""
+    if any(p.name == "readers" for p in collection.config.get().properties):
+        return 0
+    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
+        collection.config.add_property(Property(name="readers", data_type=DataType.TEXT_ARRAY,
+                                                tokenization=Tokenization.FIELD, index_searchable=False,
+                                                index_filterable=True))
+    return rewrite_chunks(collection, None, {"readers": [public]})
+
+
+def rewrite_chunks(collection: Any, where: Any, changes: dict[str, Any], limit: int = 10_000) -> int:
+    """Sets ``changes`` on the chunks ``where`` selects (all for None; else at most ``limit``, which
+    Weaviate caps at its QUERY_MAXIMUM_RESULTS, 10,000 by default), vectors and ids kept."""
+    batch: list[DataObject] = []
+    done = 0
+    objects = (collection.iterator(include_vector=True) if where is None else
+               collection.query.fetch_objects(filters=where, include_vector=True, limit=limit).objects)
+    for obj in objects:
+        props = {k: v for k, v in obj.properties.items() if v is not None}
+        props.update(changes)
+        vector = obj.vector.get("default") if isinstance(obj.vector, dict) else obj.vector
+        batch.append(DataObject(properties=props, uuid=obj.uuid, vector=vector or None))
+        if len(batch) >= ChunkDocumentStore.WRITE_BATCH:
+            done += _rewrite(collection, batch, None)
+            batch = []
+    return done + _rewrite(collection, batch, None)
 
 
 def rewrite_search_text(collection: Any, progress: Any = None) -> int:

@@ -33,7 +33,7 @@ from weaviate.classes.query import Filter
 
 from pipelines.analysis import ANALYSIS_VERSION, chunk_search_text
 from pipelines.fusion import LANGUAGES
-from pipelines.records import DocRecord, prepare_chunks
+from pipelines.records import PUBLIC, DocRecord, prepare_chunks
 from pipelines.redact import redact_url
 from pipelines.weaviate_store import schema
 from pipelines.weaviate_store.connection import Connection
@@ -119,6 +119,8 @@ class WeaviateKnowledgeStore:
                         raise
             self.connection.connect()
             schema.ensure_facts_property(self.manifest)
+            schema.ensure_manifest_readers(self.manifest)
+            schema.ensure_chunk_readers(self.collection, PUBLIC)
             if self.manifest_log.ensure_meta():
                 self.manifest_log.set_analysis(ANALYSIS_VERSION)
             self._check_analysis(allow_outdated)
@@ -307,6 +309,24 @@ class WeaviateKnowledgeStore:
             self._publishes += 1
             self._delete_chunks(record.doc_id, below=record.version)
             return record
+
+    def set_readers(self, doc_id: str, readers: list[str]) -> bool:
+        """Who may read the document now, on each of its chunks (rewritten in place, vectors kept: no
+        conversion, no embedding) and then in its manifest record under a new sequence number, so the
+        next commit counts it as a change of the knowledge. True when anything changed."""
+        with self._write_lock, self.guard():
+            record = self.record(doc_id)
+            if record is None or sorted(record.readers) == sorted(readers):
+                return False
+            record.readers = sorted(readers)
+            where = Filter.by_property("doc_id").equal(doc_id) & Filter.by_property("version").equal(record.version)
+            schema.rewrite_chunks(self.collection, where, {"readers": list(record.readers)},
+                                  limit=min(max(record.chunks, 1), 10_000))
+            seq = self.manifest_log.next_seq()
+            self.manifest_log.write([(record, seq)])
+            self.manifest_log.set_seq(seq)
+            self._publishes += 1
+            return True
 
     def revoke(self, doc_id: str) -> bool:
         with self._write_lock, self.guard():

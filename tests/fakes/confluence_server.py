@@ -10,6 +10,12 @@ What ``pipelines.confluence`` uses, served the way Confluence serves it:
 - ``GET /rest/api/content/{id}?expand=body.storage,version``: a page with its storage-format body;
   404 for a deleted page, 403 for a restricted one (restricted pages are also left out of searches);
 - ``GET /download/attachments/{page}/{file}``: an attachment's bytes;
+- ``GET /rest/api/content/{id}/restriction/byOperation/read``: the page's read restrictions (users
+  with ``accountId`` and ``email``, groups with ``name``); ``expand=ancestors`` on a search or a page
+  gives its ancestors root first (``parent`` of ``add_page``);
+- ``GET /rest/api/space/{key}?expand=permissions``: the space's permissions (``set_space_readers``;
+  unset: the ``confluence-users`` group may read), read on the space among others;
+- ``GET /rest/api/group/{name}/member``: a group's members (``groups``), paginated;
 - every request needs the credentials (Bearer token, or Basic e-mail:token on Cloud), else 401;
 - ``throttle(n, retry_after)`` answers the next ``n`` requests with 429 and ``Retry-After``.
 
@@ -53,6 +59,11 @@ class FakePage:
     #: Who created the page, and who made its current version (display names; Cloud also gives accountId).
     author: str = "Ada Author"
     editor: str = ""
+    #: The parent page's id (its restrictions are inherited).
+    parent: str | None = None
+    #: Read restrictions: e-mail addresses and group names (both empty: not restricted).
+    read_users: list[str] = field(default_factory=list)
+    read_groups: list[str] = field(default_factory=list)
 
 
 def _user(name: str) -> dict[str, Any]:
@@ -97,6 +108,10 @@ class FakeConfluence(LocalServer):
         self.pages: dict[str, FakePage] = {}
         self.log: list[tuple[str, int, float]] = []
         self._throttle: list[str] = []  # Retry-After values of the next requests to refuse
+        #: Group name -> members' e-mail addresses.
+        self.groups: dict[str, list[str]] = {}
+        #: Space key -> (e-mail addresses, group names, anonymous) with read permission on it.
+        self.space_readers: dict[str, tuple[list[str], list[str], bool]] = {}
         self._next_id = 1000
 
     # --- content ---------------------------------------------------------------------------------
@@ -118,6 +133,27 @@ class FakeConfluence(LocalServer):
         page.attachments.append(attachment)
         return attachment
 
+    def restrict(self, page: FakePage, users: list[str] | None = None, groups: list[str] | None = None) -> None:
+        """Sets the page's read restrictions (as an admin does; the version does not change)."""
+        page.read_users, page.read_groups = list(users or []), list(groups or [])
+
+    def set_space_readers(self, key: str, users: list[str] | None = None, groups: list[str] | None = None,
+                          anonymous: bool = False) -> None:
+        self.space_readers[key] = (list(users or []), list(groups or []), anonymous)
+
+    def ancestors(self, page: FakePage) -> list[FakePage]:
+        chain: list[FakePage] = []
+        parent = self.pages.get(page.parent) if page.parent else None
+        while parent is not None:
+            chain.insert(0, parent)
+            parent = self.pages.get(parent.parent) if parent.parent else None
+        return chain
+
+    @staticmethod
+    def user_json(email: str) -> dict[str, Any]:
+        return {"type": "known", "accountId": "acc-" + email.split("@")[0], "accountType": "atlassian",
+                "email": email, "publicName": email.split("@")[0], "displayName": email.split("@")[0]}
+
     def throttle(self, n: int, retry_after: str = "1") -> None:
         self._throttle += [retry_after] * n
 
@@ -132,6 +168,9 @@ class FakeConfluence(LocalServer):
         p = self.path
         app.router.add_get(p + "/rest/api/content/search", self._search)
         app.router.add_get(p + "/rest/api/content/{id}", self._content)
+        app.router.add_get(p + "/rest/api/content/{id}/restriction/byOperation/read", self._read_restriction)
+        app.router.add_get(p + "/rest/api/space/{key}", self._space)
+        app.router.add_get(p + "/rest/api/group/{name}/member", self._group_members)
         app.router.add_get(p + "/download/attachments/{page}/{file}", self._download)
 
     def _authorized(self, request: web.Request) -> bool:
@@ -169,7 +208,75 @@ class FakeConfluence(LocalServer):
             data["space"] = {"key": page.space}
         if "body.storage" in expand:
             data["body"] = {"storage": {"value": page.body, "representation": "storage"}}
+        if "ancestors" in expand:
+            data["ancestors"] = [{"id": a.id, "type": "page", "status": "current", "title": a.title}
+                                 for a in self.ancestors(page)]
         return data
+
+    def _listing(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"results": results, "start": 0, "limit": 200, "size": len(results)}
+
+    async def _read_restriction(self, request: web.Request) -> web.Response:
+        refused = self._gate(request)
+        if refused is not None:
+            return refused
+        page = self.pages.get(request.match_info["id"])
+        if page is None:
+            return self._answer(request, 404, data={"message": "No content found"})
+        if page.restricted:
+            return self._answer(request, 403, data={"message": "Not permitted"})
+        return self._answer(request, 200, data={
+            "operation": "read",
+            "restrictions": {"user": self._listing([self.user_json(u) for u in page.read_users]),
+                             "group": self._listing([{"type": "group", "name": g, "id": f"g-{g}"}
+                                                     for g in page.read_groups])},
+            "_expandable": {"content": f"/rest/api/content/{page.id}"},
+            "_links": {"base": self.base_url, "context": self.path}})
+
+    async def _space(self, request: web.Request) -> web.Response:
+        refused = self._gate(request)
+        if refused is not None:
+            return refused
+        key = request.match_info["key"]
+        if not any(p.space == key for p in self.pages.values()) and key not in self.space_readers:
+            return self._answer(request, 404, data={"message": "No space with key : " + key})
+        data: dict[str, Any] = {"id": abs(hash(key)) % 100000, "key": key, "name": key, "type": "global"}
+        if "permissions" in request.query.get("expand", "").split(","):
+            users, groups, anonymous = self.space_readers.get(key, ([], ["confluence-users"], False))
+            read = {"operation": "read", "targetType": "space"}
+            permissions: list[dict[str, Any]] = [
+                {"id": 1, "operation": {"operation": "create", "targetType": "page"},
+                 "subjects": {"group": self._listing([{"type": "group", "name": "confluence-administrators"}])},
+                 "anonymousAccess": False, "unlicensedAccess": False}]
+            if users:
+                permissions.append({"id": 2, "operation": read, "anonymousAccess": False, "unlicensedAccess": False,
+                                    "subjects": {"user": self._listing([self.user_json(u) for u in users])}})
+            if groups:
+                permissions.append({"id": 3, "operation": read, "anonymousAccess": False, "unlicensedAccess": False,
+                                    "subjects": {"group": self._listing([{"type": "group", "name": g}
+                                                                         for g in groups])}})
+            if anonymous:
+                permissions.append({"id": 4, "operation": read, "anonymousAccess": True, "unlicensedAccess": False})
+            data["permissions"] = permissions
+        return self._answer(request, 200, data=data)
+
+    async def _group_members(self, request: web.Request) -> web.Response:
+        refused = self._gate(request)
+        if refused is not None:
+            return refused
+        name = request.match_info["name"]
+        if name not in self.groups:
+            return self._answer(request, 404, data={"message": f"Group not found: {name}"})
+        start, limit = int(request.query.get("start", "0")), min(int(request.query.get("limit", "200")),
+                                                                 self.max_limit)
+        people = [self.user_json(u) for u in self.groups[name]]
+        window = people[start:start + limit]
+        links: dict[str, Any] = {"base": self.base_url, "context": self.path}
+        if start + limit < len(people):
+            links["next"] = f"/rest/api/group/{quote(name)}/member?" + urlencode({"start": start + limit,
+                                                                                  "limit": limit})
+        return self._answer(request, 200, data={"results": window, "start": start, "limit": limit,
+                                                "size": len(window), "_links": links})
 
     def _attachment_json(self, page: FakePage, att: FakeAttachment, expand: set[str]) -> dict[str, Any]:
         data: dict[str, Any] = {"id": att.id, "type": "attachment", "title": att.title, "_links": {

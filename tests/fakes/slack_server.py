@@ -183,8 +183,26 @@ class FakeSlack(LocalServer):
         self.ephemerals: list[Ephemeral] = []
         #: (channel, message ts) -> the emoji names kbbot reacted with (reactions.add / reactions.remove).
         self.reactions: dict[tuple[str, str], list[str]] = defaultdict(list)
+        #: user id -> the ``user`` object users.info answers (``add_user``); the bot user is always there.
+        self.users: dict[str, dict[str, Any]] = {}
+        #: user group handle -> its members' ids (usergroups.list with include_users).
+        self.usergroups: dict[str, list[str]] = {}
+        #: channel id -> its members' ids (conversations.members, paginated by ``members_page``).
+        self.channel_members: dict[str, list[str]] = {}
+        self.members_page = 100
+        #: Scopes the token lacks: a method needing one answers ``missing_scope`` (users.info without
+        #: users:read.email answers the profile without its e-mail, as Slack does).
+        self.missing_scopes: set[str] = set()
 
     # ------------------------------------------------------------------ scripting
+    def add_user(self, user_id: str, email: str | None = None, *, is_bot: bool = False, deleted: bool = False,
+                 name: str | None = None) -> None:
+        profile: dict[str, Any] = {"real_name": name or user_id, "display_name": name or user_id}
+        if email:
+            profile["email"] = email
+        self.users[user_id] = {"id": user_id, "team_id": self.team_id, "name": (name or user_id).lower(),
+                               "deleted": deleted, "is_bot": is_bot, "is_app_user": False, "profile": profile}
+
     def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After``."""
         self._rate_limited[method].extend([retry_after] * times)
@@ -328,6 +346,10 @@ class FakeSlack(LocalServer):
             "assistant.threads.setStatus": self._set_status,
             "reactions.add": self._react,
             "reactions.remove": self._unreact,
+            "users.info": self._users_info,
+            "usergroups.list": self._usergroups_list,
+            "usergroups.users.list": self._usergroups_users,
+            "conversations.members": self._conversation_members,
         }.get(method)
         if handler is None:
             raise SlackError("unknown_method")
@@ -523,6 +545,52 @@ class FakeSlack(LocalServer):
             raise SlackError("already_reacted")
         self.reactions[key].append(name)
         return {}
+
+    def _need(self, scope: str) -> None:
+        if scope in self.missing_scopes:
+            raise SlackError("missing_scope")
+
+    def _users_info(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        self._need("users:read")
+        user_id = str(args.get("user") or "")
+        if user_id == self.bot_user_id and user_id not in self.users:
+            self.add_user(user_id, is_bot=True, name="kbbot")
+        user = self.users.get(user_id)
+        if user is None:
+            raise SlackError("user_not_found")
+        if "users:read.email" in self.missing_scopes:
+            user = {**user, "profile": {k: v for k, v in user["profile"].items() if k != "email"}}
+        return {"user": user}
+
+    def _group_json(self, handle: str) -> dict[str, Any]:
+        return {"id": "S" + handle.upper(), "team_id": self.team_id, "is_usergroup": True, "name": handle,
+                "handle": handle, "date_delete": 0, "user_count": len(self.usergroups[handle])}
+
+    def _usergroups_list(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        self._need("usergroups:read")
+        include = str(args.get("include_users", "")).lower() in ("1", "true")
+        return {"usergroups": [{**self._group_json(h), **({"users": list(m)} if include else {})}
+                               for h, m in self.usergroups.items()]}
+
+    def _usergroups_users(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        self._need("usergroups:read")
+        wanted = str(args.get("usergroup") or "")
+        for handle, members in self.usergroups.items():
+            if "S" + handle.upper() == wanted:
+                return {"users": list(members)}
+        raise SlackError("no_such_subteam")
+
+    def _conversation_members(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        self._need("channels:read")
+        channel = str(args.get("channel") or "")
+        if channel not in self.channel_members:
+            raise SlackError("channel_not_found")
+        members = self.channel_members[channel]
+        start = int(str(args.get("cursor") or "0").removeprefix("dXNlcjo") or 0)
+        limit = min(int(args.get("limit") or 100), self.members_page)
+        following = start + limit
+        cursor = f"dXNlcjo{following}" if following < len(members) else ""
+        return {"members": members[start:following], "response_metadata": {"next_cursor": cursor}}
 
     def _unreact(self, args: dict[str, Any], now: float) -> dict[str, Any]:
         key, name = self._reaction_target(args)

@@ -1,0 +1,301 @@
+"""Answers only from what the asker may read (issue 30), on real Weaviate and the embedded store, with
+the Confluence and Slack fakes speaking their wire formats:
+
+- Confluence read restrictions (a page's own, inherited by its children) and space permissions are
+  recorded per document at refresh, and a restriction added at the source is in force after a
+  permissions-only refresh that embeds nothing;
+- the permission filter is applied inside the store's query: the top-k of someone who may not read a
+  restricted page is full of what they may read, never the page;
+- a restricted page is never retrieved, cited, kept in history or served from the approved-answer
+  cache for someone who may not read it, in a channel (where every member must be allowed) or a DM;
+  the same asker gets it in a DM when allowed, and is told so in the channel;
+- an asker who cannot be mapped reads public documents only and is told so once; API callers and
+  Telegram users are mapped by ``permissions.principals``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.cli import SilentReply
+from adapters.slack_directory import SlackDirectory
+from bot.refresh import Refresher
+from bot.runtime import Runtime, build_runtime
+from bot.settings import ConfluenceSettings, SourceSettings
+from bot.types import Answer, Inquiry, Outcome
+from pipelines.components.facts import FactLookup
+from pipelines.components.retrievers import retriever_for
+from pipelines.filters import and_filters, readers_filter, space_filter
+from tests.conftest import make_settings
+from tests.fakes.confluence_server import FakeConfluence
+from tests.fakes.slack_server import FakeSlack
+from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
+
+pytestmark = pytest.mark.skipif(SERVICES_MISSING is not None, reason=SERVICES_MISSING or "")
+
+TEAM = "T0PERM"
+SEALS = "<p>The HL-K8 compressor seal must be replaced every 7,200 operating hours.</p>"
+CLAIMS = ("<p>Warranty claims for the HL-K8 compressor are approved up to 4,800 euros by the service manager "
+          "without further review.</p><h2>Claim limits</h2><table><tbody><tr><th>Model</th><th>Claim limit</th></tr>"
+          "<tr><td>HL-K8</td><td>4,800 euros</td></tr></tbody></table>")
+ESCALATION = "<p>HL-K8 warranty claims above 4,800 euros are escalated to the finance director Marta Ruiz.</p>"
+SECRET_WORDS = ("4,800", "Marta Ruiz")
+CLAIMS_QUESTION = "Up to which amount are HL-K8 warranty claims approved without further review?"
+SEALS_QUESTION = "How often must the HL-K8 compressor seal be replaced?"
+
+ALICE, BOB, CAROL, NOMAIL = "UALICE", "UBOB", "UCAROL", "UNOMAIL"
+
+
+@dataclass
+class World:
+    kind: str
+    runtime: Runtime
+    refresher: Refresher
+    confluence: FakeConfluence
+    slack: FakeSlack
+    pages: dict[str, Any]
+
+    async def ask(self, user: str, question: str, *, channel: str = "CALL", private: bool = False,
+                  thread: str | None = None, platform: str = "slack", tenant: str = TEAM) -> Answer:
+        thread = thread or uuid.uuid4().hex[:8]
+        inquiry = Inquiry(platform=platform, tenant=tenant, channel=channel,
+                          thread_key=f"{platform}:{tenant}:{channel}:{thread}", user_id=user, text=question,
+                          private=private)
+        return await self.runtime.answerer.answer(inquiry, SilentReply())
+
+    def doc(self, name: str) -> str:
+        return f"confluence:wiki:page:{self.pages[name].id}"
+
+
+def leaked(answer: Answer, world: World, *names: str) -> list[str]:
+    """What of the restricted pages ``names`` reached the asker: cited, ranked (what the prompt is
+    built from), or in the text."""
+    ids = {world.doc(n) for n in names}
+    found = [c.doc_id for c in answer.citations if c.doc_id in ids]
+    found += [r["doc_id"] for r in answer.trace.ranked if r["doc_id"] in ids]
+    found += [w for w in SECRET_WORDS if w in answer.text]
+    return found
+
+
+@contextlib.asynccontextmanager
+async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    tag = uuid.uuid4().hex[:10]
+    monkeypatch.setenv("KBBOT_TEST_CONFLUENCE_TOKEN", "conf-token")
+    with FakeConfluence(cloud=True, user="ops@example.com").run_in_thread() as confluence:
+        async with FakeSlack(team_id=TEAM, bot_user_id="UKBBOT") as slack:
+            pages = {"seals": confluence.add_page("OPS", "HL-K8 seal replacement", SEALS),
+                     "claims": confluence.add_page("OPS", "HL-K8 warranty claims", CLAIMS,
+                                                   read_users=["alice@example.com"], read_groups=["hr"])}
+            pages["escalation"] = confluence.add_page("OPS", "HL-K8 claim escalation", ESCALATION,
+                                                      parent=pages["claims"].id)
+            confluence.groups = {"hr": ["carol@example.com"], "confluence-users": []}
+            slack.add_user(ALICE, "alice@example.com")
+            slack.add_user(BOB, "Bob@Example.com")
+            slack.add_user(CAROL, "carol@example.com")
+            slack.add_user(NOMAIL)
+            slack.usergroups = {"hr": [CAROL]}
+            slack.channel_members = {"CALL": [ALICE, BOB, "UKBBOT"], "CHR": [ALICE, CAROL, "UKBBOT"]}
+
+            env = {"REDIS_URL": REDIS_URL or ""}
+            if kind == "weaviate":
+                env["WEAVIATE_URL"] = WEAVIATE_URL or ""
+            settings = make_settings(tmp_path / "data", **env)
+            settings.store.collection = f"Perm{tag}"
+            settings.redis_prefix = f"kbbot-test-{tag}:"
+            settings.refresh.allow_hosts = ["127.0.0.1"]
+            settings.refresh.fetch_timeout_s = 5
+            settings.permissions.cache_s = 0  # members read afresh: a join counts at once here
+            settings.permissions.principals = {"api:helpdesk": ["group:hr"], "telegram:42": ["user:alice@example.com"]}
+            settings.sources = [SourceSettings(name="wiki", interval="1h", confluence=ConfluenceSettings(
+                url=confluence.base_url, spaces=["OPS"], token_env="KBBOT_TEST_CONFLUENCE_TOKEN",
+                user="ops@example.com"))]
+            runtime = build_runtime(settings)
+            await runtime.start()
+            client = AsyncWebClient(token=slack.token, base_url=slack.base_url)
+            runtime.audiences.register("slack", SlackDirectory(client, cache_s=0))
+            refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
+            try:
+                record = await refresher.run("wiki")
+                assert record is not None and record.ok, record
+                yield World(kind, runtime, refresher, confluence, slack, pages)
+            finally:
+                if kind == "weaviate":
+                    runtime.store.drop()
+                await runtime.close()
+                await drop_prefix(REDIS_URL or "", settings.redis_prefix)
+
+
+@pytest.fixture(params=["weaviate", "memory"])
+async def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    async with world_on(request.param, tmp_path, monkeypatch) as w:
+        yield w
+
+
+async def test_confluence_restrictions_inherited_and_recorded_on_every_chunk(world):
+    records = world.runtime.store.records()
+    assert records[world.doc("seals")].readers == ["public"]
+    # The child page has no restriction of its own: its parent's applies.
+    assert records[world.doc("claims")].readers == ["group:hr", "user:alice@example.com"]
+    assert records[world.doc("escalation")].readers == ["group:hr", "user:alice@example.com"]
+    assert world.confluence.requests_to("/restriction/byOperation/read")
+    chunks = world.runtime.store.document_store.filter_documents(
+        {"field": "meta.doc_id", "operator": "==", "value": world.doc("claims")})
+    assert chunks and all(sorted(c.meta["readers"]) == ["group:hr", "user:alice@example.com"] for c in chunks)
+
+
+async def test_the_filter_is_inside_the_query_so_top_k_stays_full(world):
+    retriever = retriever_for(world.runtime.store, mode="bm25", candidates=2)
+    spaces = space_filter(["default"])
+    bob = and_filters(spaces, readers_filter({"public", "user:bob@example.com"}))
+    alice = and_filters(spaces, readers_filter({"public", "user:alice@example.com"}))
+    found_bob = retriever.run(query="HL-K8 warranty claims euros", filters=bob, top_k=2)["documents"]
+    found_alice = retriever.run(query="HL-K8 warranty claims euros", filters=alice, top_k=2)["documents"]
+    assert {d.meta["doc_id"] for d in found_alice} <= {world.doc("claims"), world.doc("escalation")}
+    assert found_alice, "alice may read the claims pages"
+    # The two best chunks overall are restricted: had they been removed after retrieval, Bob's list
+    # would be empty; filtered in the query, it holds what Bob may read.
+    assert [d.meta["doc_id"] for d in found_bob] == [world.doc("seals")]
+
+
+async def test_facts_come_only_from_documents_the_audience_may_read(world):
+    facts = FactLookup(world.runtime.store)
+    spaces = space_filter(["default"])
+    bob = facts.run("HL-K8 claim limit", ["default"], filters=and_filters(spaces, readers_filter({"public"})))
+    alice = facts.run("HL-K8 claim limit", ["default"],
+                      filters=and_filters(spaces, readers_filter({"public", "user:alice@example.com"})))
+    assert any("4,800" in line for line in alice["facts"]), alice
+    assert not any("4,800" in line for line in bob["facts"]), bob
+
+
+async def test_restricted_page_never_reaches_channel_or_unauthorised_dm(world):
+    bob_dm = await world.ask(BOB, CLAIMS_QUESTION, channel="DBOB", private=True, thread="bobdm")
+    assert leaked(bob_dm, world, "claims", "escalation") == []
+    assert bob_dm.outcome is Outcome.NOT_FOUND
+    assert "direct message" not in bob_dm.text
+
+    # Alice may read it, but Bob is in the channel: nothing of it there, and an offer of a DM.
+    in_channel = await world.ask(ALICE, CLAIMS_QUESTION, channel="CALL", thread="t1")
+    assert leaked(in_channel, world, "claims", "escalation") == []
+    assert in_channel.outcome is Outcome.NOT_FOUND
+    assert "direct message" in in_channel.text
+
+    # Bob in the same channel gets no offer: he could not read it in private either.
+    bob_channel = await world.ask(BOB, CLAIMS_QUESTION, channel="CALL", thread="t2")
+    assert leaked(bob_channel, world, "claims", "escalation") == [] and "direct message" not in bob_channel.text
+
+    # In a DM Alice gets it, cited.
+    alice_dm = await world.ask(ALICE, CLAIMS_QUESTION, channel="DALICE", private=True, thread="alicedm")
+    assert alice_dm.outcome is Outcome.ANSWERED, alice_dm.text
+    assert world.doc("claims") in {c.doc_id for c in alice_dm.citations}
+
+    # A channel whose every member may read it (Alice by name, Carol through the hr group).
+    hr_channel = await world.ask(CAROL, CLAIMS_QUESTION, channel="CHR", thread="t3")
+    assert hr_channel.outcome is Outcome.ANSWERED and world.doc("claims") in {c.doc_id for c in hr_channel.citations}
+
+    # History keeps each audience's own: Bob's channel thread and DM hold nothing of the page.
+    for thread in ("slack:T0PERM:CALL:t1", "slack:T0PERM:CALL:t2", "slack:T0PERM:DBOB:bobdm"):
+        text = " ".join(m.text or "" for m in await world.runtime.history.load(thread))
+        assert not any(w in text for w in SECRET_WORDS), (thread, text)
+
+
+async def test_history_written_for_one_audience_is_not_shown_to_another(world):
+    # Alice's answer in the hr channel; then Bob joins the channel and asks a follow-up in that thread.
+    first = await world.ask(ALICE, CLAIMS_QUESTION, channel="CHR", thread="h1")
+    assert first.outcome is Outcome.ANSWERED
+    world.slack.channel_members["CHR"].append(BOB)
+    follow = await world.ask(BOB, "And who handles the claims above that?", channel="CHR", thread="h1")
+    assert follow.trace.history_turns == 0  # the earlier turn was written for other readers
+    assert leaked(follow, world, "claims", "escalation") == []
+
+
+async def test_an_approved_answer_is_served_only_to_the_audience_it_was_approved_for(world):
+    cache = world.runtime._approved
+    alice = await world.ask(ALICE, CLAIMS_QUESTION, channel="DALICE", private=True)
+    assert alice.approvable, alice.outcome
+    assert await cache.approve(alice.trace.turn_id, "URVW", "Reviewer", tenant=f"slack:{TEAM}") is not None
+    again = await world.ask(ALICE, CLAIMS_QUESTION, channel="DALICE", private=True)
+    assert again.outcome is Outcome.CACHED  # the same audience: served
+    bob = await world.ask(BOB, CLAIMS_QUESTION, channel="DBOB", private=True)
+    assert bob.outcome is not Outcome.CACHED and leaked(bob, world, "claims", "escalation") == []
+    channel = await world.ask(ALICE, CLAIMS_QUESTION, channel="CALL")
+    assert channel.outcome is not Outcome.CACHED and leaked(channel, world, "claims", "escalation") == []
+
+
+async def test_a_restriction_added_at_the_source_is_in_force_after_a_permissions_refresh(world):
+    before = await world.ask(BOB, SEALS_QUESTION, channel="CALL")
+    assert world.doc("seals") in {c.doc_id for c in before.citations}
+    version = world.runtime.store.knowledge_version
+    embedded = world.runtime.document_embedder.embedded_texts
+    world.confluence.restrict(world.pages["seals"], users=["alice@example.com"])
+    sent = len(world.confluence.log)
+
+    record = await world.refresher.run("wiki", permissions_only=True)
+    assert record is not None and record.ok, record
+    assert world.runtime.document_embedder.embedded_texts == embedded  # nothing embedded again
+    assert not [p for p, *_ in world.confluence.log[sent:] if "body.storage" in p]  # no body read
+    assert world.runtime.store.knowledge_version == version + 1  # a change of the knowledge for caches
+    assert world.runtime.store.record(world.doc("seals")).readers == ["user:alice@example.com"]
+
+    after = await world.ask(BOB, SEALS_QUESTION, channel="CALL")
+    assert world.doc("seals") not in {c.doc_id for c in after.citations}
+    assert world.doc("seals") not in {r["doc_id"] for r in after.trace.ranked}
+    alice = await world.ask(ALICE, SEALS_QUESTION, channel="DALICE", private=True)
+    assert world.doc("seals") in {c.doc_id for c in alice.citations}
+
+    # A full refresh changing nothing keeps the readers and embeds nothing either.
+    record = await world.refresher.run("wiki")
+    assert record is not None and record.ok and world.runtime.document_embedder.embedded_texts == embedded
+    assert world.runtime.store.record(world.doc("seals")).readers == ["user:alice@example.com"]
+
+
+async def test_an_unmapped_asker_reads_public_documents_only_and_is_told_once(world):
+    first = await world.ask(NOMAIL, CLAIMS_QUESTION, channel="DNOMAIL", private=True)
+    assert leaked(first, world, "claims", "escalation") == [] and "public documents only" in first.text
+    second = await world.ask(NOMAIL, SEALS_QUESTION, channel="DNOMAIL", private=True)
+    assert "public documents only" not in second.text
+    assert world.doc("seals") in {c.doc_id for c in second.citations}
+
+
+async def test_api_callers_and_telegram_users_are_mapped_by_the_settings(world):
+    helpdesk = await world.ask("someone", CLAIMS_QUESTION, platform="api", tenant="helpdesk", channel="helpdesk",
+                               private=True)
+    assert world.doc("claims") in {c.doc_id for c in helpdesk.citations}
+    other = await world.ask("someone", CLAIMS_QUESTION, platform="api", tenant="other", channel="other",
+                            private=True)
+    assert leaked(other, world, "claims", "escalation") == []
+    telegram = await world.ask("42", CLAIMS_QUESTION, platform="telegram", tenant="7", channel="42", private=True)
+    assert world.doc("claims") in {c.doc_id for c in telegram.citations}
+    # A Telegram group: members cannot be listed, so only what the whole group may read.
+    group = await world.ask("42", CLAIMS_QUESTION, platform="telegram", tenant="7", channel="-100", private=False)
+    assert leaked(group, world, "claims", "escalation") == []
+
+
+def test_leaving_out_principals_no_document_names_changes_nothing_that_matches():
+    import random
+
+    from haystack import Document
+
+    from bot.permissions import Audience
+    from pipelines.filters import compile_filter
+
+    rng = random.Random(7)
+    pool = [f"user:u{i}@example.com" for i in range(60)] + [f"group:g{i}" for i in range(20)]
+    docs = [Document(content="", meta={"readers": ["public"] if rng.random() < 0.3 else rng.sample(pool[:40], 2)})
+            for _ in range(300)]
+    known = frozenset(p for d in docs for p in d.meta["readers"])
+    members = tuple(frozenset(rng.sample(pool, 5)) for _ in range(3))
+    for audience in (Audience(private=True, everyone=frozenset({"public", *members[0]}), asker=members[0]),
+                     Audience(private=False, everyone=frozenset({"public", "channel:c1"}), each=members),
+                     Audience(private=False, everyone=frozenset({"public", "channel:c1"}),
+                              each=(members[0], frozenset()))):
+        full, narrowed = compile_filter(audience.filter()), compile_filter(audience.filter(known))
+        assert [full(d) for d in docs] == [narrowed(d) for d in docs]
+        assert any(full(d) for d in docs) and not all(full(d) for d in docs)
