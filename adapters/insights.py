@@ -67,6 +67,20 @@ def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
     return digest
 
 
+def start_follow_ups(runtime: Any, knowledge: Any, adapters: list[Any]) -> Any:
+    """Gaps answered when the knowledge arrives: the chat platforms post the follow-ups, the refresher of
+    ``serve`` (scheduled runs, admins' refreshes) runs them after each run that changed documents. The
+    ``GapFollowUps``, or None when turn records are off."""
+    follow_ups = runtime.gap_follow_ups()
+    if follow_ups is None:
+        return None
+    for adapter in adapters:
+        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
+            follow_ups.serve(adapter.delivery)
+    knowledge.refresher.after_change.append(follow_ups.after_refresh)
+    return follow_ups
+
+
 def mount_admin(app: web.Application, runtime: Any, knowledge: Any) -> Any:
     """The admin page at ``/admin`` when ``KBBOT_ADMIN_TOKEN`` is set; the ``AdminSite`` or None."""
     token = reveal(runtime.settings.insights.admin_token)

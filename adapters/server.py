@@ -30,7 +30,7 @@ from aiohttp import web
 
 from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
-from adapters.insights import mount_admin, start_digest
+from adapters.insights import mount_admin, start_digest, start_follow_ups
 from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_rates as make_slack_rates
 from adapters.telegram import TelegramAdapter
@@ -218,6 +218,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
     adapters = build_adapters(runtime, conversations=conversations)
+    start_follow_ups(runtime, knowledge, adapters)
     # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
     recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]

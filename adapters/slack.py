@@ -350,7 +350,8 @@ class SlackAdapter:
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
             text = await self.conversations.preference_command("slack", team, user, [verb, *rest.split()],
-                                                           prefix=f"{SLASH_COMMAND} ")
+                                                           prefix=f"{SLASH_COMMAND} ",
+                                                           channel=str(command.get("channel_id") or ""))
             await ack(text=text)
             return
         language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
@@ -419,7 +420,7 @@ class SlackAdapter:
                             question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
-                          spaces=self.settings.spaces_for(channel))
+                          spaces=self.settings.spaces_for(channel), reply_to=dataclasses.asdict(where))
         if self._bot_id is None and getattr(context, "bot_id", None):
             self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
         accepted = await self.delivery.accept(inquiry, keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s,
@@ -445,7 +446,10 @@ class SlackAdapter:
         return f"slack:{self._bot_id}"
 
     def rebuild(self, turn: PendingTurn) -> SlackReply:
-        where = SlackThread(**turn.target)
+        return self.reply_to(turn.target)
+
+    def reply_to(self, target: dict[str, Any]) -> SlackReply:
+        where = SlackThread(**target)
         self._remember_thread(where.key)
         return self._reply(self.client, where)
 

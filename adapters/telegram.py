@@ -375,13 +375,14 @@ class TelegramAdapter:
             language = "zh"
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
-                          spaces=self.settings.spaces_for(str(where.chat_id)))
+                          spaces=self.settings.spaces_for(str(where.chat_id)),
+                          reply_to={"chat": dataclasses.asdict(where), "language": language})
         event_id = str(event_update.update_id if event_update is not None else 0)
         kind = "private" if where.private else "group"
         accepted = await self.delivery.accept(inquiry, self._keys(message, event_update), self.settings.dedupe_ttl_s,
                                               self.settings.claim_lease_s, event_id=event_id, kind=kind,
                                               crashed=say("crashed", language),
-                                              target={"chat": dataclasses.asdict(where), "language": language})
+                                              target=dict(inquiry.reply_to or {}))
         if accepted is None:
             log.info("update %s was already handled; not answering twice", event_id)
             return
@@ -403,7 +404,12 @@ class TelegramAdapter:
         return f"telegram:{self.bot_id}"
 
     def rebuild(self, turn: PendingTurn) -> TelegramReply:
-        return self._reply(TelegramChat(**turn.target["chat"]), str(turn.target.get("language") or "en"))
+        return self.reply_to(turn.target)
+
+    def reply_to(self, target: dict[str, Any]) -> TelegramReply:
+        if int(target["chat"]["bot_id"]) != self.bot_id:  # a question another bot of the same Redis took
+            raise ValueError(f"the chat of bot {target['chat']['bot_id']} is not this bot's ({self.bot_id})")
+        return self._reply(TelegramChat(**target["chat"]), str(target.get("language") or "en"))
 
     async def delete(self, target: dict[str, Any], message_id: str) -> bool:
         await self.bot.delete_message(chat_id=int(target["chat"]["chat_id"]), message_id=int(message_id))
@@ -458,7 +464,8 @@ class TelegramAdapter:
                 return
             words = [command.command.lower(), *(command.args or "").split()]
             text = await self.conversations.preference_command("telegram", str(self.bot_id), str(user.id), words,
-                                                           prefix="/", language=user_language(user.language_code))
+                                                           prefix="/", language=user_language(user.language_code),
+                                                           channel=str(message.chat.id))
             await self._say(message, text)
 
     async def _on_review(self, query: CallbackQuery) -> None:

@@ -351,6 +351,33 @@ class Answerer:
         self._learn_later(inquiry, question, prefs)
         return await self._conclude(inquiry, question, answer, reply, started)
 
+    async def rehearse(self, question: str, spaces: tuple[str, ...] | list[str]) -> Answer:
+        """The answer ``question`` gets now, in ``spaces``, through the same pipeline and checks as a turn
+        (answerability, each sentence's support, citations current), shown to nobody and kept nowhere:
+        no reply, history, answer cache or turn record. As a thread's first question (no history), the
+        way a question asked again reads it. Errors propagate."""
+        trace = Trace()
+        if isinstance(spaces, str) or not spaces:
+            raise ValueError("a question is only answered again within the spaces it was asked in")
+        inquiry = Inquiry(platform="rehearsal", tenant="", channel="", thread_key="", user_id="", text=question,
+                          spaces=tuple(spaces))
+        budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
+                                  max_retries=self.limits.max_retries)
+
+        async def run() -> Answer:
+            result = await self._run(question, inquiry, [], budget, None)
+            answer = self._outcome(result, question, trace)
+            trace.steps = list(budget.steps)
+            trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
+            trace.model_calls = len(budget.calls) + self._answer_calls(result)
+            return answer
+
+        with record_stages(trace.stages, None):
+            answer = await asyncio.wait_for(run(), self.limits.timeout_s)
+        if await self._stale(answer):  # the knowledge moved on meanwhile: not an answer to post
+            answer = Answer(text=answer.text, outcome=Outcome.NOT_FOUND, trace=trace)
+        return answer
+
     async def _conclude(self, inquiry: Inquiry, question: str, answer: Answer, reply: Reply, started: float) -> Answer:
         trace = answer.trace
         # History is written only once the answer exists: a failed turn leaves no half turn.

@@ -447,10 +447,11 @@ class Conversations:
         return AdminResult(AdminStatus.DONE, text)
 
     async def preference_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
-                             language: str = "en") -> str:
-        """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words."""
+                             language: str = "en", channel: str = "") -> str:
+        """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words
+        (``channel``: where the command was given, for ``prefs followups off here``)."""
         return await run_command(self.kept.preferences, platform, tenant, user, words, prefix=prefix, language=language,
-                                 turns=self.kept.turns)
+                                 turns=self.kept.turns, channel=channel)
 
     async def user_language(self, platform: str, tenant: str, user: str) -> str | None:
         """The language a user chose in their preferences, if any."""

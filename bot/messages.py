@@ -183,6 +183,29 @@ MESSAGES: dict[str, dict[str, str]] = {
               "Preferences you set with {prefix}prefs stay.",
         "zh": "好的：已停止从您的消息中学习，并清除了已记下的偏好。用 {prefix}prefs 设置的偏好仍然保留。",
     },
+    "prefs_follow_ups_on": {
+        "en": "OK: when the knowledge base later learns the answer to a question I could not answer, I will "
+              "answer it in its thread. {prefix}prefs followups off [here] stops that.",
+        "zh": "好的：知识库补充了我之前未能回答的问题后，我会在原对话中回复。发送 {prefix}prefs followups off [here] 可关闭。",
+    },
+    "prefs_follow_ups_off": {
+        "en": "OK: I will not come back to your unanswered questions when the knowledge base learns the answer. "
+              "{prefix}prefs followups on turns it back on.",
+        "zh": "好的：知识库补充后，我不会再回复您之前未答的问题。发送 {prefix}prefs followups on 可重新开启。",
+    },
+    "prefs_follow_ups_on_here": {
+        "en": "OK: in this channel I will answer your unanswered questions once the knowledge base covers them.",
+        "zh": "好的：在此会话中，知识库补充后我会回复您之前未答的问题。",
+    },
+    "prefs_follow_ups_off_here": {
+        "en": "OK: in this channel I will not come back to your unanswered questions. "
+              "{prefix}prefs followups on here turns it back on.",
+        "zh": "好的：在此会话中，知识库补充后我不会再回复您之前未答的问题。发送 {prefix}prefs followups on here 可重新开启。",
+    },
+    "gap_closed": {
+        "en": "📚 The knowledge base now covers a question asked here on {date}: “{question}”",
+        "zh": "📚 知识库现在可以回答 {date} 在这里提出的问题：“{question}”",
+    },
     "prefs_forgot": {
         "en": "Done: I forgot your answering preferences and everything I had learned about them, "
               "and deleted the record of your questions.",
@@ -190,9 +213,11 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "prefs_usage": {
         "en": "Usage: {prefix}prefs concise|detailed|default · {prefix}prefs lang en|zh|auto · "
-              "{prefix}prefs steps on|off|default · {prefix}remember on|off · {prefix}forget",
+              "{prefix}prefs steps on|off|default · {prefix}prefs followups on|off [here] · "
+              "{prefix}remember on|off · {prefix}forget",
         "zh": "用法：{prefix}prefs concise|detailed|default（简洁/详细/默认）· {prefix}prefs lang en|zh|auto"
               "（英文/中文/随提问）· {prefix}prefs steps on|off|default（步骤编号）· "
+              "{prefix}prefs followups on|off [here]（知识库补充后是否回复未答问题）· "
               "{prefix}remember on|off（是否从消息中学习偏好）· {prefix}forget（全部清除）",
     },
     "prefs_failed": {

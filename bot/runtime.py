@@ -21,6 +21,7 @@ from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
+from bot.knowledge_loop.followups import GapFollowUps
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
@@ -336,6 +337,16 @@ class Runtime:
         refresher = self.refresher()
         scheduler = RefreshScheduler(refresher) if schedule and self.settings.sources else None
         return KnowledgeAdmin(refresher, scheduler)
+
+    def gap_follow_ups(self) -> GapFollowUps | None:
+        """Gaps answered when the knowledge arrives (``bot.knowledge_loop.followups``), on this started
+        runtime; None when turns are not recorded (``insights.enabled`` off). Platforms register their
+        delivery layers with ``serve``; the hook goes on a refresher's ``after_change``."""
+        if self._turns is None:
+            return None
+        i = self.settings.insights
+        return GapFollowUps(self.answerer, self._turns.log, self.history, preferences=self._preferences,
+                            days=i.reanswer_days, max_per_refresh=i.reanswer_max_per_refresh)
 
     def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
                       on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:

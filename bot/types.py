@@ -34,6 +34,9 @@ class Inquiry:
     text: str
     received_at: float = field(default_factory=time.time)
     spaces: tuple[str, ...] = ("default",)
+    #: Where a later message about this question goes (the adapter's reply target, as it rebuilds a reply
+    #: from it: ``bot.delivery.Platform.reply_to``); None where nothing can be posted later (console, HTTP).
+    reply_to: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

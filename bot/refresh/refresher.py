@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from bot.redis_state import RedisLock
@@ -34,6 +35,28 @@ class UnknownSource(KeyError):
         return str(self.args[0])
 
 
+@dataclass(frozen=True)
+class RefreshChanges:
+    """What one run of a source changed, as the hooks after it see it (``Refresher.after_change``).
+
+    Documents are named by their ``source`` (the path or URL a citation of them carries)."""
+
+    source: str
+    space: str
+    trigger: str
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+    knowledge_version: int | None
+
+    @property
+    def new_or_changed(self) -> frozenset[str]:
+        return frozenset(self.added) | frozenset(self.changed)
+
+
+#: A hook run after a refresh that changed documents (re-answering gaps, re-checking approved answers).
+AfterChange = Callable[[RefreshChanges], Awaitable[Any]]
+
 
 class Refresher:
     """Runs sources (configured ones by name, or an ad-hoc ``Source``) under the refresh lock."""
@@ -47,6 +70,10 @@ class Refresher:
         self.runs = runs if runs is not None else run_log(settings, redis)
         self._lock_factory = lock_factory
         self.stopping = False  # set on shutdown: a run stops before its next document
+        #: Run, in order, after each run that added, changed or removed documents, once the refresh lock is
+        #: released (their work, such as answering again, must not hold up the next source's refresh). One
+        #: replica runs a given refresh, so each hook runs once per change across replicas.
+        self.after_change: list[AfterChange] = []
 
     @property
     def sources(self) -> dict[str, SourceSettings]:
@@ -150,13 +177,24 @@ class Refresher:
                     log.info("refresh source=%s trigger=%s skipped: already run at %s (another replica?)",
                              name, trigger, last.started_at if last else "?")
                     return None
-            return await self._run_locked(src, trigger, lock, progress)
+            record, changes = await self._run_locked(src, trigger, lock, progress)
         finally:
             if lock.held:
                 await lock.release()
+        if changes is not None:
+            await self._changed(changes)
+        return record
+
+    async def _changed(self, changes: RefreshChanges) -> None:
+        for hook in self.after_change:
+            try:
+                await hook(changes)
+            except Exception:  # noqa: BLE001 - the refresh is done; one hook's failure stops no other
+                log.exception("refresh source=%s: a hook after the refresh failed (%s)", changes.source,
+                              getattr(hook, "__qualname__", hook))
 
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
-                          progress: Progress | None) -> RunRecord:
+                          progress: Progress | None) -> tuple[RunRecord, RefreshChanges | None]:
         states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
         source = self.build_source(src, states)
         orphans = await self.orphans(src)
@@ -212,7 +250,11 @@ class Refresher:
         except Exception:  # noqa: BLE001 - the knowledge is refreshed; only its record is missing
             log.exception("could not record the refresh of %s", src.name)
         log_run(record)
-        return record
+        changes = None
+        if report.added or report.changed or report.removed:  # also a run that failed part way
+            changes = RefreshChanges(src.name, src.space, trigger, tuple(report.added), tuple(report.changed),
+                                     tuple(report.removed), report.knowledge_version or None)
+        return record, changes
 
     async def run_source(self, source: Source, *, space: str, progress: Progress | None = None,
                          wait_s: float | None = None, on_wait: Callable[[], None] | None = None) -> IndexReport:
