@@ -224,8 +224,8 @@ class Delivery:
     async def post_answer(self, target: dict[str, Any], answer: Answer) -> Reply:
         """``answer`` posted where ``target`` (an ``Inquiry.reply_to`` of this platform) points, as a turn's
         final answer is (sources, buttons, the platform's rate budgets), with no acknowledgement first: a
-        follow-up nobody is waiting for. Tracked like a handler; the platform's errors propagate."""
-        self.tasks.track_current()
+        follow-up nobody is waiting for. Not tracked as a handler: it runs in the refresh's task, which the
+        scheduler's shutdown waits for. The platform's errors propagate."""
         reply = self.platform.reply_to(target)
         await reply.finish(answer)
         return reply

@@ -35,6 +35,10 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
         others = len(gap["questions"]) - 1
         more = f" (+{others} similar)" if others > 0 else ""
         lines.append(f"{i}. {gap['representative']} — asked {gap['count']}×{more} in {', '.join(gap['channels'])}")
+    closed = (report.get("gaps_closed") or {}).get("count") or 0
+    if closed:
+        lines.append(f"{closed} earlier question{'s' if closed != 1 else ''} answered where asked once a refresh "
+                     "brought the answer (gaps closed).")
     disliked = report["disliked"][:top]
     if disliked:
         lines += ["", "👎 answers:"]
