@@ -4,6 +4,7 @@ the next refresh, nor for an asker who muted follow-ups); the report counts the 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import pytest
 
 from adapters.insights import start_follow_ups
 from bot.insights.report import build_report, format_report
+from bot.preferences import PreferenceError, Preferences, apply_command
 from bot.scheduler import KnowledgeAdmin
 from bot.types import Outcome
 from tests.fakes.telegram_server import message_update
 from tests.refresh_helpers import SERVICES_MISSING, isolated_stack
+from tests.test_insights import record, turn_log  # noqa: F401 - fixture
 from tests.test_prefs import kbbot
 from tests.test_refresh import FAULT_V1, GREASE, VIBRATION, WARRANTY
 from tests.test_slack import Slack, fake_slack, slack_app, sources_text  # noqa: F401 - fixture
@@ -22,6 +25,7 @@ from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
 
 QUESTION = "What is the part number of the HL-M200 shaft seal kit?"
 UNRELATED = "What is the flange diameter of the HL-X9 pump?"
+FLANGE = "# HL-X9 pump flange\n\nThe flange diameter of the HL-X9 pump is 180 mm (DN100, PN16).\n"
 SEAL = ("# HL-M200 shaft seal kit\n\nThe shaft seal kit of the HL-M200 motor has the part number SK-2040. "
         "Replace the shaft seal every 16,000 operating hours.\n")
 DOCS = {"fault.md": FAULT_V1, "warranty.md": WARRANTY, "grease.txt": GREASE, "vibration.md": VIBRATION}
@@ -93,3 +97,49 @@ async def test_a_refresh_answers_each_gap_once_where_it_was_asked(tmp_path: Path
             assert {g["platform"] for g in report["gaps_closed"]["items"]} == {"slack", "telegram"}
             assert all("seal-kit.md" in " ".join(g["sources"]) for g in report["gaps_closed"]["items"])
             assert "Gaps closed by a refresh (2):" in format_report(report)
+
+            # A follow-up Slack refuses is given back: the next refresh posts it.
+            fake_slack.fail("chat.postMessage", error="not_in_channel")
+            (tmp_path / "docs" / "flange.md").write_text(FLANGE, encoding="utf-8")
+            await stack.refresher.run("docs")
+            unanswered = [t for t in slack.turns if t.inquiry.text == UNRELATED][0].answer
+            assert texts(slack.thread(other["event"])) == before["other"]
+            assert (await runtime.turns.log.get(unanswered.trace.turn_id)).follow_up is None
+            (tmp_path / "docs" / "flange.md").write_text(FLANGE + "\nUse eight M16 bolts.\n", encoding="utf-8")
+            await stack.refresher.run("docs")
+            assert len(slack.thread(other["event"])) == len(before["other"]) + 1
+            assert "180 mm" in slack.thread(other["event"])[-1].body
+            assert (await runtime.turns.log.get(unanswered.trace.turn_id)).gap_closed
+
+
+async def test_a_follow_up_is_claimed_once_whichever_replica_asks(turn_log):  # noqa: F811 - fixture
+    gap = record("What is the part number of the seal kit?", outcome="not_found")
+    await turn_log.add(gap)
+    claims = await asyncio.gather(*[turn_log.claim_follow_up(gap.turn_id, {"state": "posting", "by": n})
+                                    for n in range(6)])
+    assert claims.count(True) == 1
+    assert not await turn_log.claim_follow_up("no-such-turn", {"state": "posting"})
+    assert await turn_log.set_follow_up(gap.turn_id, None), "a failed post gives its claim back"
+    assert await turn_log.claim_follow_up(gap.turn_id, {"state": "posting"})
+    assert await turn_log.set_follow_up(gap.turn_id, {"state": "posted", "at": 1.0, "citations": []})
+    kept = await turn_log.get(gap.turn_id)
+    assert kept.gap_closed and kept.follow_up["state"] == "posted"
+    assert not await turn_log.claim_follow_up(gap.turn_id, {"state": "posting"}), "closed: never posted again"
+    assert [r.gap_closed for r in await turn_log.window(0)] == [True]
+
+
+def test_follow_ups_are_muted_per_user_everywhere_or_per_channel():
+    prefs = Preferences()
+    assert prefs.wants_follow_ups("C1"), "on unless the asker says otherwise"
+    prefs, _ = apply_command(prefs, ["prefs", "followups", "off", "here"], channel="C1")
+    assert not prefs.wants_follow_ups("C1") and prefs.wants_follow_ups("C2") and not prefs.is_empty()
+    prefs, _ = apply_command(prefs, ["prefs", "followups", "off"], channel="C2")
+    assert not prefs.wants_follow_ups("C1") and not prefs.wants_follow_ups("C2")
+    prefs, _ = apply_command(prefs, ["prefs", "followups", "on", "here"], channel="C2")
+    assert prefs.wants_follow_ups("C2") and not prefs.wants_follow_ups("C3")
+    prefs, _ = apply_command(prefs, ["prefs", "followups", "on"], channel="C2")
+    assert prefs.wants_follow_ups("C1") and prefs.is_empty()
+    with pytest.raises(PreferenceError):
+        apply_command(prefs, ["prefs", "followups", "off", "here"])  # where is "here"?
+    with pytest.raises(PreferenceError):
+        apply_command(prefs, ["prefs", "followups", "sometimes"], channel="C1")
