@@ -206,6 +206,37 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "📚 The knowledge base now covers a question asked here on {date}: “{question}”",
         "zh": "📚 知识库现在可以回答 {date} 在这里提出的问题：“{question}”",
     },
+    "expert_answer": {
+        "en": "💬 Answer by {author}, given in the thread where this was asked on {date}:\n\n{text}",
+        "zh": "💬 以下回答来自 {author}（{date} 在提问的对话中回复）：\n\n{text}",
+    },
+    "expert_offer": {
+        "en": "💬 {author} replied after kbbot could not answer “{question}”. Keep the reply?",
+        "zh": "💬 {author} 在 kbbot 未能回答“{question}”之后做了回复。是否保留这条回复？",
+    },
+    "expert_approve": {"en": "Save as approved answer", "zh": "保存为已批准回答"},
+    "expert_capture": {"en": "Add to the knowledge base", "zh": "加入知识库"},
+    "expert_done_approve": {
+        "en": "Saved: “{detail}” is now answered with this reply (approved by {user}).",
+        "zh": "已保存：“{detail}”今后将以这条回复作答（由 {user} 批准）。",
+    },
+    "expert_done_capture": {
+        "en": "Added to the knowledge base: {detail} (indexed on the source's next refresh).",
+        "zh": "已加入知识库：{detail}（在该来源下次刷新时建立索引）。",
+    },
+    "expert_already": {"en": "Already done by {detail}.", "zh": "{detail} 已经处理过了。"},
+    "expert_not_reviewer": {"en": "Only reviewers ({reviewers}) can keep replies.",
+                            "zh": "只有审核人（{reviewers}）可以保留回复。"},
+    "expert_expired": {
+        "en": "This reply can no longer be kept (it expired, or the knowledge base changed since; ask again).",
+        "zh": "这条回复已无法保留（已过期，或知识库已更新）。",
+    },
+    "expert_disabled": {
+        "en": "That is turned off here (approvals.enabled, insights.capture_source).",
+        "zh": "此功能未开启（approvals.enabled、insights.capture_source）。",
+    },
+    "expert_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
+                      "zh": "抱歉，暂时无法保存，请重试。"},
     "prefs_forgot": {
         "en": "Done: I forgot your answering preferences and everything I had learned about them, "
               "and deleted the record of your questions.",
