@@ -321,6 +321,7 @@ class FakeSlack(LocalServer):
             "chat.postMessage": self._post,
             "chat.update": self._update,
             "chat.postEphemeral": self._post_ephemeral,
+            "users.info": self._user_info,
             "chat.delete": self._delete,
             "chat.startStream": self._start_stream,
             "chat.appendStream": self._append_stream,
@@ -332,6 +333,14 @@ class FakeSlack(LocalServer):
         if handler is None:
             raise SlackError("unknown_method")
         return handler(args, now)
+
+    def _user_info(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        user = str(args.get("user") or "")
+        if not user:
+            raise SlackError("user_not_found")
+        name = user.removeprefix("U0").capitalize()  # U0BOB -> Bob
+        return {"user": {"id": user, "team_id": self.team_id, "name": name.lower(),
+                         "profile": {"display_name": name, "real_name": name}}}
 
     def _auth_test(self, args: dict[str, Any], now: float) -> dict[str, Any]:
         return {"url": "https://fake.slack.test/", "team": "Fake Workspace", "user": "kbbot",
