@@ -143,3 +143,87 @@ def test_follow_ups_are_muted_per_user_everywhere_or_per_channel():
         apply_command(prefs, ["prefs", "followups", "off", "here"])  # where is "here"?
     with pytest.raises(PreferenceError):
         apply_command(prefs, ["prefs", "followups", "sometimes"], channel="C1")
+
+
+# --- expert replies kept -------------------------------------------------------------------------------
+EXPERT_REPLY = "It is SK-2040 <@U0ALICE>; order it from the spare parts desk and replace it every 16,000 hours."
+RITA = "U0RITA"
+
+
+def expert_button(ephemeral, action_id: str) -> dict:
+    return next(e for b in ephemeral.blocks if b.get("type") == "actions" for e in b["elements"]
+                if e["action_id"] == action_id)
+
+
+async def expert_click(slack: Slack, ephemeral, action_id: str, user_id: str) -> str:
+    """A reviewer's click on a button of the ephemeral note; the text of the ephemeral note it got back."""
+    import json
+    from urllib.parse import urlencode
+
+    from tests.test_slack import TEAM
+    before = len(slack.fake.ephemerals)
+    payload = {"type": "block_actions", "token": "legacy", "api_app_id": "AKBBOT", "trigger_id": "1.2.3",
+               "team": {"id": TEAM, "domain": "kb"},
+               "user": {"id": user_id, "username": user_id.lower(), "name": user_id[2:].lower(), "team_id": TEAM},
+               "container": {"type": "message", "message_ts": ephemeral.ts, "channel_id": ephemeral.channel,
+                             "is_ephemeral": True, "thread_ts": ephemeral.thread_ts},
+               "channel": {"id": ephemeral.channel, "name": "support"},
+               "actions": [{"type": "button", "action_id": action_id, "block_id": "kbbot_expert",
+                            "value": expert_button(ephemeral, action_id)["value"], "action_ts": f"{time.time():.6f}"}]}
+    resp = await slack.post(urlencode({"payload": json.dumps(payload)}), content_type="application/x-www-form-urlencoded")
+    assert resp.status == 200
+    await slack.adapter.settle()
+    [note] = slack.fake.ephemerals[before:]
+    assert note.user == user_id
+    return note.text
+
+
+@pytest.mark.skipif(bool(SERVICES_MISSING), reason=SERVICES_MISSING or "")
+async def test_an_expert_reply_is_kept_both_ways_by_a_reviewer_and_cited_on_the_next_ask(tmp_path: Path, fake_slack):
+    async with isolated_stack(tmp_path, "Loop", DOCS) as stack:
+        assert stack.refresher is not None
+        await stack.refresher.run("docs")
+        stack.settings.insights.capture_source = "docs"
+        runtime = stack.runtime
+        async with slack_app(runtime, fake_slack, reviewers=[RITA]) as slack:
+            asked = (await slack.send(Slack.mention(QUESTION, user=ALICE)))["event"]
+            assert slack.only_turn().answer.outcome is Outcome.NOT_FOUND
+            await slack.send(Slack.message(EXPERT_REPLY, user=BOB, thread_ts=asked["ts"]))
+            assert len(slack.turns) == 1, "an expert's reply is not a question to answer"
+            [note] = fake_slack.ephemerals
+            assert note.user == RITA and note.thread_ts == asked["ts"]
+            shown = note.blocks[0]["text"]["text"]
+            assert "<@U0BOB> replied after kbbot could not answer" in shown and "SK-2040" in shown
+            assert "<@U0ALICE>" not in shown, "what the expert wrote pings nobody"
+            assert [e["text"]["text"] for e in note.blocks[1]["elements"]] == ["Save as approved answer",
+                                                                               "Add to the knowledge base"]
+            # Nothing is kept before a reviewer's click: Bob is not one.
+            refused = await expert_click(slack, note, "kbbot_expert_approve", BOB)
+            assert refused.startswith("Only reviewers")
+            carol = (await slack.send(Slack.mention(QUESTION, user="U0CAROL")))["event"]
+            assert slack.turns[-1].answer.outcome is Outcome.NOT_FOUND
+            assert not (tmp_path / "docs" / "expert-answers").exists()
+
+            saved = await expert_click(slack, note, "kbbot_expert_approve", RITA)
+            assert saved.startswith("Saved: “What is the part number")
+            dave = (await slack.send(Slack.mention(QUESTION, user="U0DAVE")))["event"]
+            cached = slack.turns[-1].answer
+            assert cached.outcome is Outcome.CACHED and "Answer by Bob" in cached.text and "SK-2040" in cached.text
+            assert "approved by rita" in slack.thread(dave)[-1].body
+            assert len(slack.thread(carol)) == 1
+
+            added = await expert_click(slack, note, "kbbot_expert_capture", RITA)
+            assert added.startswith("Added to the knowledge base:") and "expert-answers" in added
+            assert (await expert_click(slack, note, "kbbot_expert_capture", RITA)).startswith("Already done by rita")
+            [doc] = (tmp_path / "docs" / "expert-answers").glob("*.md")
+            text = doc.read_text(encoding="utf-8")
+            assert text.startswith(f"# {QUESTION}\n\n{EXPERT_REPLY}") and "Answered by Bob on" in text
+            assert f"/C0SUPPORT/thread/C0SUPPORT-{asked['ts']}" in text and "by rita" in text
+
+            run = await stack.refresher.run("docs")  # the source's next refresh indexes it
+            assert run is not None and run.added == 1
+            eve = (await slack.send(Slack.mention(QUESTION, user="U0EVE")))["event"]
+            answer = slack.turns[-1].answer
+            assert answer.outcome is Outcome.ANSWERED and "SK-2040" in answer.text
+            assert any("expert-answers" in c.source and c.title == QUESTION for c in answer.citations)
+            assert QUESTION in sources_text(slack.thread(eve)[-1])
