@@ -227,3 +227,56 @@ async def test_an_expert_reply_is_kept_both_ways_by_a_reviewer_and_cited_on_the_
             assert answer.outcome is Outcome.ANSWERED and "SK-2040" in answer.text
             assert any("expert-answers" in c.source and c.title == QUESTION for c in answer.citations)
             assert QUESTION in sources_text(slack.thread(eve)[-1])
+
+
+@pytest.mark.skipif(bool(SERVICES_MISSING), reason=SERVICES_MISSING or "")
+async def test_a_telegram_group_reply_is_offered_to_reviewers_and_kept_as_a_confluence_draft(
+        tmp_path: Path, fake_tg, monkeypatch: pytest.MonkeyPatch):  # noqa: F811 - fixture
+    from tests.fakes.confluence_server import FakeConfluence
+    from tests.fakes.telegram_server import callback_update, user
+    from tests.test_confluence import confluence_source
+    from tests.test_telegram import GROUP, mention
+
+    monkeypatch.setenv("KBBOT_TEST_CONFLUENCE_TOKEN", "conf-token")
+    reviewer = 7009
+    with FakeConfluence(cloud=True, user="ops@example.com").run_in_thread() as wiki:
+        wiki.add_page("OPS", "HL-K8 alarms", "<p>Alarm A1 means low oil pressure.</p>")
+        async with isolated_stack(tmp_path, "Loop", DOCS) as stack:
+            assert stack.refresher is not None
+            await stack.refresher.run("docs")
+            stack.settings.sources = [*stack.settings.sources, confluence_source(wiki, user="ops@example.com")]
+            stack.settings.insights.capture_source = "wiki"
+            runtime = stack.runtime
+            async with telegram_bot(runtime, fake_tg, groups_enabled=True, reviewers=[str(reviewer)]) as tg:
+                await tg.send(mention(QUESTION))
+                [turn] = tg.turns
+                assert turn.answer.outcome is Outcome.NOT_FOUND
+                [not_found] = fake_tg.chat(GROUP)
+                bot_message = {"message_id": not_found.message_id, "date": int(time.time()), "text": not_found.text,
+                               "chat": {"id": GROUP, "type": "supergroup"},
+                               "from": {"id": fake_tg.bot_id, "is_bot": True, "first_name": "kbbot"}}
+                await tg.send(message_update("It is SK-2040 <b>from the parts desk</b>.", chat_id=GROUP,
+                                             chat_type="supergroup", from_user=user(7002, first_name="Bob"),
+                                             reply_to=bot_message))
+                assert len(tg.turns) == 1 and len(fake_tg.chat(GROUP)) == 1, "a reply to keep, not a question"
+                [note] = fake_tg.chat(reviewer)
+                assert note.text.startswith("💬 Bob replied after kbbot could not answer") and "SK-2040" in note.text
+                data = [b["callback_data"] for b in note.buttons()]
+                assert [d.split(":")[0] for d in data] == ["kbxa", "kbxc"]
+
+                await tg.send(callback_update(data[1], message=note, from_user=user(7002, first_name="Bob")))
+                assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("Only reviewers")
+                assert wiki.drafts == {}
+                await tg.send(callback_update(data[1], message=note, from_user=user(reviewer, first_name="Rita")))
+                [draft] = wiki.drafts.values()
+                assert draft["space"] == "OPS" and draft["title"] == QUESTION and draft["status"] == "draft"
+                assert "It is SK-2040 &lt;b&gt;from the parts desk&lt;/b&gt;." in draft["body"], "escaped"
+                assert "Answered by Bob" in draft["body"] and "by Rita" in draft["body"]
+                assert fake_tg.chat(reviewer)[-1].text.startswith("Added to the knowledge base: http")
+
+                await tg.send(callback_update(data[0], message=note, from_user=user(reviewer, first_name="Rita")))
+                assert fake_tg.chat(reviewer)[-1].text.startswith("Saved: “What is the part number")
+                await tg.send(message_update(QUESTION, chat_id=7003, from_user=user(7003, first_name="Carol")))
+                cached = tg.turns[-1].answer
+                assert cached.outcome is Outcome.CACHED and "Answer by Bob" in cached.text
+                assert "approved by Rita" in fake_tg.chat(7003)[-1].text
