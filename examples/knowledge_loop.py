@@ -4,8 +4,8 @@
 
 Starts the fake Slack Web API, writes a small knowledge base and a config (a folder source, an admin and
 a reviewer, ``insights.capture_source``), runs ``kbbot serve`` in a subprocess on the embedded defaults
-(extractive answers, in-memory store, state in its data directory), sends it signed Events API requests and slash commands as Slack would, and prints what each
-person sees: a question kbbot cannot answer, an expert's reply offered to the reviewer, a refresh that
+(extractive answers, in-memory store, state in its data directory), sends it signed Events API requests
+and slash commands as Slack would, and prints what each person sees: a question kbbot cannot answer, an expert's reply offered to the reviewer, a refresh that
 brings the answer (one follow-up in the thread; none after the next refresh), the reply added to the
 knowledge base and cited on the next ask, and ``kbbot report``'s gaps closed.
 """
@@ -159,8 +159,8 @@ def main() -> int:
             env.pop(name, None)
         kbbot_bin = Path(sys.executable).with_name("kbbot")
         subprocess.run([str(kbbot_bin), "refresh"], env=env, check=True, capture_output=True)
-        server = subprocess.Popen([str(kbbot_bin), "serve"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=open(root / "serve.log", "w"))
+        serve_log = open(root / "serve.log", "w")  # noqa: SIM115 - the server's, closed after it
+        server = subprocess.Popen([str(kbbot_bin), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=serve_log)
         try:
             url = f"http://127.0.0.1:{port}"
             for _ in range(600):
@@ -214,6 +214,7 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(30)
+            serve_log.close()
         print("\n$ kbbot report --since 1d   (the gaps closed)")
         report = subprocess.run([str(kbbot_bin), "report", "--since", "1d"], env=env, capture_output=True, text=True)
         out = report.stdout
