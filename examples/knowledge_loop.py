@@ -5,9 +5,10 @@
 Starts the fake Slack Web API, writes a small knowledge base and a config (a folder source, an admin and
 a reviewer, ``insights.capture_source``), runs ``kbbot serve`` in a subprocess on the embedded defaults
 (extractive answers, in-memory store, state in its data directory), sends it signed Events API requests
-and slash commands as Slack would, and prints what each person sees: a question kbbot cannot answer, an expert's reply offered to the reviewer, a refresh that
-brings the answer (one follow-up in the thread; none after the next refresh), the reply added to the
-knowledge base and cited on the next ask, and ``kbbot report``'s gaps closed.
+and slash commands as Slack would, and prints what each person sees: a question kbbot cannot answer, an
+expert's reply offered to the reviewer, a refresh that brings the answer (one follow-up in the thread;
+none after the next refresh), the reply added to the knowledge base and cited on the next ask, and
+``kbbot report``'s gaps closed.
 """
 
 from __future__ import annotations
