@@ -280,3 +280,18 @@ async def test_a_telegram_group_reply_is_offered_to_reviewers_and_kept_as_a_conf
                 cached = tg.turns[-1].answer
                 assert cached.outcome is Outcome.CACHED and "Answer by Bob" in cached.text
                 assert "approved by Rita" in fake_tg.chat(7003)[-1].text
+
+
+def test_the_capture_source_must_be_one_kbbot_can_write_to(tmp_path: Path):
+    from bot.settings import SettingsError
+    from tests.test_insights import settings_with
+
+    (tmp_path / "kb").mkdir()
+    sources = (f"sources:\n  - name: kb\n    path: {tmp_path / 'kb'}\n    interval: 1h\n"
+               "  - name: site\n    urls: [https://example.com/docs/]\n    interval: 1h\n")
+    with pytest.raises(SettingsError, match=r"insights.capture_source.*names no configured source \(sources: kb, site\)"):
+        settings_with(tmp_path, sources + "insights:\n  capture_source: wiki\n")
+    with pytest.raises(SettingsError, match="insights.capture_source.*cannot write to"):
+        settings_with(tmp_path, sources + "insights:\n  capture_source: site\n")
+    assert settings_with(tmp_path, sources + "insights:\n  capture_source: kb\n").insights.capture_source == "kb"
+    assert settings_with(tmp_path, "").insights.reanswer_days == 14, "on with nothing configured"
