@@ -92,22 +92,25 @@ MESSAGES: dict[str, dict[str, str]] = {
                "Rate answers with 👍 / 👎.\n\n"
                "How I answer you: /prefs concise|detailed|default, /prefs lang en|zh|auto, "
                "/prefs steps on|off|default (/prefs alone shows them). /remember on lets me pick up "
-               "preferences you state in your messages (/remember off stops that); /forget clears them all."),
+               "preferences you state in your messages (/remember off stops that); /forget clears them all. "
+               "When the knowledge base later learns the answer to a question I could not answer, I come back "
+               "to it here; /prefs followups off [here] stops that."),
         "zh": ("你好！我是 kbbot，根据公司知识库回答问题：产品与型号、故障代码、安装、维护保养、备件和保修。"
                "每个回答都会列出来源；知识库中没有的内容我会直接说明，不会猜测。\n\n"
                "可以用中文或英文提问，例如“故障代码 E-004 是什么意思？”。我会记住本次对话以便追问；"
                "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。\n\n"
                "回答方式：/prefs concise|detailed|default（简洁/详细/默认）、/prefs lang en|zh|auto、"
                "/prefs steps on|off|default（单独发送 /prefs 查看当前设置）。/remember on 允许我从您的消息中记下"
-               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"),
+               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"
+               "知识库补充了我未能回答的问题后，我会回到这里作答；发送 /prefs followups off [here] 可关闭。"),
     },
     "slack_usage": {
         "en": ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); for everyone: "
-               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`, "
-               "`/kbbot remember on|off`, `/kbbot forget`."),
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default | "
+               "followups on|off [here]]`, `/kbbot remember on|off`, `/kbbot forget`."),
         "zh": ("用法：`/kbbot status` 或 `/kbbot refresh [SOURCE]`（管理员）；所有人可用："
-               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`、"
-               "`/kbbot remember on|off`、`/kbbot forget`。"),
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default | "
+               "followups on|off [here]]`、`/kbbot remember on|off`、`/kbbot forget`。"),
     },
     "new": {
         "en": "Started a new conversation: earlier questions are forgotten.",
