@@ -295,3 +295,46 @@ def test_the_capture_source_must_be_one_kbbot_can_write_to(tmp_path: Path):
         settings_with(tmp_path, sources + "insights:\n  capture_source: site\n")
     assert settings_with(tmp_path, sources + "insights:\n  capture_source: kb\n").insights.capture_source == "kb"
     assert settings_with(tmp_path, "").insights.reanswer_days == 14, "on with nothing configured"
+
+
+@pytest.mark.skipif(bool(SERVICES_MISSING), reason=SERVICES_MISSING or "")
+async def test_a_disliked_answer_opens_its_thread_to_experts_and_is_answered_again_from_new_documents(
+        tmp_path: Path, fake_slack):
+    import json
+    from urllib.parse import urlencode
+
+    from tests.test_slack import TEAM, feedback_values
+    warranty_q = "How long is the extended warranty of the HL-M200 motor?"
+    update = ("# Warranty update 2027\n\nFrom 2027 the extended warranty of the HL-M200 motor is 72 months "
+              "when the motor is registered online within 30 days.\n")
+    async with isolated_stack(tmp_path, "Loop", DOCS) as stack:
+        assert stack.refresher is not None
+        await stack.refresher.run("docs")
+        runtime = stack.runtime
+        # 👍/👎 as serve keeps them: in Redis and on the turn records.
+        async with slack_app(runtime, fake_slack, reviewers=[RITA], feedback=runtime.feedback) as slack:
+            start_follow_ups(runtime, KnowledgeAdmin(stack.refresher), [slack.adapter])
+            asked = (await slack.send(Slack.mention(warranty_q, user=ALICE)))["event"]
+            assert slack.only_turn().answer.outcome is Outcome.ANSWERED
+            [answer] = slack.thread(asked)
+            payload = {"type": "block_actions", "team": {"id": TEAM}, "user": {"id": ALICE}, "api_app_id": "AKBBOT",
+                       "container": {"type": "message", "message_ts": answer.ts, "channel_id": "C0SUPPORT"},
+                       "channel": {"id": "C0SUPPORT"}, "trigger_id": "1.2.3",
+                       "actions": [{"type": "feedback_buttons", "action_id": "kbbot_feedback", "block_id": "fb",
+                                    "value": feedback_values(answer)[1], "action_ts": str(time.time())}]}
+            resp = await slack.post(urlencode({"payload": json.dumps(payload)}),
+                                    content_type="application/x-www-form-urlencoded")
+            assert resp.status == 200
+            await slack.adapter.settle()
+
+            await slack.send(Slack.message("It is 72 months since the 2027 price list.", user=BOB,
+                                           thread_ts=asked["ts"]))
+            assert len(slack.turns) == 1, "after a 👎, another person's reply is kept, not answered"
+            [note] = fake_slack.ephemerals
+            assert note.user == RITA and "72 months" in note.blocks[0]["text"]["text"]
+
+            (tmp_path / "docs" / "warranty-2027.md").write_text(update, encoding="utf-8")
+            await stack.refresher.run("docs")
+            thread = slack.thread(asked)
+            assert len(thread) == 2 and thread[-1].body.startswith(COVERS) and "72 months" in thread[-1].body
+            assert "Warranty update 2027" in sources_text(thread[-1])
