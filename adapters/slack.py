@@ -27,7 +27,11 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   answers served from the cache carry "Withdraw approval" too. Anyone else's click is refused in an
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
-  ephemerally in the ack).
+  ephemerally in the ack);
+- a reply in a thread kbbot could not answer (or whose answer got a 👎), by someone other than the asker,
+  is not answered but shown to the reviewers in ephemeral notes with "Save as approved answer" and "Add
+  to the knowledge base" (``bot/knowledge_loop/expert.py``); follow-ups of questions a refresh answered
+  are posted here through ``reply_to`` (``bot/knowledge_loop/followups.py``).
 """
 
 from __future__ import annotations
