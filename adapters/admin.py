@@ -3,7 +3,7 @@
 Server-rendered pages (Jinja2; charts are inline SVG), usable without JavaScript:
 
 - ``/admin/`` overview: turns per day by outcome, answer rate and feedback per day, latency;
-- ``/admin/gaps``: not-found and off-topic questions grouped by meaning;
+- ``/admin/gaps``: not-found and off-topic questions grouped by meaning, and the gaps refreshes closed;
 - ``/admin/disliked``: 👎 answers with their sources, each linking to its trace;
 - ``/admin/turns``: every kept turn, searchable; ``/admin/turns/{id}`` its trace (query, ranked
   chunks and scores, the grader's verdict, stage timings) and approve / withdraw;
@@ -38,7 +38,7 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from adapters.admin_charts import OUTCOME_COLOURS, legend, rate_line, stacked_days
 from bot.insights.records import GAP_OUTCOMES, TurnRecord
-from bot.insights.report import build_report, embedder_function, source_health
+from bot.insights.report import build_report, embedder_function, gaps_closed, source_health
 from bot.refresh import parse_iso, schedule_zone
 
 log = logging.getLogger("kbbot.admin")
@@ -225,11 +225,12 @@ class AdminSite:
     async def gaps(self, request: web.Request) -> web.Response:
         days = self._days(request)
         records, since, until = await self._window(days)
-        gaps = [r for r in records if r.outcome in GAP_OUTCOMES]
+        gaps = [r for r in records if r.outcome in GAP_OUTCOMES and not r.gap_closed]
         report = await asyncio.to_thread(build_report, gaps, since=since, until=until,
                                          embed=embedder_function(self.runtime.text_embedder),
                                          threshold=self.settings.insights.group_similarity)
-        return self._render(request, "gaps.html", days=days, gaps=report["gaps"], total=len(gaps))
+        return self._render(request, "gaps.html", days=days, gaps=report["gaps"], total=len(gaps),
+                            closed=gaps_closed(records))
 
     async def disliked(self, request: web.Request) -> web.Response:
         days = self._days(request)

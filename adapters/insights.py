@@ -16,7 +16,7 @@ from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
-from bot.loop.owners import owners_resolver
+from bot.knowledge_loop.owners import owners_resolver
 from bot.refresh import schedule_zone
 from bot.settings_base import reveal
 from bot.streaming import split_message
@@ -90,6 +90,20 @@ def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
     digest = make_digest(runtime, adapters, post)
     digest.start()
     return digest
+
+
+def start_follow_ups(runtime: Any, knowledge: Any, adapters: list[Any]) -> Any:
+    """Gaps answered when the knowledge arrives: the chat platforms post the follow-ups, the refresher of
+    ``serve`` (scheduled runs, admins' refreshes) runs them after each run that changed documents. The
+    ``GapFollowUps``, or None when turn records are off."""
+    follow_ups = runtime.gap_follow_ups()
+    if follow_ups is None:
+        return None
+    for adapter in adapters:
+        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
+            follow_ups.serve(adapter.delivery)
+    knowledge.refresher.after_change.append(follow_ups.after_refresh)
+    return follow_ups
 
 
 def mount_admin(app: web.Application, runtime: Any, knowledge: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from adapters.slack import SlackAdapter
 from adapters.telegram import TelegramAdapter
-from bot.loop.recheck import RecheckRequest
+from bot.knowledge_loop.recheck import RecheckRequest
 
 log = logging.getLogger("kbbot.loop")
 

@@ -32,7 +32,7 @@ from aiohttp import web
 
 from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.http_api import HttpApi
-from adapters.insights import mount_admin, start_digest
+from adapters.insights import mount_admin, start_digest, start_follow_ups
 from adapters.knowledge_loop import ReviewerMessages
 from adapters.slack import SlackAdapter
 from adapters.slack_directory import SlackDirectory
@@ -43,7 +43,7 @@ from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
-from bot.loop.golden import golden_results
+from bot.knowledge_loop.golden import golden_results
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
 from bot.pending import RecoveryLoop
 from bot.scheduler import KnowledgeAdmin
@@ -254,8 +254,11 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
     adapters = build_adapters(runtime, conversations=conversations)
-    # After a refresh changed documents: approved answers re-checked, the golden set replayed (bot/loop).
-    knowledge.refresher.after_refresh = runtime.knowledge_loop(ReviewerMessages(adapters, runtime.settings)).after_refresh
+    # After a refresh changed documents (bot/knowledge_loop): the gaps it closed answered where they were
+    # asked, approved answers re-checked, the golden set replayed.
+    start_follow_ups(runtime, knowledge, adapters)
+    knowledge.refresher.after_change.append(
+        runtime.knowledge_loop(ReviewerMessages(adapters, runtime.settings)).after_refresh)
     # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
     recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
     sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]

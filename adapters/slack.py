@@ -28,13 +28,18 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
 - after a refresh changed what an approved answer cites, its reviewer (or ``approvals.reviewers_channel``)
   gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack_loop.py``,
-  ``bot/loop/recheck.py``), reviewers only like the approval buttons;
+  ``bot/knowledge_loop/recheck.py``), reviewers only like the approval buttons;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
-  ephemerally in the ack).
+  ephemerally in the ack);
+- a reply in a thread kbbot could not answer (or whose answer got a 👎), by someone other than the asker,
+  is not answered but shown to the reviewers in ephemeral notes with "Save as approved answer" and "Add
+  to the knowledge base" (``bot/knowledge_loop/expert.py``); follow-ups of questions a refresh answered
+  are posted here through ``reply_to`` (``bot/knowledge_loop/followups.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -52,8 +57,11 @@ from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, rech
 from adapters.slack_reply import SlackReply, SlackThread, error_code, make_client, make_rates
 from adapters.slack_text import (
     APPROVE_ACTION,
+    EXPERT_APPROVE_ACTION,
+    EXPERT_CAPTURE_ACTION,
     FEEDBACK_ACTION,
     WITHDRAW_ACTION,
+    expert_blocks,
     mrkdwn_escape,
     neutralise,
     notification_text,
@@ -66,7 +74,7 @@ from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
-from bot.loop.recheck import RecheckRequest
+from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import SlackSettings
@@ -139,6 +147,8 @@ class SlackAdapter:
         self.app.action(WITHDRAW_ACTION)(self._on_review)
         self.app.action(KEEP_ACTION)(self._on_recheck)
         self.app.action(RETIRE_ACTION)(self._on_recheck)
+        self.app.action(EXPERT_APPROVE_ACTION)(self._on_expert_click)
+        self.app.action(EXPERT_CAPTURE_ACTION)(self._on_expert_click)
         self.app.command(SLASH_COMMAND)(self._on_command)
         self.delivery = Delivery(conversations, self)
         self.delivery.check(self._team_allowed)
@@ -258,6 +268,8 @@ class SlackAdapter:
                                           kind="dm", is_dm=True)
             return None
         thread_ts = event.get("thread_ts")
+        if thread_ts and thread_ts != event.get("ts") and await self._expert_reply(body, event, context, thread_ts):
+            return None  # kept for the reviewers, not a question
         if not thread_ts or thread_ts == event.get("ts") or not self.settings.follow_ups:
             return None  # top-level channel messages are answered only when they mention kbbot
         if bot_user_id and f"<@{bot_user_id}" in (event.get("text") or ""):
@@ -269,6 +281,77 @@ class SlackAdapter:
         if not await self._answered_here(key):
             return None
         return await self._accept(body, event, context, thread_ts=thread_ts, kind="follow_up", is_dm=False)
+
+    # --- expert replies (bot/knowledge_loop/expert.py) ------------------------------------------------
+    async def _expert_reply(self, body: dict[str, Any], event: dict[str, Any], context: Any, thread_ts: str) -> bool:
+        """A reply by someone other than the asker in a thread kbbot could not answer: offered to the
+        workspace's reviewers after the acknowledgement (ephemeral notes with the two buttons)."""
+        team, channel, user = self._team(body, event, context), str(event["channel"]), str(event["user"])
+        key = SlackThread(team, channel, thread_ts, user).key
+        if not self.delivery.admit(Access("question", user, team, channel)):
+            return False
+        if not await self.conversations.is_expert_reply(key, user):
+            return False
+        text = str(event.get("text") or "")
+        link = f"https://app.slack.com/client/{team}/{channel}/thread/{channel}-{thread_ts}"
+        self.delivery.background(asyncio.create_task(self._offer_expert_reply(team, channel, thread_ts, key, user,
+                                                                              text, link)))
+        return True
+
+    async def _offer_expert_reply(self, team: str, channel: str, thread_ts: str, key: str, user: str, text: str,
+                                  link: str) -> None:
+        reviewers = self.settings.reviewers_of(team)
+        if not reviewers:
+            log.info("thread %s: a reply by %s could be kept, but slack.reviewers names nobody", key, user)
+            return
+        reply = await self.conversations.expert_reply(key, author=user, author_name=await self._name_of(user),
+                                                      text=text, link=link)
+        if reply is None:
+            return
+        approve = self.conversations.kept.approved is not None
+        capture = self.conversations.expert is not None and self.conversations.expert.capture_to is not None
+        for reviewer in reviewers:
+            language = await self.conversations.user_language("slack", team, reviewer) or "en"
+            blocks = expert_blocks(reply, capture=capture, approve=approve, language=language)
+            try:
+                await self.rates.acquire(team, "chat.postEphemeral")
+                await self.client.chat_postEphemeral(channel=channel, user=reviewer, thread_ts=thread_ts, blocks=blocks,
+                                                     text=say("expert_offer", language, author=f"<@{user}>",
+                                                              question="…"))
+            except SlackApiError as exc:  # not in the channel, say: the others may still see it
+                log.warning("thread %s: reviewer %s cannot see the expert reply note (%s)", key, reviewer,
+                            error_code(exc))
+
+    async def _name_of(self, user: str) -> str:
+        """The user's display name for a kept reply; the id when Slack does not say."""
+        try:
+            profile = ((await self.client.users_info(user=user)).get("user") or {}).get("profile") or {}
+            return str(profile.get("display_name") or profile.get("real_name") or user)
+        except SlackApiError:
+            return user
+
+    async def _on_expert_click(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
+                               client: AsyncWebClient) -> None:
+        """"Save as approved answer" / "Add to the knowledge base" on an expert reply: reviewers only."""
+        action = (body.get("actions") or [{}])[0]
+        reply_id = str(action.get("value") or "")
+        who = body.get("user") or {}
+        user, team = str(who.get("id") or ""), _click_team(body)
+        container = body.get("container") or {}
+        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=reply_id))
+        await ack()
+        if not admitted:
+            return
+        capture = action.get("action_id") == EXPERT_CAPTURE_ACTION
+        result = await self.conversations.keep_expert_reply(
+            reply_id, capture=capture, reviewer=user, name=who.get("name") or who.get("username") or user,
+            is_reviewer=self.settings.is_reviewer(team, user))
+        language = await self.conversations.user_language("slack", team, user) or "en"
+        status = result.status.value
+        key = f"expert_{status}_{'capture' if capture else 'approve'}" if status == "done" else f"expert_{status}"
+        text = say(key, language, detail=mrkdwn_escape(result.detail), user=f"<@{user}>", reviewers="`slack.reviewers`")
+        await self._ephemeral(client, channel, user, text, container.get("thread_ts"))
 
     async def _on_question(self, context: Any, client: AsyncWebClient) -> None:
         """After the acknowledgement: the question its middleware accepted, if any, answered in its thread."""
@@ -413,7 +496,8 @@ class SlackAdapter:
         verb = verb.lower()
         if verb in PREFERENCE_VERBS:
             text = await self.conversations.preference_command("slack", team, user, [verb, *rest.split()],
-                                                           prefix=f"{SLASH_COMMAND} ")
+                                                           prefix=f"{SLASH_COMMAND} ",
+                                                           channel=str(command.get("channel_id") or ""))
             await ack(text=text)
             return
         language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
@@ -482,7 +566,8 @@ class SlackAdapter:
                             question_ts=str(event.get("ts") or ""))
         inquiry = Inquiry(platform="slack", tenant=team, channel=channel, thread_key=where.key, user_id=user,
                           text=question_text(event.get("text") or "", context.bot_user_id),
-                          spaces=self.settings.spaces_for(channel), private=is_dm)
+                          spaces=self.settings.spaces_for(channel), private=is_dm,
+                          reply_to=dataclasses.asdict(where))
         if self._bot_id is None and getattr(context, "bot_id", None):
             self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
         accepted = await self.delivery.accept(inquiry, keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s,
@@ -508,7 +593,10 @@ class SlackAdapter:
         return f"slack:{self._bot_id}"
 
     def rebuild(self, turn: PendingTurn) -> SlackReply:
-        where = SlackThread(**turn.target)
+        return self.reply_to(turn.target)
+
+    def reply_to(self, target: dict[str, Any]) -> SlackReply:
+        where = SlackThread(**target)
         self._remember_thread(where.key)
         return self._reply(self.client, where)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.slack_text import mrkdwn_escape, neutralise, review_note, sources_block
-from bot.loop.recheck import RecheckRequest
+from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 
 KEEP_ACTION = "kbbot_recheck_keep"

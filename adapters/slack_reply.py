@@ -87,6 +87,8 @@ DEFAULT_RATES: dict[str, Rate] = {
     "chat.update": Rate(50, burst=5),
     "chat.postMessage": Rate(60, burst=5),
     "chat.delete": Rate(50, burst=5),
+    # Reviewers' notes (expert replies, refused clicks): Tier 4, far below what answers need of their own.
+    "chat.postEphemeral": Rate(100, burst=10),
     STATUS: Rate(50, burst=25),
     REACT: Rate(50, burst=25),
     # Never urgent: kept inside 20 in any minute (burst + rate), so taking reactions back meets no 429.

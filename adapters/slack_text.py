@@ -134,6 +134,30 @@ def review_block(turn_id: str, *, approved: bool, language: str = "en") -> dict[
     return {"type": "actions", "block_id": REVIEW_BLOCK, "elements": [button]}
 
 
+EXPERT_APPROVE_ACTION = "kbbot_expert_approve"
+EXPERT_CAPTURE_ACTION = "kbbot_expert_capture"
+EXPERT_BLOCK = "kbbot_expert"
+
+
+def expert_blocks(reply: dict[str, Any], *, capture: bool, approve: bool, language: str = "en") -> list[dict[str, Any]]:
+    """What a reviewer sees of an expert's reply: who answered which question, the reply (quoted, escaped:
+    anyone wrote it), and "Save as approved answer" / "Add to the knowledge base" naming the reply's id."""
+    head = say("expert_offer", language, author=f"<@{reply['author']}>",
+               question=mrkdwn_escape(neutralise(" ".join(reply["question"].split())[:300])))
+    quoted = "\n".join("> " + line for line in mrkdwn_escape(neutralise(reply["text"][:1500])).splitlines())
+    buttons = []
+    if approve:
+        buttons.append({"type": "button", "action_id": EXPERT_APPROVE_ACTION, "value": reply["id"], "style": "primary",
+                        "text": {"type": "plain_text", "text": say("expert_approve", language), "emoji": True}})
+    if capture:
+        buttons.append({"type": "button", "action_id": EXPERT_CAPTURE_ACTION, "value": reply["id"],
+                        "text": {"type": "plain_text", "text": say("expert_capture", language), "emoji": True}})
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": f"{head}\n{quoted}"}}]
+    if buttons:
+        blocks.append({"type": "actions", "block_id": EXPERT_BLOCK, "elements": buttons})
+    return blocks
+
+
 def review_note(text: str) -> dict[str, Any]:
     return {"type": "context", "block_id": REVIEW_NOTE_BLOCK, "elements": [{"type": "mrkdwn", "text": text}]}
 

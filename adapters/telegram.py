@@ -33,7 +33,7 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
 - after a refresh changed what an approved answer cites, its reviewer (else every reviewer) gets the
   old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram_loop.py``,
-  ``bot/loop/recheck.py``); the buttons go once one is clicked;
+  ``bot/knowledge_loop/recheck.py``); the buttons go once one is clicked;
 - everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """
 
@@ -56,6 +56,7 @@ from aiohttp import web
 
 from adapters.telegram_loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
 from adapters.telegram_reply import (
+    BOT_SEND,
     FirstAcknowledgements,
     TelegramChat,
     TelegramReply,
@@ -66,9 +67,12 @@ from adapters.telegram_reply import (
 )
 from adapters.telegram_text import (
     APPROVE_PREFIX,
+    EXPERT_APPROVE_PREFIX,
+    EXPERT_CAPTURE_PREFIX,
     FEEDBACK_PREFIX,
     WITHDRAW_PREFIX,
     Rendered,
+    expert_markup,
     is_review_button,
     plain_parts,
     review_row,
@@ -78,7 +82,7 @@ from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
-from bot.loop.recheck import RecheckRequest
+from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
 from bot.platform_settings import TelegramSettings
@@ -151,6 +155,8 @@ class TelegramAdapter:
                                        | F.data.startswith(f"{WITHDRAW_PREFIX}:"))
         router.callback_query.register(later(self._on_recheck), F.data.startswith(f"{KEEP_PREFIX}:")
                                        | F.data.startswith(f"{RETIRE_PREFIX}:"))
+        router.callback_query.register(later(self._on_expert_click), F.data.startswith(f"{EXPERT_APPROVE_PREFIX}:")
+                                       | F.data.startswith(f"{EXPERT_CAPTURE_PREFIX}:"))
         return router
 
     # --- serving ------------------------------------------------------------------------------------
@@ -376,19 +382,24 @@ class TelegramAdapter:
             return
         where = self._where(message)
         user = message.from_user
+        if not where.private and await self.conversations.is_expert_reply(where.key, str(where.user_id)):
+            # Someone else answered in a group after kbbot could not: offered to the reviewers, not a question.
+            self.delivery.background(asyncio.create_task(self._offer_expert_reply(message, where)))
+            return
         question = self._question(message)
         language = user_language(user.language_code if user else None, question)
         if detect_language(question) == "zh":
             language = "zh"
         inquiry = Inquiry(platform="telegram", tenant=str(self.bot_id), channel=str(where.chat_id),
                           thread_key=where.key, user_id=str(where.user_id), text=question,
-                          spaces=self.settings.spaces_for(str(where.chat_id)), private=where.private)
+                          spaces=self.settings.spaces_for(str(where.chat_id)), private=where.private,
+                          reply_to={"chat": dataclasses.asdict(where), "language": language})
         event_id = str(event_update.update_id if event_update is not None else 0)
         kind = "private" if where.private else "group"
         accepted = await self.delivery.accept(inquiry, self._keys(message, event_update), self.settings.dedupe_ttl_s,
                                               self.settings.claim_lease_s, event_id=event_id, kind=kind,
                                               crashed=say("crashed", language),
-                                              target={"chat": dataclasses.asdict(where), "language": language})
+                                              target=dict(inquiry.reply_to or {}))
         if accepted is None:
             log.info("update %s was already handled; not answering twice", event_id)
             return
@@ -405,12 +416,73 @@ class TelegramAdapter:
                              on_drafts_unavailable=self._drafts_unavailable, review=review,
                              background=self.delivery.background, first_acks=self.first_acks)
 
+    # --- expert replies (bot/knowledge_loop/expert.py) -------------------------------------------------
+    def _link(self, message: Message) -> str:
+        chat = message.chat
+        if chat.username:
+            return f"https://t.me/{chat.username}/{message.message_id}"
+        if str(chat.id).startswith("-100"):  # a supergroup's private link (members only)
+            return f"https://t.me/c/{str(chat.id)[4:]}/{message.message_id}"
+        return f"telegram chat {chat.id}, message {message.message_id}"
+
+    async def _offer_expert_reply(self, message: Message, where: TelegramChat) -> None:
+        """The reply kept, and a private message with the two buttons to each reviewer (``telegram.reviewers``:
+        Telegram has no message only some members of a group see)."""
+        if not self.settings.reviewers:
+            log.info("chat %s: a reply by %s could be kept, but telegram.reviewers names nobody", where.chat_id,
+                     where.user_id)
+            return
+        author = message.from_user.full_name if message.from_user else str(where.user_id)
+        reply = await self.conversations.expert_reply(where.key, author=str(where.user_id), author_name=author,
+                                                      text=self._question(message), link=self._link(message))
+        if reply is None:
+            return
+        approve = self.conversations.kept.approved is not None
+        capture = self.conversations.expert is not None and self.conversations.expert.capture_to is not None
+        for reviewer in sorted(self.settings.reviewers):
+            language = await self.conversations.user_language("telegram", str(self.bot_id), reviewer) or "en"
+            text = (say("expert_offer", language, author=author, question=" ".join(reply["question"].split())[:300])
+                    + "\n\n" + reply["text"][:3000])
+            try:
+                await self.rates.acquire(reviewer, "send")
+                await self.rates.acquire("bot", BOT_SEND)
+                await self.bot.send_message(chat_id=int(reviewer), text=text, disable_web_page_preview=True,
+                                            reply_markup=expert_markup(reply["id"], approve=approve, capture=capture,
+                                                                       language=language))
+            except (TelegramAPIError, ValueError) as exc:  # never started the bot, say: the others may still see it
+                log.warning("chat %s: reviewer %s cannot get the expert reply note (%s)", where.chat_id, reviewer, exc)
+
+    async def _on_expert_click(self, query: CallbackQuery) -> None:
+        """"Save as approved answer" / "Add to the knowledge base" on an expert reply: reviewers only."""
+        prefix, _, reply_id = (query.data or "").partition(":")
+        user = str(query.from_user.id)
+        language = user_language(query.from_user.language_code)
+        if not self._admit_click(query, reply_id) or not self._our_button(query):
+            await self._answer_callback(query, None)
+            return
+        capture = prefix == EXPERT_CAPTURE_PREFIX
+        result = await self.conversations.keep_expert_reply(reply_id, capture=capture, reviewer=user,
+                                                            name=query.from_user.full_name,
+                                                            is_reviewer=self.settings.is_reviewer(user))
+        status = result.status.value
+        key = f"expert_{status}_{'capture' if capture else 'approve'}" if status == "done" else f"expert_{status}"
+        text = say(key, language, detail=result.detail, user=query.from_user.full_name, reviewers="telegram.reviewers")
+        await self._answer_callback(query, text[:200], alert=status != "done")
+        if status == "done" and isinstance(query.message, Message):
+            for part in plain_parts(text, self.settings.max_message_units):
+                await self.bot.send_message(chat_id=query.message.chat.id, text=part, disable_web_page_preview=True)
+
     # --- what the delivery layer asks of Telegram (bot.delivery.Platform) ----------------------------
     async def account(self) -> str:
         return f"telegram:{self.bot_id}"
 
     def rebuild(self, turn: PendingTurn) -> TelegramReply:
-        return self._reply(TelegramChat(**turn.target["chat"]), str(turn.target.get("language") or "en"))
+        return self.reply_to(turn.target)
+
+    def reply_to(self, target: dict[str, Any]) -> TelegramReply:
+        if int(target["chat"]["bot_id"]) != self.bot_id:  # a question another bot of the same Redis took
+            raise ValueError(f"the chat of bot {target['chat']['bot_id']} is not this bot's ({self.bot_id})")
+        return self._reply(TelegramChat(**target["chat"]), str(target.get("language") or "en"))
 
     async def delete(self, target: dict[str, Any], message_id: str) -> bool:
         await self.bot.delete_message(chat_id=int(target["chat"]["chat_id"]), message_id=int(message_id))
@@ -465,7 +537,8 @@ class TelegramAdapter:
                 return
             words = [command.command.lower(), *(command.args or "").split()]
             text = await self.conversations.preference_command("telegram", str(self.bot_id), str(user.id), words,
-                                                           prefix="/", language=user_language(user.language_code))
+                                                           prefix="/", language=user_language(user.language_code),
+                                                           channel=str(message.chat.id))
             await self._say(message, text)
 
     async def _on_review(self, query: CallbackQuery) -> None:

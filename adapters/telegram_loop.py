@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup
 
-from bot.loop.recheck import RecheckRequest
+from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.types import Citation
 

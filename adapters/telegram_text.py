@@ -194,6 +194,22 @@ def feedback_row(turn_id: str) -> list[InlineKeyboardButton]:
             InlineKeyboardButton(text="👎", callback_data=f"{FEEDBACK_PREFIX}:down:{turn_id}")]
 
 
+EXPERT_APPROVE_PREFIX = "kbxa"  # callback data: "kbxa:{reply id}" saves an expert reply as approved answer,
+EXPERT_CAPTURE_PREFIX = "kbxc"  # "kbxc:{reply id}" adds it to the knowledge base
+
+
+def expert_markup(reply_id: str, *, approve: bool, capture: bool, language: str = "en") -> InlineKeyboardMarkup | None:
+    """"Save as approved answer" / "Add to the knowledge base" for a reviewer; the data names only the reply."""
+    row = []
+    if approve:
+        row.append(InlineKeyboardButton(text=say("expert_approve", language),
+                                        callback_data=f"{EXPERT_APPROVE_PREFIX}:{reply_id}"))
+    if capture:
+        row.append(InlineKeyboardButton(text=say("expert_capture", language),
+                                        callback_data=f"{EXPERT_CAPTURE_PREFIX}:{reply_id}"))
+    return InlineKeyboardMarkup(inline_keyboard=[row]) if row else None
+
+
 def review_row(turn_id: str, *, approved: bool, language: str = "en") -> list[InlineKeyboardButton]:
     """"✅ Approve" or "↩️ Withdraw approval"; the callback data names only the turn."""
     if approved:

@@ -285,16 +285,31 @@ class Answerer:
         text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
         return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
 
-    async def rerun(self, question: str, inquiry: Inquiry) -> Answer:
-        """``question`` answered again in ``inquiry``'s spaces, posted nowhere: no history, no cache, no
-        turn record (a re-check or a golden replay, not a turn anyone asked). The same pipeline and the
-        same checks as a turn; its model calls pass the same admission."""
+    async def rerun(self, question: str, inquiry: Inquiry, audience: Audience | None = None) -> Answer:
+        """``question`` answered again in ``inquiry``'s spaces, shown to nobody and kept nowhere: no reply,
+        history, answer cache or turn record (a gap asked again after a refresh, an approval re-checked, a
+        golden replay). The same pipeline and checks as a turn (answerability, each sentence's support),
+        as a thread's first question. Built only from what ``audience`` may read (default: public
+        documents, ``bot.permissions``), so nothing said later reaches readers a turn would not. An answer
+        citing a document that changed meanwhile is not one: it comes back ``not_found``. Errors propagate."""
+        if isinstance(inquiry.spaces, str) or not inquiry.spaces:
+            raise ValueError("a question is only answered again within the spaces it was asked in")
         trace = Trace()
         budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
                                   max_retries=self.limits.max_retries)
-        result = await asyncio.wait_for(self._run(question, inquiry, [], budget, None), self.limits.timeout_s)
-        answer = self._outcome(result, question, trace)
-        trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
+
+        async def run() -> Answer:
+            result = await self._run(question, inquiry, [], budget, None, audience=audience)
+            answer = self._outcome(result, question, trace)
+            trace.steps = list(budget.steps)
+            trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
+            trace.model_calls = len(budget.calls) + self._answer_calls(result)
+            return answer
+
+        with record_stages(trace.stages, None):
+            answer = await asyncio.wait_for(run(), self.limits.timeout_s)
+        if await self._stale(answer):
+            answer = Answer(text=answer.text, outcome=Outcome.NOT_FOUND, trace=trace)
         return answer
 
     def _answer_calls(self, result: dict[str, Any]) -> int:

@@ -8,7 +8,7 @@ case-folded, nothing more: no similarity matching), the knowledge spaces, the mo
 from config. A refresh does not retire approvals wholesale: an approved answer is served only while
 every document it cites is still the version it cited (the ``Answerer`` checks), and one whose sources
 changed is *held* with a re-run answer until a reviewer keeps the new answer or retires it
-(``bot/loop/recheck.py``). An approval is refused when it comes from another tenant than the
+(``bot/knowledge_loop/recheck.py``). An approval is refused when it comes from another tenant than the
 answer's, or after the knowledge changed since the answer was offered. Withdrawing turn A's approval removes
 the entry only while it is still A's (compare-and-delete): a later approval of the same question stays.
 

@@ -35,6 +35,8 @@ from bot.cache import AnswerCache
 from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
+from bot.knowledge_loop.expert import ExpertReplies, ExpertStatus
+from bot.knowledge_loop.expert import Result as ExpertResult
 from bot.pending import (
     LeasedReply,
     PendingTurn,
@@ -150,6 +152,8 @@ class Conversations:
     takeover: TakeOver | None = None
     #: The platform accounts whose turns this process takes over (``serve``).
     resumers: list[Resumer] = field(default_factory=list)
+    #: Expert replies kept (``bot.knowledge_loop.expert``); None: not offered.
+    expert: ExpertReplies | None = None
     recovering: TaskSet = field(default_factory=TaskSet, init=False, repr=False)
 
     def serve(self, resumer: Resumer) -> None:
@@ -265,6 +269,8 @@ class Conversations:
         if answer is not None:
             log.info("%s %s %s in %s -> turn %s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
                      answer.trace.turn_id, answer.outcome.value)
+            if self.expert is not None:
+                await self.expert.after_turn(inquiry, answer)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
@@ -394,7 +400,43 @@ class Conversations:
             log.exception("turn %s: could not store the feedback", item.turn_id)
             return False
         log.info("turn %s: feedback %s from %s", item.turn_id, item.rating, item.user_id)
+        if self.expert is not None:
+            try:
+                await self.expert.after_feedback(item)
+            except Exception:  # noqa: BLE001 - the click is stored; only a later expert reply's offer is lost
+                log.exception("turn %s: could not open its thread to expert replies", item.turn_id)
         return True
+
+    async def expert_reply(self, thread_key: str, *, author: str, author_name: str, text: str,
+                           link: str = "") -> dict[str, Any] | None:
+        """A message by ``author`` in a thread kbbot could not answer (or whose answer got a 👎), kept for
+        the reviewers to save (``keep_expert_reply``); None when it is not such a reply (no open thread,
+        the asker's own message, expert replies off) or could not be kept (logged)."""
+        if self.expert is None:
+            return None
+        try:
+            return await self.expert.offer(thread_key, author=author, author_name=author_name, text=text, link=link)
+        except Exception:
+            log.exception("%s: could not keep the reply of %s for the reviewers", thread_key, author)
+            return None
+
+    async def is_expert_reply(self, thread_key: str, author: str) -> bool:
+        """Whether ``author``'s message in the thread is a reply to keep rather than a question to answer."""
+        if self.expert is None:
+            return False
+        try:
+            return await self.expert.is_open_for(thread_key, author)
+        except Exception:  # noqa: BLE001 - treated as it was before: a follow-up question
+            log.exception("%s: could not tell whether a message is an expert reply", thread_key)
+            return False
+
+    async def keep_expert_reply(self, reply_id: str, *, capture: bool, reviewer: str, name: str,
+                                is_reviewer: bool) -> ExpertResult:
+        """A reviewer's click on "Save as approved answer" (``capture`` False) or "Add to the knowledge base"."""
+        if self.expert is None:
+            return ExpertResult(ExpertStatus.DISABLED)
+        keep = self.expert.capture if capture else self.expert.approve
+        return await keep(reply_id, reviewer=reviewer, name=name, is_reviewer=is_reviewer)
 
     async def review(self, turn_id: str, *, approving: bool, reviewer: bool, user: str, display_name: str,
                      tenant: str) -> Review:
@@ -426,7 +468,7 @@ class Conversations:
     async def decide_recheck(self, turn_id: str, *, keep: bool, reviewer: bool, user: str,
                              display_name: str) -> Review:
         """"Keep approved" (the re-checked answer becomes the approved one) or "Retire" on an approval
-        held after its sources changed (``bot/loop/recheck.py``); reviewers only."""
+        held after its sources changed (``bot/knowledge_loop/recheck.py``); reviewers only."""
         if not reviewer:
             log.info("refused the re-check decision on turn %s by %s: not a reviewer", turn_id, user)
             return Review(ReviewStatus.NOT_REVIEWER)
@@ -475,10 +517,11 @@ class Conversations:
         return AdminResult(AdminStatus.DONE, text)
 
     async def preference_command(self, platform: str, tenant: str, user: str, words: list[str], *, prefix: str,
-                             language: str = "en") -> str:
-        """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words."""
+                             language: str = "en", channel: str = "") -> str:
+        """``prefs …``, ``remember on|off``, ``forget``: the user's answering preferences, in their words
+        (``channel``: where the command was given, for ``prefs followups off here``)."""
         return await run_command(self.kept.preferences, platform, tenant, user, words, prefix=prefix, language=language,
-                                 turns=self.kept.turns)
+                                 turns=self.kept.turns, channel=channel)
 
     async def user_language(self, platform: str, tenant: str, user: str) -> str | None:
         """The language a user chose in their preferences, if any."""

@@ -86,6 +86,10 @@ class Platform(Protocol):
     def rebuild(self, turn: PendingTurn) -> Reply:
         """The reply of a turn taken over, from the target its adapter recorded (``turn.target``)."""
 
+    def reply_to(self, target: dict[str, Any]) -> Reply:
+        """A reply in the place ``target`` names (a question's ``Inquiry.reply_to``), for an answer posted
+        later, outside any turn."""
+
     async def delete(self, target: dict[str, Any], message_id: str) -> bool:
         """Delete one of the answer's messages; True when it is gone (or was already), False when the
         platform refused."""
@@ -215,6 +219,16 @@ class Delivery:
         self.tasks.track_current()
         return await self.conversations.answer(inquiry, reply, claimed=accepted, event_id=event_id, kind=kind,
                                                crashed=crashed)
+
+    # --- answers outside a turn -------------------------------------------------------------------
+    async def post_answer(self, target: dict[str, Any], answer: Answer) -> Reply:
+        """``answer`` posted where ``target`` (an ``Inquiry.reply_to`` of this platform) points, as a turn's
+        final answer is (sources, buttons, the platform's rate budgets), with no acknowledgement first: a
+        follow-up nobody is waiting for. Not tracked as a handler: it runs in the refresh's task, which the
+        scheduler's shutdown waits for. The platform's errors propagate."""
+        reply = self.platform.reply_to(target)
+        await reply.finish(answer)
+        return reply
 
     # --- take-over ------------------------------------------------------------------------------
     async def account(self) -> str:

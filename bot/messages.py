@@ -101,22 +101,25 @@ MESSAGES: dict[str, dict[str, str]] = {
                "Rate answers with 👍 / 👎.\n\n"
                "How I answer you: /prefs concise|detailed|default, /prefs lang en|zh|auto, "
                "/prefs steps on|off|default (/prefs alone shows them). /remember on lets me pick up "
-               "preferences you state in your messages (/remember off stops that); /forget clears them all."),
+               "preferences you state in your messages (/remember off stops that); /forget clears them all. "
+               "When the knowledge base later learns the answer to a question I could not answer, I come back "
+               "to it here; /prefs followups off [here] stops that."),
         "zh": ("你好！我是 kbbot，根据公司知识库回答问题：产品与型号、故障代码、安装、维护保养、备件和保修。"
                "每个回答都会列出来源；知识库中没有的内容我会直接说明，不会猜测。\n\n"
                "可以用中文或英文提问，例如“故障代码 E-004 是什么意思？”。我会记住本次对话以便追问；"
                "发送 /new 开始新的对话。可以用 👍 / 👎 评价回答。\n\n"
                "回答方式：/prefs concise|detailed|default（简洁/详细/默认）、/prefs lang en|zh|auto、"
                "/prefs steps on|off|default（单独发送 /prefs 查看当前设置）。/remember on 允许我从您的消息中记下"
-               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"),
+               "您明确提出的偏好（/remember off 停止）；/forget 全部清除。"
+               "知识库补充了我未能回答的问题后，我会回到这里作答；发送 /prefs followups off [here] 可关闭。"),
     },
     "slack_usage": {
         "en": ("Usage: `/kbbot status` or `/kbbot refresh [SOURCE]` (admins); for everyone: "
-               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`, "
-               "`/kbbot remember on|off`, `/kbbot forget`."),
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default | "
+               "followups on|off [here]]`, `/kbbot remember on|off`, `/kbbot forget`."),
         "zh": ("用法：`/kbbot status` 或 `/kbbot refresh [SOURCE]`（管理员）；所有人可用："
-               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default]`、"
-               "`/kbbot remember on|off`、`/kbbot forget`。"),
+               "`/kbbot prefs [concise|detailed|default | lang en|zh|auto | steps on|off|default | "
+               "followups on|off [here]]`、`/kbbot remember on|off`、`/kbbot forget`。"),
     },
     "new": {
         "en": "Started a new conversation: earlier questions are forgotten.",
@@ -174,7 +177,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "review_disabled": {"en": "Approved answers are turned off (approvals.enabled).",
                         "zh": "已关闭批准回答功能（approvals.enabled）。"},
-    # --- approved answers re-checked after a refresh (bot.loop.recheck) ---------------------------------
+    # --- approved answers re-checked after a refresh (bot.knowledge_loop.recheck) ---------------------------------
     "keep_approved": {"en": "✅ Keep approved", "zh": "✅ 保持批准"},
     "retire": {"en": "🗑 Retire", "zh": "🗑 停用"},
     "recheck_head": {"en": "An approved answer's sources changed in a refresh. Question: {question}",
@@ -213,6 +216,60 @@ MESSAGES: dict[str, dict[str, str]] = {
               "Preferences you set with {prefix}prefs stay.",
         "zh": "好的：已停止从您的消息中学习，并清除了已记下的偏好。用 {prefix}prefs 设置的偏好仍然保留。",
     },
+    "prefs_follow_ups_on": {
+        "en": "OK: when the knowledge base later learns the answer to a question I could not answer, I will "
+              "answer it in its thread. {prefix}prefs followups off [here] stops that.",
+        "zh": "好的：知识库补充了我之前未能回答的问题后，我会在原对话中回复。发送 {prefix}prefs followups off [here] 可关闭。",
+    },
+    "prefs_follow_ups_off": {
+        "en": "OK: I will not come back to your unanswered questions when the knowledge base learns the answer. "
+              "{prefix}prefs followups on turns it back on.",
+        "zh": "好的：知识库补充后，我不会再回复您之前未答的问题。发送 {prefix}prefs followups on 可重新开启。",
+    },
+    "prefs_follow_ups_on_here": {
+        "en": "OK: in this channel I will answer your unanswered questions once the knowledge base covers them.",
+        "zh": "好的：在此会话中，知识库补充后我会回复您之前未答的问题。",
+    },
+    "prefs_follow_ups_off_here": {
+        "en": "OK: in this channel I will not come back to your unanswered questions. "
+              "{prefix}prefs followups on here turns it back on.",
+        "zh": "好的：在此会话中，知识库补充后我不会再回复您之前未答的问题。发送 {prefix}prefs followups on here 可重新开启。",
+    },
+    "gap_closed": {
+        "en": "📚 The knowledge base now covers a question asked here on {date}: “{question}”",
+        "zh": "📚 知识库现在可以回答 {date} 在这里提出的问题：“{question}”",
+    },
+    "expert_answer": {
+        "en": "💬 Answer by {author}, given in the thread where this was asked on {date}:\n\n{text}",
+        "zh": "💬 以下回答来自 {author}（{date} 在提问的对话中回复）：\n\n{text}",
+    },
+    "expert_offer": {
+        "en": "💬 {author} replied after kbbot could not answer “{question}”. Keep the reply?",
+        "zh": "💬 {author} 在 kbbot 未能回答“{question}”之后做了回复。是否保留这条回复？",
+    },
+    "expert_approve": {"en": "Save as approved answer", "zh": "保存为已批准回答"},
+    "expert_capture": {"en": "Add to the knowledge base", "zh": "加入知识库"},
+    "expert_done_approve": {
+        "en": "Saved: “{detail}” is now answered with this reply (approved by {user}).",
+        "zh": "已保存：“{detail}”今后将以这条回复作答（由 {user} 批准）。",
+    },
+    "expert_done_capture": {
+        "en": "Added to the knowledge base: {detail} (indexed on the source's next refresh).",
+        "zh": "已加入知识库：{detail}（在该来源下次刷新时建立索引）。",
+    },
+    "expert_already": {"en": "Already done by {detail}.", "zh": "{detail} 已经处理过了。"},
+    "expert_not_reviewer": {"en": "Only reviewers ({reviewers}) can keep replies.",
+                            "zh": "只有审核人（{reviewers}）可以保留回复。"},
+    "expert_expired": {
+        "en": "This reply can no longer be kept (it expired, or the knowledge base changed since; ask again).",
+        "zh": "这条回复已无法保留（已过期，或知识库已更新）。",
+    },
+    "expert_disabled": {
+        "en": "That is turned off here (approvals.enabled, insights.capture_source).",
+        "zh": "此功能未开启（approvals.enabled、insights.capture_source）。",
+    },
+    "expert_failed": {"en": "Sorry, that could not be saved right now. Please try again.",
+                      "zh": "抱歉，暂时无法保存，请重试。"},
     "prefs_forgot": {
         "en": "Done: I forgot your answering preferences and everything I had learned about them, "
               "and deleted the record of your questions.",
@@ -220,9 +277,11 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "prefs_usage": {
         "en": "Usage: {prefix}prefs concise|detailed|default · {prefix}prefs lang en|zh|auto · "
-              "{prefix}prefs steps on|off|default · {prefix}remember on|off · {prefix}forget",
+              "{prefix}prefs steps on|off|default · {prefix}prefs followups on|off [here] · "
+              "{prefix}remember on|off · {prefix}forget",
         "zh": "用法：{prefix}prefs concise|detailed|default（简洁/详细/默认）· {prefix}prefs lang en|zh|auto"
               "（英文/中文/随提问）· {prefix}prefs steps on|off|default（步骤编号）· "
+              "{prefix}prefs followups on|off [here]（知识库补充后是否回复未答问题）· "
               "{prefix}remember on|off（是否从消息中学习偏好）· {prefix}forget（全部清除）",
     },
     "prefs_failed": {

@@ -34,6 +34,12 @@ class Preferences:
     step_numbers: bool | None = None
     remember: bool = False  # consent to learn from messages
     learned: dict[str, Any] = field(default_factory=dict)  # the same fields, learned
+    #: Whether kbbot may come back to a question it could not answer once the knowledge base covers it:
+    #: channel id (or ``*``, everywhere) -> on/off; a channel's own setting wins; on unless said otherwise.
+    follow_ups: dict[str, bool] = field(default_factory=dict)
+
+    def wants_follow_ups(self, channel: str) -> bool:
+        return bool(self.follow_ups.get(channel, self.follow_ups.get("*", True)))
 
     def effective(self) -> dict[str, Any]:
         """Set values win over learned ones."""
@@ -42,7 +48,7 @@ class Preferences:
         return values
 
     def is_empty(self) -> bool:
-        return not self.remember and not self.effective()
+        return not self.remember and not self.effective() and not self.follow_ups
 
     def prompt_note(self) -> str:
         """Lines for the system prompt; empty when nothing is set."""
@@ -64,7 +70,8 @@ class Preferences:
         values = self.effective()
         parts = [f"style: {values.get('style', 'default')}", f"language: {values.get('language', 'as asked')}",
                  f"step numbers: {({True: 'on', False: 'off'}).get(values.get('step_numbers'), 'default')}",
-                 f"learning from messages: {'on' if self.remember else 'off'}"]
+                 f"learning from messages: {'on' if self.remember else 'off'}",
+                 f"follow-ups: {'on' if self.follow_ups.get('*', True) else 'off'}"]
         return "; ".join(parts)
 
 
@@ -73,11 +80,12 @@ class PreferenceError(ValueError):
 
 
 USAGE = ("prefs concise|detailed|default · prefs lang en|zh|auto · prefs steps on|off|default · "
-         "remember on|off · forget")
+         "prefs followups on|off [here] · remember on|off · forget")
 
 
-def apply_command(prefs: Preferences, words: list[str]) -> tuple[Preferences, str]:
-    """Applies ``prefs ...`` / ``remember ...`` / ``forget`` words; returns (new prefs, what changed)."""
+def apply_command(prefs: Preferences, words: list[str], *, channel: str = "") -> tuple[Preferences, str]:
+    """Applies ``prefs ...`` / ``remember ...`` / ``forget`` words; returns (new prefs, what changed).
+    ``channel`` is where the command was given (``prefs followups off here``)."""
     if not words:
         raise PreferenceError(f"usage: {USAGE}")
     verb, args = words[0].lower(), [w.lower() for w in words[1:]]
@@ -101,6 +109,15 @@ def apply_command(prefs: Preferences, words: list[str]) -> tuple[Preferences, st
         prefs.language = None if args[1] == "auto" else args[1]
     elif args[0] == "steps" and len(args) == 2 and args[1] in ("on", "off", "default"):
         prefs.step_numbers = {"on": True, "off": False, "default": None}[args[1]]
+    elif args[0] in ("followups", "follow-ups") and len(args) in (2, 3) and args[1] in ("on", "off") \
+            and args[2:] in ([], ["here"]):
+        wanted = args[1] == "on"
+        if args[2:] == ["here"]:
+            if not channel:
+                raise PreferenceError("`here` needs a channel or chat")
+            prefs.follow_ups[channel] = wanted
+        else:  # everywhere: what was said per channel before gives way
+            prefs.follow_ups = {} if wanted else {"*": False}
     else:
         raise PreferenceError(f"usage: {USAGE}")
     return prefs, prefs.describe()

@@ -8,6 +8,7 @@ report (``bot/health.py``) and the insights report read theirs; adapters read th
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -24,10 +25,13 @@ from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
 from bot.insights.store import RedisTurnLog, SqliteTurnLog
+from bot.knowledge_loop.expert import Capture, ConfluenceCapture, ExpertReplies, FolderCapture
+from bot.knowledge_loop.expert_store import MemoryExpertStore, RedisExpertStore
+from bot.knowledge_loop.followups import GapFollowUps
+from bot.knowledge_loop.golden import golden_results
+from bot.knowledge_loop.hook import KnowledgeLoop
+from bot.knowledge_loop.recheck import ApprovalRecheck, ReviewerDesk
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
-from bot.loop.golden import golden_results
-from bot.loop.hook import KnowledgeLoop
-from bot.loop.recheck import ApprovalRecheck, ReviewerDesk
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.permissions import Audiences, KnownPrincipals, UnmappedNotice
@@ -45,6 +49,7 @@ from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled
 from pipelines.components.turn import TurnBudget, consult
+from pipelines.confluence import ConfluenceClient
 from pipelines.errors import ServiceUnavailable
 from pipelines.generators import ResponseHook, make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
@@ -346,7 +351,7 @@ class Runtime:
         return Refresher(self.settings, self.store, self.indexer, redis=redis if redis is not None else self._redis)
 
     def knowledge_loop(self, desk: ReviewerDesk | None = None) -> KnowledgeLoop:
-        """What runs after a refresh changed documents (``bot.loop``), reaching reviewers through ``desk``
+        """What runs after a refresh changed documents (``bot.knowledge_loop``), reaching reviewers through ``desk``
         (the adapters'); on a started runtime."""
         s = self.settings
         results = golden_results(self._redis, s.redis_prefix, s.data_dir)
@@ -364,6 +369,52 @@ class Runtime:
         scheduler = RefreshScheduler(refresher) if schedule and self.settings.sources else None
         return KnowledgeAdmin(refresher, scheduler)
 
+    def gap_follow_ups(self) -> GapFollowUps | None:
+        """Gaps answered when the knowledge arrives (``bot.knowledge_loop.followups``), on this started
+        runtime; None when turns are not recorded (``insights.enabled`` off). Platforms register their
+        delivery layers with ``serve``; the hook goes on a refresher's ``after_change``."""
+        if self._turns is None:
+            return None
+        i = self.settings.insights
+        return GapFollowUps(self.answerer, self._turns.log, self.history, preferences=self._preferences,
+                            days=i.reanswer_days, max_per_refresh=i.reanswer_max_per_refresh)
+
+    @cached_property
+    def expert_replies(self) -> ExpertReplies:
+        """Expert replies kept (``bot.knowledge_loop.expert``), on this started runtime: shared in Redis when
+        it is connected; approvals through the approved-answer cache; "Add to the knowledge base" writes to
+        ``insights.capture_source``."""
+        if self._preferences is None:
+            raise RuntimeError("Runtime.start() has not been awaited")
+        s = self.settings
+        ttl_s = s.approvals.pending_days * 86400
+        store = RedisExpertStore(self._redis, s.redis_prefix, ttl_s) if self._redis is not None \
+            else MemoryExpertStore(ttl_s)
+        return ExpertReplies(store, cache=self._approved, identity=self.answerer.approvals.identity,
+                             knowledge_version=self._knowledge_version,
+                             turns=self._turns.log if self._turns is not None else None, capture=self._capture())
+
+    def _capture(self) -> Capture | None:
+        name = self.settings.insights.capture_source
+        src = next((x for x in self.settings.sources if x.name == name), None) if name else None
+        if src is None:
+            return None
+        if src.path:
+            return FolderCapture(src.path)
+        c, r = src.confluence, self.settings.refresh
+        assert c is not None and c.spaces  # checked by the settings
+
+        def client() -> ConfluenceClient:
+            token = os.environ.get(c.token_env, "").strip()
+            if not token:
+                raise ValueError(f"the environment variable {c.token_env} (the Confluence token) is not set")
+            return ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
+                                    connect_timeout_s=r.connect_timeout_s, max_retries=c.max_retries,
+                                    max_retry_wait_s=c.max_retry_wait_s, user_agent=r.user_agent,
+                                    allow_hosts=r.allow_hosts)
+
+        return ConfluenceCapture(client, c.spaces[0])
+
     def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
                       on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:
         """The conversation service every adapter uses, on this started runtime."""
@@ -372,7 +423,7 @@ class Runtime:
                                                                 batch=r.batch)
         kept = Kept(feedback if feedback is not None else self.feedback, self._approved, self._preferences, self._turns)
         return Conversations(self.answerer, self.idempotency, self.history, thread_locks=self._thread_locks,
-                             kept=kept, admin=admin, on_turn=on_turn, takeover=takeover)
+                             kept=kept, admin=admin, on_turn=on_turn, takeover=takeover, expert=self.expert_replies)
 
     @property
     def idempotency(self) -> Idempotency:

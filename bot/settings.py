@@ -641,6 +641,16 @@ class Settings(BaseSettings):
                           "relative_score or rrf", at=("retrieval", "fusion"))
         if self.answering.off_topic_similarity > self.retrieval.min_similarity:
             raise Problem("must be between 0 and retrieval.min_similarity", at=("answering", "off_topic_similarity"))
+        capture = self.insights.capture_source
+        if capture is not None:
+            src = next((s for s in self.sources if s.name == capture), None)
+            if src is None:
+                known = ", ".join(s.name for s in self.sources) or "none configured"
+                raise Problem(f"names no configured source (sources: {known})", at=("insights", "capture_source"))
+            if not (src.path or (src.confluence and src.confluence.spaces)):
+                raise Problem(f"is source {capture!r}, which kbbot cannot write to: it must be a folder source, or a "
+                              "Confluence source with spaces (the draft goes to the first)",
+                              at=("insights", "capture_source"))
         return self
 
     # --- derived ---------------------------------------------------------------------------

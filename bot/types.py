@@ -37,6 +37,9 @@ class Inquiry:
     #: Only the asker sees the answer (a DM, a private chat, an API caller, an ephemeral reply): the
     #: asker's own access applies; otherwise everyone of the channel's (``bot.permissions``).
     private: bool = False
+    #: Where a later message about this question goes (the adapter's reply target, as it rebuilds a reply
+    #: from it: ``bot.delivery.Platform.reply_to``); None where nothing can be posted later (console, HTTP).
+    reply_to: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,30 @@ class ConfluenceClient:
             self.sleep(wait)
         raise AssertionError("unreachable")
 
+    def create_draft(self, space: str, title: str, storage: str) -> dict[str, Any]:
+        """A draft page (``status: draft``, seen by its author and admins until someone publishes it) in
+        ``space`` with the storage-format ``storage`` body: ``POST /rest/api/content``. The created
+        content's JSON (``id``, ``_links``); ``ConfluenceError`` when Confluence refuses. Not retried:
+        a create that timed out may have created the page."""
+        url = self.url("rest/api/content")
+        body = {"type": "page", "status": "draft", "title": title, "space": {"key": space},
+                "body": {"storage": {"value": storage, "representation": "storage"}}}
+        self.requests += 1
+        try:
+            response = self.client.post(url, json=body)
+        except httpx.TimeoutException as exc:
+            raise ConfluenceError(f"no answer from {self.origin} in time ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise ConfluenceError(f"cannot reach {self.origin} ({type(exc).__name__}: {exc})") from exc
+        if response.status_code not in (200, 201):
+            detail = response.text[:200].strip()
+            raise ConfluenceError(f"HTTP {response.status_code}: the draft page was not created"
+                                  + (f" ({detail})" if detail else ""))
+        data = response.json()
+        if not isinstance(data, dict) or not data.get("id"):
+            raise ConfluenceError("the draft page was not created (no id in the answer)")
+        return data
+
     def json(self, link: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         body = self.get(link, params)
         path = urlsplit(self.url(link)).path
@@ -226,7 +250,7 @@ class Entry:
     title: str
     link: str  # the web link people follow (the page), for an attachment its download
     suffix: str = ".md"
-    #: Who owns it (``bot/loop/owners.py``): the page's author (an attachment: its page's), and its
+    #: Who owns it (``bot/knowledge_loop/owners.py``): the page's author (an attachment: its page's), and its
     #: space key (also whose space permissions apply).
     author: str = ""
     space: str = ""

@@ -103,3 +103,26 @@ async def test_turn_list_search_and_trace(kb_runtime, fake_slack):
         for chunk in record.ranked:
             assert f"{chunk['score']:.3f}" in trace
         assert record.verdict in trace and "retrieve" in trace and "first text" in trace
+
+
+async def test_gaps_closed_by_a_refresh_are_counted_and_listed_apart(kb_runtime, fake_slack):
+    async with admin_site(kb_runtime, fake_slack) as site:
+        closed = await site.ask("What is the torque of the HL-Q7 flange bolts?")
+        still = await site.ask("How do I reset the password of the web portal?", channel="C0HELP")
+        assert closed.answer.outcome.value == still.answer.outcome.value == "not_found"
+        # What bot/knowledge_loop/followups.py records once it posted the follow-up (tested end to end in
+        # tests/test_knowledge_loop.py).
+        await kb_runtime.turns.log.set_follow_up(closed.answer.trace.turn_id, {
+            "state": "posted", "at": closed.inquiry.received_at + 60, "refresh": "docs",
+            "citations": [{"source": "flange.md", "title": "HL-Q7 <flange> torques"}]})
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as admin:
+            await login(admin, site.url)
+            async with admin.get(f"{site.url}/admin/gaps?days=1") as resp:
+                page = await resp.text()
+            async with admin.get(f"{site.url}/admin/?days=1") as resp:
+                overview = await resp.text()
+    listed, _, closed_part = page.partition('id="closed"')
+    assert "reset the password" in listed and "HL-Q7" not in listed, "a closed gap is no longer missing"
+    assert "Gaps closed (1)" in closed_part and "HL-Q7 flange bolts" in closed_part
+    assert "HL-Q7 &lt;flange&gt; torques" in closed_part and "refresh of docs" in closed_part
+    assert re.search(r'#closed">1</a></b><span>gaps closed', overview)

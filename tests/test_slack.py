@@ -119,11 +119,11 @@ class Slack:
 @contextlib.asynccontextmanager
 async def slack_app(runtime: Runtime, fake: FakeSlack, *, rates: PlatformRates | None = None,
                     idempotency: Any = None, admin: Any = None, answerer: Any = None, replica: str | None = None,
-                    **overrides: Any) -> AsyncIterator[Slack]:
+                    feedback: Any = None, **overrides: Any) -> AsyncIterator[Slack]:
     options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
     turns: list[TurnRecord] = []
-    conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
+    conversations = runtime.conversations(feedback=feedback or MemoryFeedback(), admin=admin, on_turn=turns.append)
     takeover = conversations.takeover
     if takeover is not None and replica is not None:
         takeover = replace(takeover, replica=replica)

@@ -17,7 +17,7 @@ from typing import Any
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from bot.loop.owners import Owners, owner_text, split_by_owner
+from bot.knowledge_loop.owners import Owners, owner_text, split_by_owner
 
 log = logging.getLogger("kbbot.digest")
 
@@ -41,6 +41,10 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
         lines.append(f"{i}. {gap['representative']} — asked {gap['count']}×{more} in {', '.join(gap['channels'])}")
     if sent:
         lines.append(f"({sent} more groups went to the owners of their nearest documents.)")
+    closed = (report.get("gaps_closed") or {}).get("count") or 0
+    if closed:
+        lines.append(f"{closed} earlier question{'s' if closed != 1 else ''} answered where asked once a refresh "
+                     "brought the answer (gaps closed).")
     disliked = report["disliked"][:top]
     if disliked:
         lines += ["", "👎 answers:"]
@@ -57,7 +61,7 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
 class WeeklyDigest:
     """``build(since, until) -> report``, ``post(text)``; ``claim(key, ttl_s) -> bool`` (optional).
 
-    With ``owners`` (``bot/loop/owners.py``: nearest chunk -> owner ids) and ``tell(owner, text) -> bool``,
+    With ``owners`` (``bot/knowledge_loop/owners.py``: nearest chunk -> owner ids) and ``tell(owner, text) -> bool``,
     each gap whose nearest document has owners goes to them, one list per owner; the digest keeps the
     gaps nobody owns, and those of an owner who could not be reached."""
 

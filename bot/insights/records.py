@@ -68,6 +68,11 @@ class TurnRecord:
     approvable: bool = False
     feedback: dict[str, str] = field(default_factory=dict)  # user (as stored) -> "up" | "down"
     approval: dict[str, Any] | None = None  # {"by", "at"} while approved
+    spaces: list[str] = field(default_factory=list)  # the knowledge spaces the question was asked in
+    #: Where a follow-up goes (``Inquiry.reply_to``); None with hashed user ids: a record names nobody.
+    reply_to: dict[str, Any] | None = None
+    #: The gap's follow-up once a refresh answered it (``bot.knowledge_loop.followups``): {"state", "at", ...}.
+    follow_up: dict[str, Any] | None = None
 
     @classmethod
     def of_turn(cls, inquiry: Inquiry, answer: Answer, *, hash_key: str | None = None) -> TurnRecord:
@@ -82,7 +87,8 @@ class TurnRecord:
             query=trace.query, citations=[c.to_dict() for c in answer.citations], ranked=list(trace.ranked),
             steps=list(trace.steps), stages={k: round(v, 1) for k, v in trace.stages.items()},
             first_text_ms=None if first is None else round(first, 1), model_calls=trace.model_calls,
-            left_out=trace.left_out, approvable=answer.approvable,
+            left_out=trace.left_out, approvable=answer.approvable, spaces=list(inquiry.spaces),
+            reply_to=None if hash_key else inquiry.reply_to,
         )
 
     @property
@@ -105,6 +111,11 @@ class TurnRecord:
             if step.get("step") == "guard" and step.get("on_topic") is False:
                 return "off topic (guard)"
         return {"answered": "passages relevant", "cached": "approved answer"}.get(self.outcome, self.outcome)
+
+    @property
+    def gap_closed(self) -> bool:
+        """A refresh answered this question and the answer was posted where it was asked."""
+        return bool(self.follow_up and self.follow_up.get("state") == "posted")
 
     @property
     def ups(self) -> int:

@@ -140,8 +140,10 @@ def build_report(records: list[TurnRecord], *, since: float, until: float, embed
     for r in records:
         days.setdefault(_day(r.at), Counter())[r.outcome] += 1
         votes.setdefault(_day(r.at), Counter()).update(up=r.ups, down=r.downs)
-    gaps = [g.to_dict() for g in group_by_meaning([r for r in records if r.outcome in GAP_OUTCOMES], embed,
-                                                  threshold)] if embed is not None else []
+    # A question a refresh has since answered where it was asked is no longer missing: it is a gap closed.
+    gaps = [g.to_dict() for g in group_by_meaning([r for r in records if r.outcome in GAP_OUTCOMES
+                                                   and not r.gap_closed], embed, threshold)] if embed is not None else []
+    closed = gaps_closed(records)
     disliked = sorted((r for r in records if r.downs), key=lambda r: (-r.downs, -r.at))
     return {
         "since": iso(datetime.fromtimestamp(since, UTC)),
@@ -160,7 +162,26 @@ def build_report(records: list[TurnRecord], *, since: float, until: float, embed
                       "question": r.question, "answer": r.answer, "citations": r.citations, "up": r.ups,
                       "down": r.downs} for r in (disliked[:top] if top else disliked)],
         "sources": sources or [],
+        "gaps_closed": {"count": len(closed), "items": closed[:top] if top else closed},
     }
+
+
+def gaps_closed(records: list[TurnRecord]) -> list[dict[str, Any]]:
+    """The questions a refresh answered after kbbot could not (``bot.knowledge_loop.followups``), latest
+    first: when asked, when answered, by which source's refresh, citing what."""
+    out = []
+    for r in records:
+        if not r.gap_closed:
+            continue
+        follow = r.follow_up or {}
+        citations = follow.get("citations") or []
+        out.append({"turn_id": r.turn_id, "at": r.at, "closed_at": follow.get("at"), "platform": r.platform,
+                    "channel": r.channel, "question": r.question, "outcome": r.outcome,
+                    "refresh": follow.get("refresh"), "same_as": follow.get("same_as"),
+                    "sources": [str(c.get("source") or "") for c in citations],
+                    "titles": [str(c.get("title") or c.get("source") or "") for c in citations]})
+    out.sort(key=lambda g: -(g["closed_at"] or 0))
+    return out
 
 
 def _pct(value: float | None) -> str:
@@ -203,6 +224,14 @@ def format_report(report: dict[str, Any]) -> str:
         sources = ", ".join(c["title"] for c in item["citations"]) or "no sources"
         lines.append(f"  {_when(item['at'])} {item['platform']}:{item['channel']}  {item['question']}  "
                      f"({item['down']} 👎, {item['up']} 👍; {sources}; turn {item['turn_id']})")
+    closed = report.get("gaps_closed") or {"count": 0, "items": []}
+    lines += ["", f"Gaps closed by a refresh ({closed['count']}):"]
+    if not closed["items"]:
+        lines.append("  none")
+    for item in closed["items"]:
+        lines.append(f"  {_when(item['closed_at'] or item['at'])} {item['platform']}:{item['channel']}  {item['question']}  "
+                     f"(asked {_when(item['at'])}; answered from {', '.join(item['titles']) or '–'}; "
+                     f"refresh of {item['refresh']}; turn {item['turn_id']})")
     problems = [s for s in report["sources"] if s["health"] != "ok"]
     lines += ["", f"Sources needing attention ({len(problems)} of {len(report['sources'])}):"]
     if not problems:

@@ -58,6 +58,16 @@ class InsightsSettings(Section):
     #: How long an admin page login lasts.
     session_hours: float = Field(12, gt=0)
     digest: DigestSettings = Field(default_factory=DigestSettings)
+    #: After a refresh that adds or changes documents, questions of this many past days that ended
+    #: not found or got a 👎 are answered again; those now answered are posted where they were asked.
+    #: 0: never.
+    reanswer_days: float = Field(14, ge=0)
+    #: At most this many follow-ups posted per refresh (the rest wait for the next one).
+    reanswer_max_per_refresh: int = Field(20, ge=0)
+    #: The source (its ``name`` under ``sources``) an expert's reply is written to when a reviewer clicks
+    #: "Add to the knowledge base": a folder source gets a Markdown file, a Confluence source a draft
+    #: page. Null: the button is not offered.
+    capture_source: str | None = None
     #: The admin page is off without it.
     admin_token: Annotated[SecretStr | None, Env("KBBOT_ADMIN_TOKEN", only=True)] = None
     user_id_key: Annotated[SecretStr | None, Env("KBBOT_USER_ID_KEY", only=True)] = None

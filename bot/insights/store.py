@@ -8,7 +8,7 @@ Redis keys (``prefix`` is ``redis_prefix``):
 
 | key | holds | expiry |
 | --- | --- | --- |
-| ``{prefix}turn:{turn_id}`` | hash: ``record`` (JSON), ``fb:{user}`` (up/down), ``approval`` (JSON) | retention |
+| ``{prefix}turn:{turn_id}`` | hash: ``record`` (JSON), ``fb:{user}`` (up/down), ``approval`` (JSON), ``follow_up`` (JSON) | retention |
 | ``{prefix}turns`` | sorted set of turn ids by time (trimmed on each write) | none |
 | ``{prefix}turns:user:{platform}:{tenant}:{user}`` | set of that user's turn ids (for ``forget``) | retention |
 | ``{prefix}admin:revoked:{session_id}`` | an admin page session logged out before it expired | the session's rest |
@@ -43,6 +43,13 @@ class TurnLog(Protocol):
         """False when no record of ``turn_id`` is kept (expired, or recording was off)."""
 
     async def set_approval(self, turn_id: str, approval: dict[str, Any] | None) -> bool: ...
+
+    async def claim_follow_up(self, turn_id: str, follow_up: dict[str, Any]) -> bool:
+        """Sets the turn's follow-up only if it has none (one atomic step, whichever replica asks):
+        True for the one caller that may post it."""
+
+    async def set_follow_up(self, turn_id: str, follow_up: dict[str, Any] | None) -> bool:
+        """Replaces (None: drops) the turn's follow-up; False when no record of ``turn_id`` is kept."""
 
     async def forget(self, platform: str, tenant: str, user: str) -> int:
         """Deletes the user's records; how many there were."""
@@ -121,6 +128,23 @@ class SqliteTurnLog:
     async def set_approval(self, turn_id: str, approval: dict[str, Any] | None) -> bool:
         return await asyncio.to_thread(self._update, turn_id, lambda r: setattr(r, "approval", approval))
 
+    def _claim(self, turn_id: str, follow_up: dict[str, Any]) -> bool:
+        claimed = False
+
+        def change(record: TurnRecord) -> None:
+            nonlocal claimed
+            if record.follow_up is None:
+                record.follow_up, claimed = follow_up, True
+
+        self._update(turn_id, change)
+        return claimed
+
+    async def claim_follow_up(self, turn_id: str, follow_up: dict[str, Any]) -> bool:
+        return await asyncio.to_thread(self._claim, turn_id, follow_up)
+
+    async def set_follow_up(self, turn_id: str, follow_up: dict[str, Any] | None) -> bool:
+        return await asyncio.to_thread(self._update, turn_id, lambda r: setattr(r, "follow_up", follow_up))
+
     async def forget(self, platform: str, tenant: str, user: str) -> int:
         def delete() -> int:
             with self._lock:
@@ -191,6 +215,7 @@ class RedisTurnLog:
         record = TurnRecord.from_dict(json.loads(values["record"]))
         record.feedback = {k[3:]: v for k, v in values.items() if k.startswith("fb:")}
         record.approval = json.loads(values["approval"]) if values.get("approval") else None
+        record.follow_up = json.loads(values["follow_up"]) if values.get("follow_up") else None
         return record
 
     async def get(self, turn_id: str) -> TurnRecord | None:
@@ -223,6 +248,16 @@ class RedisTurnLog:
 
     async def set_approval(self, turn_id: str, approval: dict[str, Any] | None) -> bool:
         return await self._set_if_kept(turn_id, "approval", None if approval is None else json.dumps(approval))
+
+    async def claim_follow_up(self, turn_id: str, follow_up: dict[str, Any]) -> bool:
+        key = self._turn(turn_id)
+        if not await self.redis.hexists(key, "record"):
+            return False
+        return bool(await self.redis.hsetnx(key, "follow_up", json.dumps(follow_up, ensure_ascii=False)))
+
+    async def set_follow_up(self, turn_id: str, follow_up: dict[str, Any] | None) -> bool:
+        return await self._set_if_kept(turn_id, "follow_up",
+                                       None if follow_up is None else json.dumps(follow_up, ensure_ascii=False))
 
     async def forget(self, platform: str, tenant: str, user: str) -> int:
         mine = self._user(platform, tenant, user)

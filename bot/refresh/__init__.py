@@ -29,6 +29,10 @@ key                                   type    contents
 
 Without Redis they live in ``<data_dir>/refresh.json``.
 
+A run that added, changed or removed documents then runs the ``Refresher.after_change`` hooks with its
+``RefreshChanges``, after the lock is released (re-answering the gaps a refresh closed:
+``bot.knowledge_loop``).
+
 Every run also reconciles the configuration: once its own documents are published, it revokes the
 documents of sources that are no longer configured (renamed or removed; see ``Orphans`` for when it
 waits instead). A URL source reads robots.txt unless ``respect_robots: false``; a host whose
@@ -36,13 +40,15 @@ robots.txt cannot be had fails the run with the reason (its pages keep their ver
 """
 
 from bot.refresh.orphans import Orphans, source_roots
-from bot.refresh.refresher import LOCK_NAME, RefreshBusy, Refresher, UnknownSource
+from bot.refresh.refresher import LOCK_NAME, AfterChange, RefreshBusy, RefreshChanges, Refresher, UnknownSource
 from bot.refresh.runs import FileRunLog, RedisRunLog, RunLog, RunRecord, log_run, run_log
 from bot.refresh.schedule import DUE_TOLERANCE_S, is_due, iso, next_due, parse_iso, schedule_zone, utcnow
 from bot.refresh.status import format_status, knowledge_status
 
 __all__ = [
     "DUE_TOLERANCE_S",
+    "AfterChange",
+    "RefreshChanges",
     "LOCK_NAME",
     "FileRunLog",
     "Orphans",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from bot.loop.changes import KnowledgeChanges
 from bot.redis_state import RedisLock
 from bot.refresh.orphans import Orphans, source_roots
 from bot.refresh.runs import RunLog, RunRecord, log_run, run_log
@@ -36,6 +36,37 @@ class UnknownSource(KeyError):
         return str(self.args[0])
 
 
+@dataclass(frozen=True)
+class RefreshChanges:
+    """What one run of a source changed, as the hooks after it see it (``Refresher.after_change``).
+
+    Documents are named by their ``source`` (the path or URL a citation of them carries)."""
+
+    source: str
+    space: str
+    trigger: str
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+    knowledge_version: int = 0  # the version the run published (0: unknown)
+
+    @property
+    def new_or_changed(self) -> frozenset[str]:
+        return frozenset(self.added) | frozenset(self.changed)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+    def touches(self, citations: Iterable[dict[str, Any]]) -> bool:
+        """Whether a document among ``citations`` (``Citation.to_dict()``) changed or went away."""
+        gone = frozenset(self.changed) | frozenset(self.removed)
+        return any(str(c.get("source") or "") in gone for c in citations)
+
+
+#: A hook run after a refresh that changed documents (re-answering gaps, re-checking approved answers).
+AfterChange = Callable[[RefreshChanges], Awaitable[Any]]
+
 
 class Refresher:
     """Runs sources (configured ones by name, or an ad-hoc ``Source``) under the refresh lock."""
@@ -49,9 +80,10 @@ class Refresher:
         self.runs = runs if runs is not None else run_log(settings, redis)
         self._lock_factory = lock_factory
         self.stopping = False  # set on shutdown: a run stops before its next document
-        #: Called after each run with what it changed (``bot.loop``: approved answers re-checked, the golden
-        #: set replayed); ``kbbot serve`` sets it, once its platforms can reach the reviewers.
-        self.after_refresh: Callable[[KnowledgeChanges], Awaitable[None]] | None = None
+        #: Run, in order, after each run that added, changed or removed documents, once the refresh lock is
+        #: released (their work, such as answering again, must not hold up the next source's refresh). One
+        #: replica runs a given refresh, so each hook runs once per change across replicas.
+        self.after_change: list[AfterChange] = []
 
     @property
     def sources(self) -> dict[str, SourceSettings]:
@@ -163,13 +195,25 @@ class Refresher:
                     log.info("refresh source=%s trigger=%s skipped: already run at %s (another replica?)",
                              name, trigger, last.started_at if last else "?")
                     return None
-            return await self._run_locked(src, trigger, lock, progress, permissions_only)
+            record, changes = await self._run_locked(src, trigger, lock, progress, permissions_only)
         finally:
             if lock.held:
                 await lock.release()
+        if changes is not None:
+            await self._changed(changes)
+        return record
+
+    async def _changed(self, changes: RefreshChanges) -> None:
+        for hook in self.after_change:
+            try:
+                await hook(changes)
+            except Exception:  # noqa: BLE001 - the refresh is done; one hook's failure stops no other
+                log.exception("refresh source=%s: a hook after the refresh failed (%s)", changes.source,
+                              getattr(hook, "__qualname__", hook))
 
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
-                          progress: Progress | None, permissions_only: bool = False) -> RunRecord:
+                          progress: Progress | None, permissions_only: bool = False,
+                          ) -> tuple[RunRecord, RefreshChanges | None]:
         states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
         source = self.build_source(src, states, permissions_only=permissions_only)
         orphans = await self.orphans(src)
@@ -230,8 +274,12 @@ class Refresher:
         except Exception:  # noqa: BLE001 - the knowledge is refreshed; only its record is missing
             log.exception("could not record the refresh of %s", src.name)
         log_run(record)
-        if self.after_refresh is not None: await self.after_refresh(KnowledgeChanges.of_report(report, src.name))  # noqa: E701
-        return record
+        changes = None
+        removed = (*report.removed, *report.orphaned)  # an orphan's chunks are gone as a removed document's
+        if report.added or report.changed or removed:  # also a run that failed part way
+            changes = RefreshChanges(src.name, src.space, trigger, tuple(report.added), tuple(report.changed),
+                                     removed, report.knowledge_version or 0)
+        return record, changes
 
     async def run_source(self, source: Source, *, space: str, progress: Progress | None = None,
                          wait_s: float | None = None, on_wait: Callable[[], None] | None = None) -> IndexReport:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.health import check_redis, check_store
-from bot.loop.golden import golden_line, golden_results
+from bot.knowledge_loop.golden import golden_line, golden_results
 from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
 from bot.refresh.schedule import iso, next_due, schedule_zone

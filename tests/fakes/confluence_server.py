@@ -106,6 +106,8 @@ class FakeConfluence(LocalServer):
         self.token = token
         self.user = user
         self.pages: dict[str, FakePage] = {}
+        #: Draft pages created through ``POST /rest/api/content`` (not listed by searches until published).
+        self.drafts: dict[str, dict[str, Any]] = {}
         self.log: list[tuple[str, int, float]] = []
         self._throttle: list[str] = []  # Retry-After values of the next requests to refuse
         #: Group name -> members' e-mail addresses.
@@ -167,6 +169,7 @@ class FakeConfluence(LocalServer):
     def routes(self, app: web.Application) -> None:
         p = self.path
         app.router.add_get(p + "/rest/api/content/search", self._search)
+        app.router.add_post(p + "/rest/api/content", self._create)
         app.router.add_get(p + "/rest/api/content/{id}", self._content)
         app.router.add_get(p + "/rest/api/content/{id}/restriction/byOperation/read", self._read_restriction)
         app.router.add_get(p + "/rest/api/space/{key}", self._space)
@@ -287,6 +290,30 @@ class FakeConfluence(LocalServer):
         if "container" in expand:
             data["container"] = {"id": page.id, "type": "page", "title": page.title}
         return data
+
+    async def _create(self, request: web.Request) -> web.Response:
+        """``POST /rest/api/content``: a page, here only as a draft (what kbbot creates)."""
+        refused = self._gate(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+            space, title = body["space"]["key"], body["title"]
+            storage = body["body"]["storage"]
+        except (ValueError, KeyError, TypeError):
+            return self._answer(request, 400, data={"message": "a page needs a title, space.key and body.storage"})
+        if body.get("type") != "page" or storage.get("representation") != "storage":
+            return self._answer(request, 400, data={"message": "only pages in storage representation"})
+        if body.get("status") != "draft":
+            return self._answer(request, 400, data={"message": "this fake creates drafts only"})
+        if space not in {page.space for page in self.pages.values()}:
+            return self._answer(request, 404, data={"message": f"No space with key : {space}"})
+        page_id = self.new_id()
+        self.drafts[page_id] = {"id": page_id, "space": space, "title": title, "body": storage["value"],
+                                "status": "draft"}
+        return self._answer(request, 200, data={"id": page_id, "type": "page", "status": "draft", "title": title,
+                                                "space": {"key": space},
+                                                "_links": {"webui": f"/pages/resumedraft.action?draftId={page_id}"}})
 
     async def _search(self, request: web.Request) -> web.Response:
         refused = self._gate(request)

@@ -555,9 +555,13 @@ class FakeSlack(LocalServer):
         user_id = str(args.get("user") or "")
         if user_id == self.bot_user_id and user_id not in self.users:
             self.add_user(user_id, is_bot=True, name="kbbot")
-        user = self.users.get(user_id)
-        if user is None:
+        if not user_id:
             raise SlackError("user_not_found")
+        user = self.users.get(user_id)
+        if user is None:  # anyone not scripted with add_user: a person without an e-mail (U0BOB is Bob)
+            name = user_id.removeprefix("U0").capitalize()
+            user = {"id": user_id, "team_id": self.team_id, "name": name.lower(), "deleted": False,
+                    "is_bot": False, "is_app_user": False, "profile": {"display_name": name, "real_name": name}}
         if "users:read.email" in self.missing_scopes:
             user = {**user, "profile": {k: v for k, v in user["profile"].items() if k != "email"}}
         return {"user": user}

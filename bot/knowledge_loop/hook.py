@@ -1,6 +1,6 @@
 """``KnowledgeLoop.after_refresh(changes)``: what runs after a refresh that changed documents.
 
-The refresher calls it once per run (``Refresher.after_refresh``); a failure here is logged and never
+The refresher calls it once per run (``Refresher.after_change``); a failure here is logged and never
 fails the refresh, which has already published its knowledge.
 """
 
@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.loop.changes import KnowledgeChanges
-from bot.loop.golden import GoldenError, GoldenReplay, GoldenResults, load_golden, replay
-from bot.loop.recheck import ApprovalRecheck, RecheckRequest, Rerun, ReviewerDesk
+from bot.knowledge_loop.golden import GoldenError, GoldenReplay, GoldenResults, load_golden, replay
+from bot.knowledge_loop.recheck import ApprovalRecheck, RecheckRequest, Rerun, ReviewerDesk
+from bot.refresh import RefreshChanges
 
 log = logging.getLogger("kbbot.loop")
 
@@ -30,7 +30,7 @@ class KnowledgeLoop:
         self.desk = desk
         self.knowledge_version = knowledge_version
 
-    async def after_refresh(self, changes: KnowledgeChanges) -> None:
+    async def after_refresh(self, changes: RefreshChanges) -> None:
         if not changes.any:
             return
         try:

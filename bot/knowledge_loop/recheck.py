@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bot.cache import AnswerCache, ApprovedAnswer
-from bot.loop.changes import KnowledgeChanges
+from bot.refresh import RefreshChanges
 from bot.types import Answer, Citation, Inquiry
 
 log = logging.getLogger("kbbot.loop")
@@ -79,7 +79,7 @@ class ApprovalRecheck:
         self.desk = desk
         self.is_current = is_current
 
-    async def _touched(self, entry: ApprovedAnswer, changes: KnowledgeChanges) -> bool:
+    async def _touched(self, entry: ApprovedAnswer, changes: RefreshChanges) -> bool:
         if entry.held is not None and entry.held.get("knowledge_version", 0) >= changes.knowledge_version:
             return False  # already re-checked on this knowledge, waiting for its reviewer
         if changes.touches(entry.citations):
@@ -91,7 +91,7 @@ class ApprovalRecheck:
         current = await asyncio.to_thread(lambda: [check(c["doc_id"], int(c["version"])) for c in entry.citations])
         return not all(current)
 
-    async def run(self, changes: KnowledgeChanges) -> list[RecheckRequest]:
+    async def run(self, changes: RefreshChanges) -> list[RecheckRequest]:
         asked = []
         for entry in await self.cache.entries():
             if not await self._touched(entry, changes):

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from bot.loop.recheck import Rerun
+from bot.knowledge_loop.recheck import Rerun
 from bot.types import Answer, Inquiry
 
 log = logging.getLogger("kbbot.loop")

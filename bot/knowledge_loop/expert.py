@@ -1,0 +1,264 @@
+"""Expert replies kept: what a person answers in a thread kbbot could not answer becomes knowledge, once a
+reviewer says so.
+
+A thread is *open* once a turn in it ends ``not_found`` or its answer gets a 👎 (``after_turn``,
+``after_feedback``: its question, asker and spaces are kept in the ``ExpertStore``). A later reply there by
+someone other than the asker is *offered* (``offer``): kept under an id of its own, and offered to the
+approved-answer cache as the thread question's answer (an offer is what every approvable answer is: kept
+pending, served to nobody). The adapter then shows the platform's reviewers two buttons naming that id:
+
+- "Save as approved answer" (``approve``): the existing approval of an offered answer
+  (``AnswerCache.approve``): the same question in the same spaces and workspace gets the reply,
+  labelled with its author, under the line saying which reviewer approved it;
+- "Add to the knowledge base" (``capture``): a Markdown document (question, reply, author, date, link to
+  the thread) in the folder of the source ``insights.capture_source`` (indexed on its next refresh), or,
+  where that source is Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
+
+Nothing is kept without a reviewer's click; each click counts once (``ExpertStore.take``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import html
+import logging
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from bot.cache import AnswerCache, CacheKey
+from bot.feedback import Feedback
+from bot.insights.store import TurnLog
+from bot.knowledge_loop.expert_store import ExpertStore
+from bot.messages import say
+from bot.types import Answer, Inquiry, Outcome, Trace
+from pipelines.text import detect_language
+
+log = logging.getLogger("kbbot.expert")
+
+
+class ExpertStatus(str, enum.Enum):
+    DONE = "done"
+    NOT_REVIEWER = "not_reviewer"
+    EXPIRED = "expired"  # the reply is no longer kept, or (approval) the knowledge changed since
+    ALREADY = "already"  # another reviewer clicked it first
+    DISABLED = "disabled"  # approved answers off, or no capture_source
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Result:
+    status: ExpertStatus
+    #: DONE: where the reply went (a file, a draft page's link); ALREADY: who clicked first.
+    detail: str = ""
+
+
+class Capture(Protocol):
+    """Writes a kept reply into the knowledge base's source; returns where it went."""
+
+    async def write(self, reply: dict[str, Any], reviewer: str) -> str: ...
+
+
+def _slug(text: str) -> str:
+    words = re.sub(r"[^\w]+", "-", text.casefold(), flags=re.UNICODE).strip("-")
+    return words[:60].strip("-") or "answer"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _date(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
+
+
+def markdown_of(reply: dict[str, Any], reviewer: str) -> str:
+    """The document a kept reply becomes: the question as its title, the reply, and where it came from."""
+    link = reply.get("link") or reply.get("thread_key") or ""
+    return (f"# {_one_line(reply['question'])}\n\n{reply['text'].strip()}\n\n---\n\n"
+            f"Answered by {_one_line(reply['author_name'] or reply['author'])} on {_date(reply['at'])} "
+            f"in {link}. Added to the knowledge base by {_one_line(reviewer)}.\n")
+
+
+class FolderCapture:
+    """A Markdown file per kept reply in ``folder`` (a folder source's, under ``expert-answers/``)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder) / "expert-answers"
+
+    def _write(self, name: str, text: str) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = self.folder / name
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".capture-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, target)  # a refresh never reads half a file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    async def write(self, reply: dict[str, Any], reviewer: str) -> str:
+        name = f"{_date(reply['at'])}-{_slug(reply['question'])}-{reply['id'][:8]}.md"
+        path = await asyncio.to_thread(self._write, name, markdown_of(reply, reviewer))
+        return str(path)
+
+
+class ConfluenceCapture:
+    """A draft page per kept reply in ``space`` (``client_factory()``: a ``ConfluenceClient``)."""
+
+    def __init__(self, client_factory: Callable[[], Any], space: str):
+        self.client_factory = client_factory
+        self.space = space
+
+    @staticmethod
+    def storage(reply: dict[str, Any], reviewer: str) -> str:
+        link = reply.get("link") or ""
+        where = f'<a href="{html.escape(link)}">the thread</a>' if link.startswith(("http://", "https://")) \
+            else html.escape(reply.get("thread_key") or "the thread")
+        paragraphs = "".join(f"<p>{html.escape(p.strip())}</p>" for p in reply["text"].split("\n\n") if p.strip())
+        return (f"{paragraphs}<hr/><p>Answered by {html.escape(reply['author_name'] or reply['author'])} on "
+                f"{_date(reply['at'])} in {where}. Added to the knowledge base by {html.escape(reviewer)}.</p>")
+
+    async def write(self, reply: dict[str, Any], reviewer: str) -> str:
+        def create() -> str:
+            client = self.client_factory()
+            try:
+                page = client.create_draft(self.space, _one_line(reply["question"])[:255],
+                                           self.storage(reply, reviewer))
+                return client.url(str((page.get("_links") or {}).get("webui") or f"pages/{page['id']}"))
+            finally:
+                client.close()
+
+        return await asyncio.to_thread(create)
+
+
+class ExpertReplies:
+    def __init__(self, store: ExpertStore, *, cache: AnswerCache | None = None, identity: tuple[str, str] = ("", ""),
+                 knowledge_version: Callable[[], int] | None = None, turns: TurnLog | None = None,
+                 capture: Capture | None = None, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.cache = cache
+        self.identity = identity
+        self.knowledge_version = knowledge_version
+        self.turns = turns
+        self.capture_to = capture
+        self.clock = clock
+
+    # --- threads kbbot could not answer ------------------------------------------------------------
+    async def after_turn(self, inquiry: Inquiry, answer: Answer) -> None:
+        if answer.outcome is not Outcome.NOT_FOUND:
+            return
+        await self._open(inquiry.thread_key, {
+            "question": inquiry.text.strip(), "asker": inquiry.user_id, "spaces": list(inquiry.spaces),
+            "platform": inquiry.platform, "tenant": inquiry.tenant, "channel": inquiry.channel,
+            "turn_id": answer.trace.turn_id, "at": inquiry.received_at, "why": "not_found"})
+
+    async def after_feedback(self, item: Feedback) -> None:
+        if item.rating != "down" or self.turns is None:
+            return
+        record = await self.turns.get(item.turn_id)
+        if record is None or not record.reply_to:  # no record, or one that names nobody (hashed ids)
+            return
+        await self._open(record.thread_key, {
+            "question": record.question, "asker": record.user, "spaces": list(record.spaces),
+            "platform": record.platform, "tenant": record.tenant, "channel": record.channel,
+            "turn_id": record.turn_id, "at": record.at, "why": "disliked"})
+
+    async def _open(self, thread_key: str, gap: dict[str, Any]) -> None:
+        try:
+            await self.store.open_gap(thread_key, gap)
+        except Exception:  # noqa: BLE001 - only the offer of a later expert reply is lost
+            log.exception("could not keep %s as a thread kbbot could not answer", thread_key)
+
+    async def is_open_for(self, thread_key: str, author: str) -> bool:
+        """Whether a message by ``author`` in the thread is an expert's reply (the thread is open, and
+        ``author`` is not the asker, whose messages stay questions)."""
+        gap = await self.store.gap(thread_key)
+        return gap is not None and str(gap.get("asker")) != author
+
+    # --- a reply offered ---------------------------------------------------------------------------
+    async def offer(self, thread_key: str, *, author: str, author_name: str, text: str,
+                    link: str = "") -> dict[str, Any] | None:
+        """The reply of ``author`` kept for the reviewers (with its ``id``, which their buttons name), or
+        None when the thread is not open or ``author`` asked its question."""
+        gap = await self.store.gap(thread_key)
+        if gap is None or str(gap.get("asker")) == author or not text.strip():
+            return None
+        reply = {"id": uuid.uuid4().hex, "thread_key": thread_key, "question": gap["question"],
+                 "spaces": gap["spaces"], "platform": gap["platform"], "tenant": gap["tenant"],
+                 "channel": gap["channel"], "asked_at": gap["at"], "author": author,
+                 "author_name": author_name or author, "text": text.strip(), "link": link, "at": self.clock()}
+        await self.store.keep_reply(reply["id"], reply)
+        await self._offer_as_answer(reply)
+        log.info("thread %s: a reply by %s is offered to the reviewers (%s)", thread_key, author, reply["id"])
+        return reply
+
+    def _tenant(self, reply: dict[str, Any]) -> str:
+        return f"{reply['platform']}:{reply['tenant']}" if reply["tenant"] else reply["platform"]
+
+    async def _offer_as_answer(self, reply: dict[str, Any]) -> None:
+        if self.cache is None or self.knowledge_version is None:
+            return
+        version = await asyncio.to_thread(self.knowledge_version)
+        key = CacheKey.of(reply["question"], reply["spaces"], version, *self.identity, tenant=self._tenant(reply))
+        language = detect_language(reply["question"])
+        text = say("expert_answer", language, author=_one_line(reply["author_name"]), date=_date(reply["at"]),
+                   text=reply["text"])
+        await self.cache.offer(reply["id"], key, Answer(text=text, outcome=Outcome.ANSWERED, trace=Trace()))
+
+    # --- reviewers' clicks -------------------------------------------------------------------------
+    async def approve(self, reply_id: str, *, reviewer: str, name: str, is_reviewer: bool) -> Result:
+        """"Save as approved answer"."""
+        if not is_reviewer:
+            return Result(ExpertStatus.NOT_REVIEWER)
+        if self.cache is None:
+            return Result(ExpertStatus.DISABLED)
+        try:
+            reply = await self.store.reply(reply_id)
+            if reply is None:
+                return Result(ExpertStatus.EXPIRED)
+            if (before := await self.store.take(reply_id, "approve", name or reviewer)) is not None:
+                return Result(ExpertStatus.ALREADY, before)
+            approved = await self.cache.approve(reply_id, reviewer, name, tenant=self._tenant(reply))
+        except Exception:
+            log.exception("reply %s: the approval failed", reply_id)
+            return Result(ExpertStatus.FAILED)
+        if approved is None:
+            return Result(ExpertStatus.EXPIRED)
+        log.info("reply %s by %s approved by %s as the answer to %r", reply_id, reply["author"], reviewer,
+                 reply["question"])
+        return Result(ExpertStatus.DONE, reply["question"])
+
+    async def capture(self, reply_id: str, *, reviewer: str, name: str, is_reviewer: bool) -> Result:
+        """"Add to the knowledge base"."""
+        if not is_reviewer:
+            return Result(ExpertStatus.NOT_REVIEWER)
+        if self.capture_to is None:
+            return Result(ExpertStatus.DISABLED)
+        try:
+            reply = await self.store.reply(reply_id)
+            if reply is None:
+                return Result(ExpertStatus.EXPIRED)
+            if (before := await self.store.take(reply_id, "capture", name or reviewer)) is not None:
+                return Result(ExpertStatus.ALREADY, before)
+        except Exception:
+            log.exception("reply %s: could not read it", reply_id)
+            return Result(ExpertStatus.FAILED)
+        try:
+            where = await self.capture_to.write(reply, name or reviewer)
+        except Exception as exc:  # noqa: BLE001 - the click may be tried again
+            log.error("reply %s: could not add it to the knowledge base (%s: %s)", reply_id, type(exc).__name__, exc)
+            await self.store.release(reply_id, "capture")
+            return Result(ExpertStatus.FAILED)
+        log.info("reply %s by %s added to the knowledge base by %s: %s", reply_id, reply["author"], reviewer, where)
+        return Result(ExpertStatus.DONE, where)
