@@ -1,4 +1,4 @@
-"""Where the knowledge loop (``bot/loop``) reaches reviewers: the ``ReviewerDesk`` of ``kbbot serve``.
+"""Where the knowledge loop (``bot/knowledge_loop``) reaches reviewers: the ``ReviewerDesk`` of ``kbbot serve``.
 
 A re-checked approval goes to the platform it was approved on: on Slack to ``approvals.reviewers_channel``
 when set, else to the reviewer who approved it (a DM: ``chat.postMessage`` to the user id); on Telegram

@@ -427,7 +427,7 @@ class SlackAdapter:
             log.warning("turn %s: could not update the reviewed message (%s)", turn_id, error_code(exc))
             await self._ephemeral(client, channel, user, note, thread_ts)
 
-    # --- the knowledge loop (bot/loop): re-checked approvals, messages to reviewers ----------------------
+    # --- the knowledge loop (bot/knowledge_loop): re-checked approvals, messages to reviewers ----------------------
     async def post_recheck(self, channel: str, request: RecheckRequest) -> bool:
         """The re-check of an approval with "Keep approved" / "Retire" in ``channel`` (a user id: their DM)."""
         team = request.tenant.partition(":")[2]

@@ -1,4 +1,4 @@
-"""Slack's part of the knowledge loop (``bot/loop``): a re-checked approval as a message with "Keep
+"""Slack's part of the knowledge loop (``bot/knowledge_loop``): a re-checked approval as a message with "Keep
 approved" and "Retire" (Block Kit buttons, like the approval buttons: the value is only the turn id,
 the server holds both answers), and plain messages to the reviewers (golden set failures).
 

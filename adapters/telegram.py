@@ -560,7 +560,7 @@ class TelegramAdapter:
             return
         await self._answer_callback(query, say(f"review_{review.status.value}", language, **NAMES), alert=True)
 
-    # --- the knowledge loop (bot/loop): re-checked approvals, messages to reviewers ----------------------
+    # --- the knowledge loop (bot/knowledge_loop): re-checked approvals, messages to reviewers ----------------------
     async def post_recheck(self, chat_id: str, request: RecheckRequest) -> bool:
         """The re-check of an approval with "Keep approved" / "Retire" to ``chat_id`` (a reviewer's user id)."""
         parts = plain_parts(recheck_text(request), self.settings.max_message_units)

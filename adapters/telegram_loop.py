@@ -1,4 +1,4 @@
-"""Telegram's part of the knowledge loop (``bot/loop``): a re-checked approval as a plain-text message
+"""Telegram's part of the knowledge loop (``bot/knowledge_loop``): a re-checked approval as a plain-text message
 (never ``parse_mode``: a document's or model's markup stays literal) with an inline keyboard
 "Keep approved" / "Retire" whose callback data carries only the turn id."""
 

@@ -444,7 +444,7 @@ class Answerer:
         trace.model_calls = calls
         # An answer shaped by one user's preferences is not everyone's answer: it is not offered.
         if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated and not note:
-            await self.approvals.cache.offer(trace.turn_id, key, answer)  # a reviewer may approve it later
+            await self.approvals.cache.offer(trace.turn_id, key, answer, question)  # a reviewer may approve it
             answer.approvable = True
         self._learn_later(inquiry, question, prefs)
         await self._permission_notes(inquiry, question, answer, audience)

@@ -105,6 +105,7 @@ class ApprovedAnswer:
     #: Where it was asked: what a re-check runs it in again.
     spaces: list[str] = field(default_factory=list)
     tenant: str = ""
+    asked: str = ""  # the question as written (``question`` is normalised)
     #: A re-check after its sources changed, waiting for a reviewer: {"text", "citations", "outcome",
     #: "knowledge_version", "at"}. While held the answer is not served.
     held: dict[str, Any] | None = None
@@ -116,8 +117,9 @@ class ApprovedAnswer:
 
 
 class AnswerCache(Protocol):
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
-        """Keep ``answer`` so that a reviewer may approve turn ``turn_id`` later."""
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
+        """Keep ``answer`` so that a reviewer may approve turn ``turn_id`` later (``asked``: the question
+        as it was written, which a re-check asks again and shows its reviewer)."""
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:
@@ -152,7 +154,7 @@ def _kept(entry: ApprovedAnswer, reviewer: str, name: str) -> ApprovedAnswer | N
         return None
     return ApprovedAnswer(text=held["text"], citations=held["citations"], question=entry.question,
                           knowledge_version=held["knowledge_version"], turn_id=entry.turn_id, approved_by=reviewer,
-                          approver_name=name, spaces=entry.spaces, tenant=entry.tenant)
+                          approver_name=name, spaces=entry.spaces, tenant=entry.tenant, asked=entry.asked)
 
 
 def _key(held: dict[str, Any]) -> CacheKey:
@@ -170,10 +172,11 @@ async def _approvable(key: CacheKey, tenant: str | None, knowledge_version: Call
     return True
 
 
-def _entry(turn_id: str, key: CacheKey, answer: Answer) -> dict[str, Any]:
+def _entry(turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> dict[str, Any]:
     return {"key": asdict(key), "answer": {"text": answer.text, "citations": [c.to_dict() for c in answer.citations],
                                            "question": key.question, "knowledge_version": key.knowledge_version,
-                                           "turn_id": turn_id, "spaces": list(key.spaces), "tenant": key.tenant}}
+                                           "turn_id": turn_id, "spaces": list(key.spaces), "tenant": key.tenant,
+                                           "asked": asked}}
 
 
 class MemoryAnswerCache:
@@ -186,10 +189,10 @@ class MemoryAnswerCache:
         self._approved: dict[str, ApprovedAnswer] = {}
         self._by_turn: dict[str, str] = {}
 
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
         now = time.monotonic()
         self._pending = {t: v for t, v in self._pending.items() if v[0] > now}
-        self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer))
+        self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer, asked))
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:
@@ -265,9 +268,9 @@ return 0
     def _k(self, *parts: object) -> str:
         return self.prefix + "answers:" + ":".join(str(p) for p in parts)
 
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer) -> None:
-        await self.redis.set(self._k("pending", turn_id), json.dumps(_entry(turn_id, key, answer), ensure_ascii=False),
-                             ex=self.pending_ttl_s)
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
+        await self.redis.set(self._k("pending", turn_id),
+                             json.dumps(_entry(turn_id, key, answer, asked), ensure_ascii=False), ex=self.pending_ttl_s)
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:

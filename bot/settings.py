@@ -269,7 +269,7 @@ class ApprovalsSettings(Section):
     #: How long an answer stays approvable after it was sent.
     pending_days: Positive = 7
     #: A Slack channel id where approved answers re-checked after a refresh go (with "Keep approved" /
-    #: "Retire") and golden set failures; empty: to the reviewer who approved it (``bot/loop``).
+    #: "Retire") and golden set failures; empty: to the reviewer who approved it (``bot/knowledge_loop``).
     reviewers_channel: str = ""
     #: The golden set replayed after each refresh that changed documents (relative to this file's
     #: folder); no such file, no replay.

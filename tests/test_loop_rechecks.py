@@ -82,7 +82,7 @@ async def test_slack_a_changed_source_sends_the_approval_to_its_reviewer_and_kee
         turn_id = first.answer.trace.turn_id
         assert button(recheck, KEEP_ACTION)["value"] == turn_id and button(recheck, RETIRE_ACTION)["value"] == turn_id
         shown = section_text(recheck)
-        assert QUESTION.casefold() in shown and "cooling fan of the drive is blocked" in shown, "the old answer"
+        assert QUESTION in shown and "cooling fan of the drive is blocked" in shown, "the old answer"
         assert "blocked or has failed" in shown, "and the new one"
         assert f"version {record.knowledge_version}" in shown
 

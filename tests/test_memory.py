@@ -71,13 +71,14 @@ async def test_an_offered_answer_is_served_once_approved_and_only_for_its_key(st
 async def test_an_approval_outlives_a_new_knowledge_version_until_held_then_kept_or_retired(stores):
     cache, _ = stores
     old = CacheKey.of("q?", ["drives"], 1, "m", "1", tenant="slack:T1")
-    await cache.offer("t-old", old, _answer())
+    await cache.offer("t-old", old, _answer(), "Q?")
     await cache.approve("t-old", "R")
     new = CacheKey.of("q?", ["drives"], 2, "m", "1", tenant="slack:T1")
     # Whether its cited documents are current is the Answerer's check; the store keeps the approval.
     assert (await cache.lookup(new)).text == "24 months [1]."
     [entry] = await cache.entries()
     assert entry.spaces == ["drives"] and entry.tenant == "slack:T1" and entry.held is None
+    assert (entry.question, entry.asked) == ("q?", "Q?"), "a re-check asks it as it was written"
     recheck = {"text": "36 months [1].", "outcome": "answered", "knowledge_version": 2, "at": 1.0,
                "citations": [Citation(1, "kb/warranty.md", 4, 0, "Warranty", "kb/warranty.md").to_dict()]}
     assert await cache.hold("t-old", recheck) and not await cache.hold("t-unknown", recheck)
@@ -87,6 +88,7 @@ async def test_an_approval_outlives_a_new_knowledge_version_until_held_then_kept
     assert kept.text == "36 months [1]." and kept.knowledge_version == 2 and kept.approved_by == "R2"
     hit = await cache.lookup(new)
     assert hit.text == "36 months [1]." and hit.citations[0]["version"] == 4 and hit.held is None
+    assert hit.asked == "Q?"
     assert await cache.keep("t-old", "R2") is None, "nothing held any more"
     assert not await cache.retire("t-old"), "a decision taken stands"
     # Held again with a re-check that no longer answers: it cannot be kept, only retired.

@@ -66,7 +66,7 @@ def inquiry_of(entry: ApprovedAnswer) -> Inquiry:
     """A turn-less inquiry in the approval's spaces and workspace (nothing is posted to it)."""
     platform, _, tenant = entry.tenant.partition(":")
     return Inquiry(platform=platform or "recheck", tenant=tenant, channel="", thread_key=f"recheck:{entry.turn_id}",
-                   user_id="", text=entry.question, spaces=tuple(entry.spaces or ("default",)))
+                   user_id="", text=entry.asked or entry.question, spaces=tuple(entry.spaces or ("default",)))
 
 
 class ApprovalRecheck:
@@ -97,7 +97,7 @@ class ApprovalRecheck:
             if not await self._touched(entry, changes):
                 continue
             try:
-                new = await self.rerun(entry.question, inquiry_of(entry))
+                new = await self.rerun(entry.asked or entry.question, inquiry_of(entry))
             except Exception as exc:  # noqa: BLE001 - the approval stays unserved; the next refresh tries again
                 log.warning("re-check of approved turn %s failed (%s); it is not served until a re-check works",
                             entry.turn_id, type(exc).__name__)
@@ -106,7 +106,7 @@ class ApprovalRecheck:
                     "knowledge_version": changes.knowledge_version, "at": time.time()}
             if not await self.cache.hold(entry.turn_id, held):
                 continue  # withdrawn meanwhile
-            request = RecheckRequest(entry.turn_id, entry.question, entry.tenant, entry.approved_by,
+            request = RecheckRequest(entry.turn_id, entry.asked or entry.question, entry.tenant, entry.approved_by,
                                      entry.approver_name, entry.text, [Citation(**c) for c in entry.citations], new,
                                      changes.knowledge_version)
             delivered = self.desk is not None and await self.desk.ask_recheck(request)
