@@ -392,7 +392,8 @@ class Runtime:
             else MemoryExpertStore(ttl_s)
         return ExpertReplies(store, cache=self._approved, identity=self.answerer.approvals.identity,
                              knowledge_version=self._knowledge_version,
-                             turns=self._turns.log if self._turns is not None else None, capture=self._capture())
+                             turns=self._turns.log if self._turns is not None else None, capture=self._capture(),
+                             audience=self.answerer.audience)
 
     def _capture(self) -> Capture | None:
         name = self.settings.insights.capture_source

@@ -222,7 +222,11 @@ async def test_an_expert_reply_is_kept_both_ways_by_a_reviewer_and_cited_on_the_
 
             run = await stack.refresher.run("docs")  # the source's next refresh indexes it
             assert run is not None and run.added == 1
-            eve = (await slack.send(Slack.mention(QUESTION, user="U0EVE")))["event"]
+            # The approval cites no document, so it is still served (approvals live while what they cite is
+            # current); asked past it, the answer comes from the document the reply became.
+            assert (await slack.send(Slack.mention(QUESTION, user="U0FRED"))) and \
+                slack.turns[-1].answer.outcome is Outcome.CACHED
+            eve = (await slack.send(Slack.mention(f"!fresh {QUESTION}", user="U0EVE")))["event"]
             answer = slack.turns[-1].answer
             assert answer.outcome is Outcome.ANSWERED and "SK-2040" in answer.text
             assert any("expert-answers" in c.source and c.title == QUESTION for c in answer.citations)
@@ -276,10 +280,14 @@ async def test_a_telegram_group_reply_is_offered_to_reviewers_and_kept_as_a_conf
 
                 await tg.send(callback_update(data[0], message=note, from_user=user(reviewer, first_name="Rita")))
                 assert fake_tg.chat(reviewer)[-1].text.startswith("Saved: “What is the part number")
+                # Kept for the group's readers, where Bob wrote it (bot.permissions): asked there again, it is
+                # the answer; asked in a private chat, whose readers differ, it is not.
                 await tg.send(message_update(QUESTION, chat_id=7003, from_user=user(7003, first_name="Carol")))
+                assert tg.turns[-1].answer.outcome is Outcome.NOT_FOUND
+                await tg.send(mention(QUESTION, from_user=user(7003, first_name="Carol")))
                 cached = tg.turns[-1].answer
                 assert cached.outcome is Outcome.CACHED and "Answer by Bob" in cached.text
-                assert "approved by Rita" in fake_tg.chat(7003)[-1].text
+                assert "approved by Rita" in fake_tg.chat(GROUP)[-1].text
 
 
 def test_the_capture_source_must_be_one_kbbot_can_write_to(tmp_path: Path):

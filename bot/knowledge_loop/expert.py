@@ -28,7 +28,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +39,7 @@ from bot.feedback import Feedback
 from bot.insights.store import TurnLog
 from bot.knowledge_loop.expert_store import ExpertStore
 from bot.messages import say
+from bot.permissions import Audience
 from bot.types import Answer, Inquiry, Outcome, Trace
 from pipelines.text import detect_language
 
@@ -145,9 +146,13 @@ class ConfluenceCapture:
 class ExpertReplies:
     def __init__(self, store: ExpertStore, *, cache: AnswerCache | None = None, identity: tuple[str, str] = ("", ""),
                  knowledge_version: Callable[[], int] | None = None, turns: TurnLog | None = None,
-                 capture: Capture | None = None, clock: Callable[[], float] = time.time):
+                 capture: Capture | None = None, clock: Callable[[], float] = time.time,
+                 audience: Callable[[Inquiry], Awaitable[Audience]] | None = None):
         self.store = store
         self.cache = cache
+        #: Who reads the thread (``Answerer.audience``): an expert's answer is kept for those readers only,
+        #: as a turn's answer is (``bot.permissions``); None: public documents' readers.
+        self.audience = audience
         self.identity = identity
         self.knowledge_version = knowledge_version
         self.turns = turns
@@ -161,7 +166,8 @@ class ExpertReplies:
         await self._open(inquiry.thread_key, {
             "question": inquiry.text.strip(), "asker": inquiry.user_id, "spaces": list(inquiry.spaces),
             "platform": inquiry.platform, "tenant": inquiry.tenant, "channel": inquiry.channel,
-            "turn_id": answer.trace.turn_id, "at": inquiry.received_at, "why": "not_found"})
+            "turn_id": answer.trace.turn_id, "at": inquiry.received_at, "why": "not_found",
+            "private": inquiry.private})
 
     async def after_feedback(self, item: Feedback) -> None:
         if item.rating != "down" or self.turns is None:
@@ -195,6 +201,7 @@ class ExpertReplies:
         if gap is None or str(gap.get("asker")) == author or not text.strip():
             return None
         reply = {"id": uuid.uuid4().hex, "thread_key": thread_key, "question": gap["question"],
+                 "asker": gap.get("asker"), "private": bool(gap.get("private")),
                  "spaces": gap["spaces"], "platform": gap["platform"], "tenant": gap["tenant"],
                  "channel": gap["channel"], "asked_at": gap["at"], "author": author,
                  "author_name": author_name or author, "text": text.strip(), "link": link, "at": self.clock()}
@@ -210,7 +217,12 @@ class ExpertReplies:
         if self.cache is None or self.knowledge_version is None:
             return
         version = await asyncio.to_thread(self.knowledge_version)
-        key = CacheKey.of(reply["question"], reply["spaces"], version, *self.identity, tenant=self._tenant(reply))
+        asked = Inquiry(reply["platform"], reply["tenant"], reply["channel"], reply["thread_key"],
+                        str(reply.get("asker") or ""), reply["question"], spaces=tuple(reply["spaces"]),
+                        private=bool(reply.get("private")))
+        audience = await self.audience(asked) if self.audience is not None else Audience.public(private=asked.private)
+        key = CacheKey.of(reply["question"], reply["spaces"], version, *self.identity, tenant=self._tenant(reply),
+                          audience=audience.key)
         language = detect_language(reply["question"])
         text = say("expert_answer", language, author=_one_line(reply["author_name"]), date=_date(reply["at"]),
                    text=reply["text"])

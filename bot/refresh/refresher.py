@@ -259,8 +259,9 @@ class Refresher:
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
         if permissions_only:
             # Not the source's last run: its content was not refreshed, so its schedule and validators stand.
+            # No hook runs: no document's text changed (the caches' knowledge version did).
             log_run(record)
-            return record
+            return record, None
         try:
             await self.runs.save_run(record)
             if isinstance(source, UrlSource | ConfluenceSource):
