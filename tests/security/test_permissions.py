@@ -196,6 +196,10 @@ async def test_restricted_page_never_reaches_channel_or_unauthorised_dm(world):
     assert alice_dm.outcome is Outcome.ANSWERED, alice_dm.text
     assert world.doc("claims") in {c.doc_id for c in alice_dm.citations}
 
+    # The turn record (admin page, reports) names the restricted passage but keeps none of its text.
+    kept = [r for r in alice_dm.trace.ranked if r["doc_id"] == world.doc("claims")]
+    assert kept and all(r["excerpt"] == "" and r["readers"] for r in kept)
+
     # A channel whose every member may read it (Alice by name, Carol through the hr group).
     hr_channel = await world.ask(CAROL, CLAIMS_QUESTION, channel="CHR", thread="t3")
     assert hr_channel.outcome is Outcome.ANSWERED and world.doc("claims") in {c.doc_id for c in hr_channel.citations}
