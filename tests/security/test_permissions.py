@@ -303,3 +303,33 @@ def test_leaving_out_principals_no_document_names_changes_nothing_that_matches()
         full, narrowed = compile_filter(audience.filter()), compile_filter(audience.filter(known))
         assert [full(d) for d in docs] == [narrowed(d) for d in docs]
         assert any(full(d) for d in docs) and not all(full(d) for d in docs)
+
+
+def test_space_permissions_and_page_restrictions_are_intersected_with_groups_expanded():
+    from pipelines.confluence import ConfluenceClient, ConfluencePermissions, Entry
+
+    with FakeConfluence(cloud=True, user="ops@example.com").run_in_thread() as server:
+        server.groups = {"staff": ["alice@example.com", "bob@example.com", "carol@example.com"],
+                         "hr": ["carol@example.com"]}
+        server.set_space_readers("HR", groups=["staff"])
+        page = server.add_page("HR", "Pay", "<p>pay</p>", read_users=["alice@example.com", "dave@example.com"],
+                               read_groups=["hr"])
+        plain = server.add_page("HR", "Holidays", "<p>holidays</p>")
+        server.set_space_readers("OPEN", anonymous=True)
+        open_page = server.add_page("OPEN", "Hello", "<p>hi</p>")
+        server.add_page("ALL", "Everyone", "<p>all</p>")  # no permissions set: confluence-users may read
+        client = ConfluenceClient(server.base_url, "conf-token", user="ops@example.com", allow_hosts=["127.0.0.1"])
+        try:
+            perms = ConfluencePermissions(client)
+
+            def entry(p: Any) -> Entry:
+                return Entry(f"x:{p.id}", "page", p.id, 1, p.title, "", space=p.space, page_id=p.id)
+
+            # Space: staff. Page: alice, dave, hr. Dave is not staff; Bob is not named by the page.
+            assert perms.readers(entry(page)) == ["user:alice@example.com", "user:carol@example.com"]
+            assert perms.readers(entry(plain)) == ["group:staff"]
+            assert perms.readers(entry(open_page)) is None  # anonymous access: public to its space
+            everyone = next(p for p in server.pages.values() if p.space == "ALL")
+            assert perms.readers(entry(everyone)) is None
+        finally:
+            client.close()
