@@ -333,3 +333,26 @@ def test_space_permissions_and_page_restrictions_are_intersected_with_groups_exp
             assert perms.readers(entry(everyone)) is None
         finally:
             client.close()
+
+
+async def test_url_and_folder_sources_take_their_readers_from_the_settings_acl(world, tmp_path):
+    from tests.refresh_helpers import Site, folder_source, url_source
+
+    docs = tmp_path / "handbook"
+    (docs / "hr").mkdir(parents=True)
+    (docs / "hr" / "pay.md").write_text("# Pay\nTechnicians are paid on scale T4.\n", encoding="utf-8")
+    (docs / "hrm.md").write_text("# HRM\nThe HRM module logs hours.\n", encoding="utf-8")
+    async with Site() as site:
+        site.set("/public.html", "<html><body><h1>Intro</h1><p>Welcome to the HL-K8 portal.</p></body></html>")
+        site.set("/private/contract.html", "<html><body><h1>Contract</h1><p>ACME pays 3% less.</p></body></html>")
+        world.runtime.settings.sources += [
+            url_source("site", [site.url("/public.html"), site.url("/private/contract.html")],
+                       respect_robots=False, acl={site.url("/private/"): ["group:sales"]}),
+            folder_source("handbook", docs, acl={"hr": ["group:HR", "carol@example.com"]})]
+        for name in ("site", "handbook"):
+            record = await world.refresher.run(name)
+            assert record is not None and record.ok, record
+    readers = {r.source.rsplit("/", 1)[-1]: r.readers for r in world.runtime.store.records().values()
+               if r.root and not r.root.startswith("confluence:")}
+    assert readers == {"public.html": ["public"], "contract.html": ["group:sales"],
+                       "pay.md": ["group:hr", "user:carol@example.com"], "hrm.md": ["public"]}
