@@ -34,12 +34,17 @@ def ranked_chunks(documents: list[Document] | None) -> list[dict[str, Any]]:
     out = []
     for doc in documents or []:
         meta = doc.meta or {}
+        readers = sorted(map(str, meta.get("readers") or ["public"]))
+        restricted = readers != ["public"]
         out.append({"doc_id": str(meta.get("doc_id", "")), "version": int(meta.get("version", 0)),
                     "position": int(meta.get("position", 0)),
                     "title": str(meta.get("title") or meta.get("source") or ""),
                     "source": str(meta.get("source") or ""),
                     "score": None if doc.score is None else round(float(doc.score), 4),
-                    "excerpt": (doc.content or "")[:240],
+                    # A restricted passage's text is not kept: turn records are read on the admin page
+                    # and in reports by people its readers may not include.
+                    "excerpt": "" if restricted else (doc.content or "")[:240],
+                    **({"readers": readers} if restricted else {}),
                     # Who owns the document, where its source says (the digest's lists per owner).
                     **{k: str(meta[k]) for k in ("author", "confluence_space") if meta.get(k)}})
     return out

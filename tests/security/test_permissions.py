@@ -196,6 +196,10 @@ async def test_restricted_page_never_reaches_channel_or_unauthorised_dm(world):
     assert alice_dm.outcome is Outcome.ANSWERED, alice_dm.text
     assert world.doc("claims") in {c.doc_id for c in alice_dm.citations}
 
+    # The turn record (admin page, reports) names the restricted passage but keeps none of its text.
+    kept = [r for r in alice_dm.trace.ranked if r["doc_id"] == world.doc("claims")]
+    assert kept and all(r["excerpt"] == "" and r["readers"] for r in kept)
+
     # A channel whose every member may read it (Alice by name, Carol through the hr group).
     hr_channel = await world.ask(CAROL, CLAIMS_QUESTION, channel="CHR", thread="t3")
     assert hr_channel.outcome is Outcome.ANSWERED and world.doc("claims") in {c.doc_id for c in hr_channel.citations}
@@ -299,3 +303,56 @@ def test_leaving_out_principals_no_document_names_changes_nothing_that_matches()
         full, narrowed = compile_filter(audience.filter()), compile_filter(audience.filter(known))
         assert [full(d) for d in docs] == [narrowed(d) for d in docs]
         assert any(full(d) for d in docs) and not all(full(d) for d in docs)
+
+
+def test_space_permissions_and_page_restrictions_are_intersected_with_groups_expanded():
+    from pipelines.confluence import ConfluenceClient, ConfluencePermissions, Entry
+
+    with FakeConfluence(cloud=True, user="ops@example.com").run_in_thread() as server:
+        server.groups = {"staff": ["alice@example.com", "bob@example.com", "carol@example.com"],
+                         "hr": ["carol@example.com"]}
+        server.set_space_readers("HR", groups=["staff"])
+        page = server.add_page("HR", "Pay", "<p>pay</p>", read_users=["alice@example.com", "dave@example.com"],
+                               read_groups=["hr"])
+        plain = server.add_page("HR", "Holidays", "<p>holidays</p>")
+        server.set_space_readers("OPEN", anonymous=True)
+        open_page = server.add_page("OPEN", "Hello", "<p>hi</p>")
+        server.add_page("ALL", "Everyone", "<p>all</p>")  # no permissions set: confluence-users may read
+        client = ConfluenceClient(server.base_url, "conf-token", user="ops@example.com", allow_hosts=["127.0.0.1"])
+        try:
+            perms = ConfluencePermissions(client)
+
+            def entry(p: Any) -> Entry:
+                return Entry(f"x:{p.id}", "page", p.id, 1, p.title, "", space=p.space, page_id=p.id)
+
+            # Space: staff. Page: alice, dave, hr. Dave is not staff; Bob is not named by the page.
+            assert perms.readers(entry(page)) == ["user:alice@example.com", "user:carol@example.com"]
+            assert perms.readers(entry(plain)) == ["group:staff"]
+            assert perms.readers(entry(open_page)) is None  # anonymous access: public to its space
+            everyone = next(p for p in server.pages.values() if p.space == "ALL")
+            assert perms.readers(entry(everyone)) is None
+        finally:
+            client.close()
+
+
+async def test_url_and_folder_sources_take_their_readers_from_the_settings_acl(world, tmp_path):
+    from tests.refresh_helpers import Site, folder_source, url_source
+
+    docs = tmp_path / "handbook"
+    (docs / "hr").mkdir(parents=True)
+    (docs / "hr" / "pay.md").write_text("# Pay\nTechnicians are paid on scale T4.\n", encoding="utf-8")
+    (docs / "hrm.md").write_text("# HRM\nThe HRM module logs hours.\n", encoding="utf-8")
+    async with Site() as site:
+        site.set("/public.html", "<html><body><h1>Intro</h1><p>Welcome to the HL-K8 portal.</p></body></html>")
+        site.set("/private/contract.html", "<html><body><h1>Contract</h1><p>ACME pays 3% less.</p></body></html>")
+        world.runtime.settings.sources += [
+            url_source("site", [site.url("/public.html"), site.url("/private/contract.html")],
+                       respect_robots=False, acl={site.url("/private/"): ["group:sales"]}),
+            folder_source("handbook", docs, acl={"hr": ["group:HR", "carol@example.com"]})]
+        for name in ("site", "handbook"):
+            record = await world.refresher.run(name)
+            assert record is not None and record.ok, record
+    readers = {r.source.rsplit("/", 1)[-1]: r.readers for r in world.runtime.store.records().values()
+               if r.root and not r.root.startswith("confluence:")}
+    assert readers == {"public.html": ["public"], "contract.html": ["group:sales"],
+                       "pay.md": ["group:hr", "user:carol@example.com"], "hrm.md": ["public"]}
