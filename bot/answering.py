@@ -327,7 +327,13 @@ class Answerer:
             return None
         version = await asyncio.to_thread(self.approvals.knowledge_version)
         return CacheKey.of(question, inquiry.spaces, version, *self.approvals.identity, tenant=tenant_of(inquiry),
-                           audience=audience.key)
+                           audience=await self.readers_key(audience))
+
+    async def readers_key(self, audience: Audience) -> str:
+        """What answers kept for ``audience`` (approved ones) go under: its key narrowed to the principals
+        some document names (``Audience.projected``); the knowledge version beside it in a ``CacheKey``
+        retires it when those change."""
+        return audience.projected(await self.permissions.known_principals()).key
 
     async def _elsewhere(self, inquiry: Inquiry, question: str, audience: Audience) -> bool:
         """For a question not found where others see the answer: whether the asker's own access (a direct

@@ -78,6 +78,19 @@ class Audience:
         named = frozenset(known) | {PUBLIC}
         return readers_filter(self.everyone & named, [m & named for m in self.each])
 
+    def projected(self, known: Collection[str]) -> Audience:
+        """This audience narrowed to the principals some document names (``known``): it reads exactly
+        the same documents (``filter(known)`` is its filter), so its ``key`` is what approved answers are
+        kept under. Audiences that read the same documents share them: with no restriction anywhere,
+        every channel's and every asker's is the public's, as before permissions existed."""
+        named = frozenset(known) | {PUBLIC}
+        each = {frozenset(m & named) for m in self.each}
+        # A member who may read nothing named limits the audience to ``everyone`` (``readers_filter``):
+        # such an ``each`` matches what none does, and is written as none.
+        canonical = () if frozenset() in each else tuple(sorted(each, key=sorted))
+        return Audience(private=self.private, everyone=self.everyone & named, each=canonical, asker=self.asker,
+                        channel=self.channel)
+
     def admits(self, meta: dict[str, Any]) -> bool:
         """Whether a chunk (its meta) may be shown to this audience: the same rule as ``filter``."""
         return compile_filter(self.filter())(Document(content="", meta=meta))

@@ -42,6 +42,7 @@ from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
 from bot.settings_base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
+from bot.types import Inquiry
 from pipelines.components.converter import OcrOptions
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
@@ -393,7 +394,10 @@ class Runtime:
         return ExpertReplies(store, cache=self._approved, identity=self.answerer.approvals.identity,
                              knowledge_version=self._knowledge_version,
                              turns=self._turns.log if self._turns is not None else None, capture=self._capture(),
-                             audience=self.answerer.audience)
+                             readers=self._readers_key)
+
+    async def _readers_key(self, inquiry: Inquiry) -> str:
+        return await self.answerer.readers_key(await self.answerer.audience(inquiry))
 
     def _capture(self) -> Capture | None:
         name = self.settings.insights.capture_source

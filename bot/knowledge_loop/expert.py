@@ -147,12 +147,13 @@ class ExpertReplies:
     def __init__(self, store: ExpertStore, *, cache: AnswerCache | None = None, identity: tuple[str, str] = ("", ""),
                  knowledge_version: Callable[[], int] | None = None, turns: TurnLog | None = None,
                  capture: Capture | None = None, clock: Callable[[], float] = time.time,
-                 audience: Callable[[Inquiry], Awaitable[Audience]] | None = None):
+                 readers: Callable[[Inquiry], Awaitable[str]] | None = None):
         self.store = store
         self.cache = cache
-        #: Who reads the thread (``Answerer.audience``): an expert's answer is kept for those readers only,
-        #: as a turn's answer is (``bot.permissions``); None: public documents' readers.
-        self.audience = audience
+        #: The key of the thread's readers (``Answerer.readers_key`` of its audience): an expert's answer is
+        #: kept for those readers only, as a turn's approved answer is (``bot.permissions``); None: the
+        #: public's.
+        self.readers = readers
         self.identity = identity
         self.knowledge_version = knowledge_version
         self.turns = turns
@@ -220,9 +221,9 @@ class ExpertReplies:
         asked = Inquiry(reply["platform"], reply["tenant"], reply["channel"], reply["thread_key"],
                         str(reply.get("asker") or ""), reply["question"], spaces=tuple(reply["spaces"]),
                         private=bool(reply.get("private")))
-        audience = await self.audience(asked) if self.audience is not None else Audience.public(private=asked.private)
+        readers = await self.readers(asked) if self.readers is not None else Audience.public(private=asked.private).key
         key = CacheKey.of(reply["question"], reply["spaces"], version, *self.identity, tenant=self._tenant(reply),
-                          audience=audience.key)
+                          audience=readers)
         language = detect_language(reply["question"])
         text = say("expert_answer", language, author=_one_line(reply["author_name"]), date=_date(reply["at"]),
                    text=reply["text"])

@@ -356,3 +356,25 @@ async def test_url_and_folder_sources_take_their_readers_from_the_settings_acl(w
                if r.root and not r.root.startswith("confluence:")}
     assert readers == {"public.html": ["public"], "contract.html": ["group:sales"],
                        "pay.md": ["group:hr", "user:carol@example.com"], "hrm.md": ["public"]}
+
+
+def test_approved_answers_are_shared_by_audiences_that_read_the_same_documents():
+    """The approved-answer cache is keyed by what an audience may read (``Audience.projected``), not by
+    who it is: with nothing restricted every channel and every asker share approvals, as before
+    permissions; a restriction naming a channel or a person keys that audience apart."""
+    from bot.permissions import Audience
+
+    channel_a = Audience(private=False, everyone=frozenset({"public", "channel:ca"}),
+                         each=(frozenset({"user:ann@example.com"}), frozenset()))
+    channel_b = Audience(private=False, everyone=frozenset({"public", "channel:cb"}),
+                         each=(frozenset({"user:bob@example.com"}),))
+    ann_alone = Audience(private=True, everyone=frozenset({"public", "user:ann@example.com"}),
+                         asker=frozenset({"user:ann@example.com"}))
+    nothing_named: frozenset[str] = frozenset()
+    keys = {a.projected(nothing_named).key for a in (channel_a, channel_b, ann_alone, Audience.public())}
+    assert len(keys) == 1, "nothing restricted: one key for all"
+    ann_named = frozenset({"user:ann@example.com"})
+    assert ann_alone.projected(ann_named).key != channel_b.projected(ann_named).key
+    assert channel_a.projected(ann_named).key == Audience.public().projected(ann_named).key, \
+        "a channel where someone reads nothing named reads what the public does"
+    assert channel_a.projected(frozenset({"channel:ca"})).key != channel_b.projected(frozenset({"channel:ca"})).key
