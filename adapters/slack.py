@@ -117,6 +117,34 @@ def _click_team(body: dict[str, Any]) -> str:
     return str((body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id") or "")
 
 
+@dataclasses.dataclass(frozen=True)
+class Click:
+    """A block action (a button click), as every click handler reads it."""
+
+    action_id: str
+    value: str
+    user: str
+    name: str  # the clicker's user name, as Slack sends it with the click
+    team: str
+    channel: str
+    ts: str  # the message clicked on
+    thread_ts: str | None
+    message: dict[str, Any]
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Click:
+        action = (body.get("actions") or [{}])[0]
+        who = body.get("user") or {}
+        container = body.get("container") or {}
+        message = body.get("message") or {}
+        return cls(action_id=str(action.get("action_id") or ""), value=str(action.get("value") or ""),
+                   user=str(who.get("id") or ""), name=str(who.get("name") or who.get("username") or ""),
+                   team=_click_team(body),
+                   channel=str((body.get("channel") or {}).get("id") or container.get("channel_id") or ""),
+                   ts=str(container.get("message_ts") or message.get("ts") or ""),
+                   thread_ts=message.get("thread_ts") or container.get("thread_ts"), message=message)
+
+
 class SlackAdapter:
     """Bolt ``AsyncApp`` with kbbot's listeners; ``handle_http`` serves ``/slack/events``."""
 
@@ -333,25 +361,26 @@ class SlackAdapter:
     async def _on_expert_click(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
                                client: AsyncWebClient) -> None:
         """"Save as approved answer" / "Add to the knowledge base" on an expert reply: reviewers only."""
-        action = (body.get("actions") or [{}])[0]
-        reply_id = str(action.get("value") or "")
-        who = body.get("user") or {}
-        user, team = str(who.get("id") or ""), _click_team(body)
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
-        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=reply_id))
-        await ack()
-        if not admitted:
+        click = Click.of(body)
+        if not await self._admitted(ack, click, click.value):
             return
-        capture = action.get("action_id") == EXPERT_CAPTURE_ACTION
+        user, team, channel = click.user, click.team, click.channel
+        capture = click.action_id == EXPERT_CAPTURE_ACTION
         result = await self.conversations.keep_expert_reply(
-            reply_id, capture=capture, reviewer=user, name=who.get("name") or who.get("username") or user,
+            click.value, capture=capture, reviewer=user, name=click.name or user,
             is_reviewer=self.settings.is_reviewer(team, user))
         language = await self.conversations.user_language("slack", team, user) or "en"
         status = result.status.value
         key = f"expert_{status}_{'capture' if capture else 'approve'}" if status == "done" else f"expert_{status}"
         text = say(key, language, detail=mrkdwn_escape(result.detail), user=f"<@{user}>", reviewers="`slack.reviewers`")
-        await self._ephemeral(client, channel, user, text, container.get("thread_ts"))
+        await self._ephemeral(client, channel, user, text, click.thread_ts)
+
+    async def _admitted(self, ack: Callable[[], Awaitable[Any]], click: Click, turn_id: str) -> bool:
+        """The delivery gate's checks of a click, then its acknowledgement (a refused click is still
+        acknowledged, as Slack expects within 3 s, and does nothing)."""
+        admitted = self.delivery.admit(Access("click", click.user, click.team, click.channel, turn_id=turn_id))
+        await ack()
+        return admitted
 
     async def _on_question(self, context: Any, client: AsyncWebClient) -> None:
         """After the acknowledgement: the question its middleware accepted, if any, answered in its thread."""
@@ -361,20 +390,15 @@ class SlackAdapter:
                                        event_id=question.event_id, kind=question.kind, crashed=say("crashed", "en"))
 
     async def _on_feedback(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
-        action = (body.get("actions") or [{}])[0]
-        rating, _, turn_id = str(action.get("value") or "").partition(":")
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
-        user = str((body.get("user") or {}).get("id", ""))
-        admitted = self.delivery.admit(Access("click", user, _click_team(body), channel, turn_id=turn_id))
-        await ack()
-        if not admitted:
+        click = Click.of(body)
+        rating, _, turn_id = click.value.partition(":")
+        if not await self._admitted(ack, click, turn_id):
             return
         if rating not in ("up", "down"):
-            log.warning("ignoring a feedback click without a rating: %r", action.get("value"))
+            log.warning("ignoring a feedback click without a rating: %r", click.value)
             return
-        item = Feedback(turn_id=turn_id, rating=rating, user_id=user, tenant=_click_team(body), channel=channel,
-                        message_id=str(container.get("message_ts") or ""))
+        item = Feedback(turn_id=turn_id, rating=rating, user_id=click.user, tenant=click.team, channel=click.channel,
+                        message_id=click.ts)
         await self.conversations.record_feedback(item)
 
     async def _ephemeral(self, client: AsyncWebClient, channel: str, user: str, text: str,
@@ -388,25 +412,16 @@ class SlackAdapter:
     async def _on_review(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
                          client: AsyncWebClient) -> None:
         """A click on "✅ Approve" or "Withdraw approval": reviewers only, by turn id."""
-        action = (body.get("actions") or [{}])[0]
-        approving = action.get("action_id") == APPROVE_ACTION
-        turn_id = str(action.get("value") or "")
-        who = body.get("user") or {}
-        user = str(who.get("id") or "")
-        team = _click_team(body)
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
-        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=turn_id))
-        await ack()
-        if not admitted:
+        click = Click.of(body)
+        approving, turn_id = click.action_id == APPROVE_ACTION, click.value
+        if not await self._admitted(ack, click, turn_id):
             return
-        message = body.get("message") or {}
-        ts = str(container.get("message_ts") or message.get("ts") or "")
-        thread_ts = message.get("thread_ts") or container.get("thread_ts")
+        user, team, channel, ts, thread_ts, message = (click.user, click.team, click.channel, click.ts,
+                                                       click.thread_ts, click.message)
         language = await self.conversations.user_language("slack", team, user) or "en"  # Slack does not tell
         review = await self.conversations.review(
             turn_id, approving=approving, reviewer=self.settings.is_reviewer(team, user), user=user,
-            display_name=who.get("name") or who.get("username") or "", tenant=f"slack:{team}")
+            display_name=click.name, tenant=f"slack:{team}")
         if review.status not in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
             await self._ephemeral(client, channel, user, review_text(review.status, language, **NAMES), thread_ts)
             return
@@ -453,32 +468,23 @@ class SlackAdapter:
     async def _on_recheck(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
                           client: AsyncWebClient) -> None:
         """A click on "Keep approved" or "Retire" under a re-checked approval: reviewers only, by turn id."""
-        action = (body.get("actions") or [{}])[0]
-        keep = action.get("action_id") == KEEP_ACTION
-        turn_id = str(action.get("value") or "")
-        who = body.get("user") or {}
-        user = str(who.get("id") or "")
-        team = _click_team(body)
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
-        admitted = self.delivery.admit(Access("click", user, team, channel, turn_id=turn_id))
-        await ack()
-        if not admitted:
+        click = Click.of(body)
+        keep, turn_id = click.action_id == KEEP_ACTION, click.value
+        if not await self._admitted(ack, click, turn_id):
             return
+        user, team, channel = click.user, click.team, click.channel
         language = await self.conversations.user_language("slack", team, user) or "en"
         review = await self.conversations.decide_recheck(
             turn_id, keep=keep, reviewer=self.settings.is_reviewer(team, user), user=user,
-            display_name=who.get("name") or who.get("username") or "")
+            display_name=click.name)
         if review.status not in (ReviewStatus.KEPT, ReviewStatus.RETIRED):
             await self._ephemeral(client, channel, user, review_text(review.status, language, **NAMES), None)
             return
         note = review_text(review.status, language, user=f"<@{user}>")
-        message = body.get("message") or {}
-        ts = str(container.get("message_ts") or message.get("ts") or "")
         try:
             await self.rates.acquire(team, "chat.update")
-            await client.chat_update(channel=channel, ts=ts, text=note,
-                                     blocks=decided_blocks(list(message.get("blocks") or []), note))
+            await client.chat_update(channel=channel, ts=click.ts, text=note,
+                                     blocks=decided_blocks(list(click.message.get("blocks") or []), note))
         except SlackApiError as exc:
             log.warning("turn %s: could not update the re-check message (%s)", turn_id, error_code(exc))
             await self._ephemeral(client, channel, user, note, None)

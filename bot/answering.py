@@ -118,9 +118,20 @@ class Permissions:
     probe: Probe | None = None
     #: Every principal the documents name (``bot.permissions.KnownPrincipals``): the filter sends no other.
     known: Callable[[], frozenset[str]] | None = None
+    #: A document's readers now (``doc_id`` -> its record's ``readers``; None: no such document).
+    readers: Callable[[str], list[str] | None] | None = None
 
     async def known_principals(self) -> frozenset[str] | None:
         return await asyncio.to_thread(self.known) if self.known is not None else None
+
+    async def all_readable(self, answer: Answer, audience: Audience) -> bool:
+        """Whether ``audience`` may read every document ``answer`` cites, as their permissions are now:
+        an approved answer outlives a refresh that only changed who may read what, so a hit is checked
+        again rather than trusted to the key it was kept under."""
+        if self.readers is None or not answer.citations:
+            return True
+        readers = await asyncio.to_thread(lambda: [self.readers(c.doc_id) for c in answer.citations])
+        return all(r is not None and audience.admits({"readers": r}) for r in readers)
 
 
 class Answerer:
@@ -401,6 +412,10 @@ class Answerer:
                 # re-check after the refresh asks a reviewer; meanwhile the question is answered afresh).
                 log.info("turn %s: the approved answer of turn %s cites changed documents; answering afresh",
                          trace.turn_id, hit.turn_id)
+                hit = None
+            if hit is not None and not await self.permissions.all_readable(hit.to_answer(), audience):
+                log.info("turn %s: the approved answer of turn %s cites documents this audience may no longer "
+                         "read; answering afresh", trace.turn_id, hit.turn_id)
                 hit = None
             if hit is not None:
                 answer = hit.to_answer()

@@ -396,6 +396,10 @@ class Runtime:
                              turns=self._turns.log if self._turns is not None else None, capture=self._capture(),
                              readers=self._readers_key)
 
+    def _readers_of(self, doc_id: str) -> list[str] | None:
+        record = self.store.record(doc_id)
+        return list(record.readers) if record is not None else None
+
     async def _readers_key(self, inquiry: Inquiry) -> str:
         return await self.answerer.readers_key(await self.answerer.audience(inquiry))
 
@@ -492,7 +496,8 @@ class Runtime:
                         preferences=self._preferences, learner=learner if helper is not None else None,
                         turns=self._turns,
                         permissions=Permissions(self.audiences, UnmappedNotice(self.idempotency.claim),
-                                                self.retrieval_probe(), KnownPrincipals(self.store)))
+                                                self.retrieval_probe(), KnownPrincipals(self.store),
+                                                self._readers_of))
 
     @cached_property
     def audiences(self) -> Audiences:

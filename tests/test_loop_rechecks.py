@@ -58,11 +58,18 @@ def section_text(message: Message) -> str:
     return "\n".join(b["text"]["text"] for b in message.blocks_of("section"))
 
 
+def rechecking(runtime: Runtime, adapter: Any) -> Any:
+    """A refresher whose runs re-check approvals and replay the golden set, telling the reviewers through
+    ``adapter``, as ``kbbot serve`` sets it up."""
+    refresher = runtime.refresher()
+    refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([adapter], runtime.settings)).after_refresh)
+    return refresher
+
+
 async def approve_then_change(slack: Any, runtime: Runtime, docs: Path) -> tuple[Any, Message, Any]:
     """The question approved by REVIEWER, then a refresh that changed its source: (first turn, the
     re-check posted to the reviewer, the refresh's record)."""
-    refresher = runtime.refresher()
-    refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([slack.adapter], runtime.settings)).after_refresh)
+    refresher = rechecking(runtime, slack.adapter)
     first, message = await ask(slack, QUESTION)
     assert first.answer.outcome is Outcome.ANSWERED and "blocked" in first.answer.text
     await click(slack, message, APPROVE_ACTION, REVIEWER)
@@ -125,9 +132,7 @@ async def test_slack_retire_removes_the_approval(tmp_path, fake_slack):
 async def test_slack_unchanged_sources_keep_serving_the_approval_across_a_refresh(tmp_path, fake_slack):
     async with knowledge(tmp_path) as (runtime, docs), \
             slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
-        refresher = runtime.refresher()
-        refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([slack.adapter],
-                                                                              runtime.settings)).after_refresh)
+        refresher = rechecking(runtime, slack.adapter)
         _, message = await ask(slack, QUESTION)
         await click(slack, message, APPROVE_ACTION, REVIEWER)
         (docs / "valve-v9.md").write_text("# Valve V-9\n\nValve V-9 is replaced every 5 years.\n", encoding="utf-8")
@@ -141,8 +146,7 @@ async def test_slack_unchanged_sources_keep_serving_the_approval_across_a_refres
 async def test_telegram_the_reviewer_gets_an_inline_keyboard_and_keep_serves_the_new_answer(tmp_path, fake_tg):
     async with knowledge(tmp_path) as (runtime, docs), \
             telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
-        refresher = runtime.refresher()
-        refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([tg.adapter], runtime.settings)).after_refresh)
+        refresher = rechecking(runtime, tg.adapter)
         reviewer = user(TG_REVIEWER, first_name="Rita")
         await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
         [answer_message] = fake_tg.chat(TG_REVIEWER)
@@ -179,8 +183,7 @@ async def test_telegram_the_reviewer_gets_an_inline_keyboard_and_keep_serves_the
 async def test_telegram_retire(tmp_path, fake_tg):
     async with knowledge(tmp_path) as (runtime, docs), \
             telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
-        refresher = runtime.refresher()
-        refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([tg.adapter], runtime.settings)).after_refresh)
+        refresher = rechecking(runtime, tg.adapter)
         reviewer = user(TG_REVIEWER, first_name="Rita")
         await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
         turn_id = tg.turns[-1].answer.trace.turn_id

@@ -17,14 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
-from bot.knowledge_loop.recheck import Rerun
 from bot.types import Answer, Inquiry
+
+#: ``question, inquiry -> answer``: the answering pipeline run quietly (``Answerer.rerun``).
+Rerun = Callable[[str, Inquiry], Awaitable[Answer]]
 
 log = logging.getLogger("kbbot.loop")
 

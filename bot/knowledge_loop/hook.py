@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.knowledge_loop.golden import GoldenError, GoldenReplay, GoldenResults, load_golden, replay
-from bot.knowledge_loop.recheck import ApprovalRecheck, RecheckRequest, Rerun, ReviewerDesk
+from bot.knowledge_loop.golden import GoldenError, GoldenReplay, GoldenResults, Rerun, load_golden, replay
+from bot.knowledge_loop.recheck import ApprovalRecheck, RecheckRequest, ReviewerDesk
 from bot.refresh import RefreshChanges
 
 log = logging.getLogger("kbbot.loop")

@@ -14,18 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from bot.cache import AnswerCache, ApprovedAnswer
+from bot.knowledge_loop.golden import Rerun
 from bot.refresh import RefreshChanges
 from bot.types import Answer, Citation, Inquiry
 
 log = logging.getLogger("kbbot.loop")
 
-#: ``question, inquiry -> answer``: the answering pipeline run quietly (``Answerer.rerun``).
-Rerun = Callable[[str, Inquiry], Awaitable[Answer]]
 
 
 @dataclass(frozen=True)

@@ -216,10 +216,8 @@ class FakeConfluence(LocalServer):
                                  for a in self.ancestors(page)]
         return data
 
-    def _listing(self, results: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"results": results, "start": 0, "limit": 200, "size": len(results)}
-
-    async def _read_restriction(self, request: web.Request) -> web.Response:
+    def _page_of(self, request: web.Request) -> FakePage | web.Response:
+        """The page ``{id}`` names, or the refusal its request gets (no token, no such page, restricted)."""
         refused = self._gate(request)
         if refused is not None:
             return refused
@@ -228,6 +226,15 @@ class FakeConfluence(LocalServer):
             return self._answer(request, 404, data={"message": "No content found"})
         if page.restricted:
             return self._answer(request, 403, data={"message": "Not permitted"})
+        return page
+
+    def _listing(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"results": results, "start": 0, "limit": 200, "size": len(results)}
+
+    async def _read_restriction(self, request: web.Request) -> web.Response:
+        page = self._page_of(request)
+        if isinstance(page, web.Response):
+            return page
         return self._answer(request, 200, data={
             "operation": "read",
             "restrictions": {"user": self._listing([self.user_json(u) for u in page.read_users]),
@@ -352,14 +359,9 @@ class FakeConfluence(LocalServer):
         return True
 
     async def _content(self, request: web.Request) -> web.Response:
-        refused = self._gate(request)
-        if refused is not None:
-            return refused
-        page = self.pages.get(request.match_info["id"])
-        if page is None:
-            return self._answer(request, 404, data={"message": "No content found"})
-        if page.restricted:
-            return self._answer(request, 403, data={"message": "Not permitted"})
+        page = self._page_of(request)
+        if isinstance(page, web.Response):
+            return page
         if page.redirect:
             self.log.append((request.path_qs, 302, time.monotonic()))
             raise web.HTTPFound(page.redirect)

@@ -236,6 +236,10 @@ async def test_an_approved_answer_is_served_only_to_the_audience_it_was_approved
 async def test_a_restriction_added_at_the_source_is_in_force_after_a_permissions_refresh(world):
     before = await world.ask(BOB, SEALS_QUESTION, channel="CALL")
     assert world.doc("seals") in {c.doc_id for c in before.citations}
+    approved = await world.ask(BOB, SEALS_QUESTION, channel="DBOB", private=True)
+    assert await world.runtime._approved.approve(approved.trace.turn_id, "URVW", "Reviewer",
+                                                 tenant=f"slack:{TEAM}") is not None
+    assert (await world.ask(BOB, SEALS_QUESTION, channel="DBOB", private=True)).outcome is Outcome.CACHED
     version = world.runtime.store.knowledge_version
     embedded = world.runtime.document_embedder.embedded_texts
     world.confluence.restrict(world.pages["seals"], users=["alice@example.com"])
@@ -253,6 +257,10 @@ async def test_a_restriction_added_at_the_source_is_in_force_after_a_permissions
     assert world.doc("seals") not in {r["doc_id"] for r in after.trace.ranked}
     alice = await world.ask(ALICE, SEALS_QUESTION, channel="DALICE", private=True)
     assert world.doc("seals") in {c.doc_id for c in alice.citations}
+    # Bob's approved answer cites the page as it was, and no version moved: it outlives the refresh, but
+    # it is not served to him now that he may not read what it cites.
+    again = await world.ask(BOB, SEALS_QUESTION, channel="DBOB", private=True)
+    assert again.outcome is not Outcome.CACHED and world.doc("seals") not in {c.doc_id for c in again.citations}
 
     # A full refresh changing nothing keeps the readers and embeds nothing either.
     record = await world.refresher.run("wiki")
