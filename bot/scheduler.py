@@ -6,6 +6,9 @@ does nothing if another replica (or an admin) already ran it for this turn; so r
 the same turn refresh once. A job is never started twice at once (``max_instances=1``), missed turns
 collapse into one (``coalesce``), and after every turn the job's next run is set from the shared
 record (one interval, or the next cron time, after the last run started): all replicas agree on it.
+A source with ``permissions_interval`` has a second job, ``<name>/permissions``: a permissions-only
+run (``kbbot refresh --permissions-only``) one such interval after its permissions were last read,
+by either kind of run, raced for and recorded the same way.
 A failing source is recorded, logged, and simply runs again at its next turn; the other sources'
 jobs are independent. The refresh itself runs in a worker thread (see ``bot.refresh``).
 """
@@ -28,6 +31,7 @@ from bot.refresh import (
     format_status,
     knowledge_status,
     next_due,
+    permissions_run_name,
     schedule_zone,
     utcnow,
 )
@@ -47,36 +51,47 @@ class RefreshScheduler:
         self.runs: list[RunRecord] = []  # the runs this process made (tests, health)
         self._running: set[asyncio.Task[Any]] = set()
 
-    def _trigger(self, source: SourceSettings) -> Any:
+    def _trigger(self, source: SourceSettings, permissions: bool = False) -> Any:
+        if permissions:
+            return IntervalTrigger(seconds=source.permissions_interval_s, timezone=self.zone)
         if source.interval:
             return IntervalTrigger(seconds=source.interval_s, timezone=self.zone)
         return CronTrigger.from_crontab(str(source.cron), timezone=self.zone)
 
-    async def _next_time(self, source: SourceSettings) -> datetime:
+    async def _next_time(self, source: SourceSettings, permissions: bool = False) -> datetime:
         try:
-            last = await self.refresher.last_run(source.name)
+            if permissions:
+                last_started = await self.refresher.permissions_read(source.name)
+            else:
+                last = await self.refresher.last_run(source.name)
+                last_started = last.started if last else None
         except Exception:  # noqa: BLE001 - Redis down: try again soon rather than never
             log.exception("cannot read the last run of %s; trying again in a minute", source.name)
             return utcnow() + timedelta(minutes=1)
-        due = next_due(source, last.started if last else None, self.zone)
+        due = next_due(source, last_started, self.zone, permissions=permissions)
         return max(due, utcnow() + timedelta(seconds=1))
 
     async def start(self) -> None:
         for source in self.refresher.settings.sources:
-            first = await self._next_time(source)
-            self.scheduler.add_job(self._job, trigger=self._trigger(source), args=[source.name], id=source.name,
-                                   name=f"refresh {source.name}", max_instances=1, coalesce=True,
-                                   misfire_grace_time=None, next_run_time=first)
-            log.info("source %s (%s, %s): next refresh at %s", source.name, source.kind, source.schedule,
-                     first.isoformat(timespec="seconds"))
+            kinds = [False, True] if source.permissions_interval else [False]
+            for permissions in kinds:
+                job_id = permissions_run_name(source.name) if permissions else source.name
+                first = await self._next_time(source, permissions)
+                self.scheduler.add_job(self._job, trigger=self._trigger(source, permissions),
+                                       args=[source.name, permissions], id=job_id, name=f"refresh {job_id}",
+                                       max_instances=1, coalesce=True, misfire_grace_time=None, next_run_time=first)
+                schedule = f"every {source.permissions_interval}" if permissions else source.schedule
+                log.info("source %s (%s, %s): next %s at %s", source.name, source.kind, schedule,
+                         "permissions refresh" if permissions else "refresh", first.isoformat(timespec="seconds"))
         self.scheduler.start()
 
-    async def _job(self, name: str) -> None:
+    async def _job(self, name: str, permissions: bool = False) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
         try:
-            record = await self.refresher.run(name, trigger="schedule", only_if_due=True, wait_s=self.wait_s)
+            record = await self.refresher.run(name, trigger="schedule", only_if_due=True, wait_s=self.wait_s,
+                                              permissions_only=permissions)
             if record is not None:
                 self.runs.append(record)
         except RefreshBusy as exc:
@@ -86,15 +101,17 @@ class RefreshScheduler:
         finally:
             if task is not None:
                 self._running.discard(task)
-            await self._reschedule(name)
+            await self._reschedule(name, permissions)
+            if not permissions:  # a refresh read the permissions too: their next run moves with it
+                await self._reschedule(name, True)
 
-    async def _reschedule(self, name: str) -> None:
+    async def _reschedule(self, name: str, permissions: bool = False) -> None:
         source = self.refresher.sources.get(name)
         if source is None or not self.scheduler.running:
             return
-        job = self.scheduler.get_job(name)
+        job = self.scheduler.get_job(permissions_run_name(name) if permissions else name)
         if job is not None:
-            job.modify(next_run_time=await self._next_time(source))
+            job.modify(next_run_time=await self._next_time(source, permissions))
 
     def next_runs(self) -> dict[str, datetime | None]:
         out: dict[str, datetime | None] = {}

@@ -382,6 +382,10 @@ class SourceSettings(Section):
     #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
     interval: str | None = None
     cron: str | None = None
+    #: How often its permissions alone are read again between refreshes (``10m``): a restriction
+    #: added at the source is in force within it, at the cost of listing and permission calls only
+    #: (no page body, no embedding). None: permissions move with each refresh only.
+    permissions_interval: str | None = None
     #: Who owns what (the weekly digest sends each owner the gaps nearest their documents): a path
     #: prefix (relative to ``path``), a URL prefix, or for Confluence ``author:NAME`` / ``space:KEY``,
     #: to Slack user ids (``U…``/``W…``) and/or Telegram user ids (numbers). The longest prefix wins.
@@ -440,7 +444,7 @@ class SourceSettings(Section):
                 raise ValueError(f": {url!r} is not an http:// or https:// URL")
         return urls
 
-    @field_validator("interval")
+    @field_validator("interval", "permissions_interval")
     @classmethod
     def _interval(cls, interval: str | None) -> str | None:
         if interval is not None:
@@ -476,6 +480,10 @@ class SourceSettings(Section):
     @property
     def interval_s(self) -> float | None:
         return parse_interval(self.interval) if self.interval else None
+
+    @property
+    def permissions_interval_s(self) -> float | None:
+        return parse_interval(self.permissions_interval) if self.permissions_interval else None
 
     @property
     def schedule(self) -> str:

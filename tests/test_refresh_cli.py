@@ -84,7 +84,8 @@ def test_refresh_then_status_json_has_exactly_the_documented_shape(deployment, c
     assert status["knowledge_version"] == 1
     docs, nightly = status["sources"]
     for source in (docs, nightly):
-        assert set(source) == {"name", "documents", "chunks", "last_run", "next_run"}
+        assert set(source) == {"name", "documents", "chunks", "last_run", "next_run", "last_permissions_run"}
+        assert source["last_permissions_run"] is None, "never read permissions alone"
     assert (docs["name"], docs["documents"], docs["chunks"]) == ("docs", 1, 1)
     run = docs["last_run"]
     assert set(run) >= {"started_at", "duration_s", "added", "changed", "removed", "failed"}
@@ -239,3 +240,7 @@ def test_refresh_permissions_only_applies_a_changed_acl_and_embeds_nothing(deplo
         store.close()
     assert readers == {"grease.txt": ["public"], "pay.txt": ["group:hr", "user:boss@example.com"]}
     assert chunks and all(sorted(c.meta["readers"]) == ["group:hr", "user:boss@example.com"] for c in chunks)
+    # Recorded apart: the source's last (content) run stands, its permissions-only run is shown beside it.
+    assert main(["status", "--json"]) == 0
+    docs_status = json.loads(capsys.readouterr().out)["sources"][0]
+    assert docs_status["last_run"]["permissions"] == 0 and docs_status["last_permissions_run"]["permissions"] == 1

@@ -42,7 +42,16 @@ robots.txt cannot be had fails the run with the reason (its pages keep their ver
 from bot.refresh.orphans import Orphans, source_roots
 from bot.refresh.refresher import LOCK_NAME, AfterChange, RefreshBusy, RefreshChanges, Refresher, UnknownSource
 from bot.refresh.runs import FileRunLog, RedisRunLog, RunLog, RunRecord, log_run, run_log
-from bot.refresh.schedule import DUE_TOLERANCE_S, is_due, iso, next_due, parse_iso, schedule_zone, utcnow
+from bot.refresh.schedule import (
+    DUE_TOLERANCE_S,
+    is_due,
+    iso,
+    next_due,
+    parse_iso,
+    permissions_run_name,
+    schedule_zone,
+    utcnow,
+)
 from bot.refresh.status import format_status, knowledge_status
 
 __all__ = [
@@ -64,6 +73,7 @@ __all__ = [
     "knowledge_status",
     "log_run",
     "next_due",
+    "permissions_run_name",
     "parse_iso",
     "run_log",
     "schedule_zone",

@@ -6,13 +6,14 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from bot.redis_state import RedisLock
 from bot.refresh.orphans import Orphans, source_roots
 from bot.refresh.runs import RunLog, RunRecord, log_run, run_log
-from bot.refresh.schedule import is_due, schedule_zone, utcnow
+from bot.refresh.schedule import is_due, permissions_run_name, schedule_zone, utcnow
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from pipelines.acl import AclOnlySource, folder_key, readers_for
@@ -108,6 +109,11 @@ class Refresher:
     async def last_run(self, name: str) -> RunRecord | None:
         return await self.runs.last_run(name)
 
+    async def permissions_read(self, name: str) -> datetime | None:
+        """When the permissions of source ``name`` were last read: by its last run of either kind."""
+        runs = [await self.runs.last_run(name), await self.runs.last_run(permissions_run_name(name))]
+        return max((r.started for r in runs if r is not None), default=None)
+
     def _fetcher(self) -> Fetcher:
         r = self.settings.refresh
         return Fetcher(timeout_s=r.fetch_timeout_s, connect_timeout_s=r.connect_timeout_s,
@@ -190,10 +196,15 @@ class Refresher:
         lock = await self._acquire(wait_s, on_wait)
         try:
             if only_if_due:
-                last = await self.runs.last_run(name)
-                if not is_due(src, last.started if last else None, schedule_zone(self.settings)):
-                    log.info("refresh source=%s trigger=%s skipped: already run at %s (another replica?)",
-                             name, trigger, last.started_at if last else "?")
+                if permissions_only:
+                    last_started = await self.permissions_read(name)
+                else:
+                    last = await self.runs.last_run(name)
+                    last_started = last.started if last else None
+                if not is_due(src, last_started, schedule_zone(self.settings), permissions=permissions_only):
+                    log.info("refresh source=%s trigger=%s%s skipped: already run at %s (another replica?)",
+                             name, trigger, " permissions-only" if permissions_only else "",
+                             last_started.isoformat(timespec="seconds") if last_started else "?")
                     return None
             record, changes = await self._run_locked(src, trigger, lock, progress, permissions_only)
         finally:
@@ -259,7 +270,13 @@ class Refresher:
         record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
         if permissions_only:
             # Not the source's last run: its content was not refreshed, so its schedule and validators stand.
+            # Recorded under a name of its own, which its own schedule reads (``permissions_interval``).
             # No hook runs: no document's text changed (the caches' knowledge version did).
+            record = replace(record, source=permissions_run_name(src.name))
+            try:
+                await self.runs.save_run(record)
+            except Exception:  # noqa: BLE001 - the permissions are refreshed; only their record is missing
+                log.exception("could not record the permissions refresh of %s", src.name)
             log_run(record)
             return record, None
         try:

@@ -39,21 +39,34 @@ def _cron_after(source: SourceSettings, moment: datetime, zone: Any) -> datetime
     return fire.astimezone(UTC)
 
 
-def next_due(source: SourceSettings, last_started: datetime | None, zone: Any, now: datetime | None = None) -> datetime:
+def permissions_run_name(source: str) -> str:
+    """The run log's name for the permissions-only runs of ``source`` (their own schedule and record;
+    a source name holds no ``/``, so it names no source)."""
+    return f"{source}/permissions"
+
+
+def _every_s(source: SourceSettings, permissions: bool) -> float | None:
+    return source.permissions_interval_s if permissions else source.interval_s
+
+
+def next_due(source: SourceSettings, last_started: datetime | None, zone: Any, now: datetime | None = None,
+             *, permissions: bool = False) -> datetime:
     """When ``source`` should run next: at once if it never ran, else one interval (or the next cron
-    time) after its last run started, whichever replica or command ran it. May be in the past (overdue)."""
+    time) after its last run started, whichever replica or command ran it. May be in the past (overdue).
+    ``permissions``: its permissions-only run, one ``permissions_interval`` after the last run that read
+    them (either kind)."""
     now = now or utcnow()
     if last_started is None:
         return now
-    if source.interval:
-        return last_started + timedelta(seconds=source.interval_s or 0)
+    if permissions or source.interval:
+        return last_started + timedelta(seconds=_every_s(source, permissions) or 0)
     return _cron_after(source, last_started, zone)
 
 
-def is_due(source: SourceSettings, last_started: datetime | None, zone: Any, now: datetime | None = None) -> bool:
+def is_due(source: SourceSettings, last_started: datetime | None, zone: Any, now: datetime | None = None,
+           *, permissions: bool = False) -> bool:
     now = now or utcnow()
     if last_started is None:
         return True
-    tolerance = min(DUE_TOLERANCE_S, (source.interval_s or 3600) * 0.05)
-    return next_due(source, last_started, zone, now) <= now + timedelta(seconds=tolerance)
-
+    tolerance = min(DUE_TOLERANCE_S, (_every_s(source, permissions) or 3600) * 0.05)
+    return next_due(source, last_started, zone, now, permissions=permissions) <= now + timedelta(seconds=tolerance)

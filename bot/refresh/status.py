@@ -11,7 +11,7 @@ from bot.health import check_redis, check_store
 from bot.knowledge_loop.golden import golden_line, golden_results
 from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
-from bot.refresh.schedule import iso, next_due, schedule_zone
+from bot.refresh.schedule import iso, next_due, permissions_run_name, schedule_zone
 from bot.settings import Settings
 from pipelines.store import KnowledgeStore
 
@@ -22,7 +22,8 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                            redis: Any = None, store_error: str | None = None, redis_error: str | None = None,
                            next_runs: dict[str, datetime | None] | None = None,
                            timeout_s: float = 10.0) -> dict[str, Any]:
-    """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "last_run", "next_run"}],
+    """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "last_run", "next_run",
+    "last_permissions_run"}],
     "services": {"weaviate": {...}, "redis": {...}}}``; a service that is down is reported, not raised."""
     weaviate, read = await check_store(settings, store, lambda s: (s.knowledge_version, s.records()),
                                        timeout_s=timeout_s, error=store_error)
@@ -32,9 +33,11 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
     sources = []
     for src in settings.sources:
         last: RunRecord | None = None
+        permissions: RunRecord | None = None
         if runs is not None and redis_status["status"] != "down":
             try:
                 last = await runs.last_run(src.name)
+                permissions = await runs.last_run(permissions_run_name(src.name))
             except Exception as exc:  # noqa: BLE001
                 log.warning("cannot read the last run of %s: %s", src.name, exc)
         documents = chunks = None
@@ -47,7 +50,8 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
         else:
             upcoming = next_due(src, last.started if last else None, zone)
         sources.append({"name": src.name, "documents": documents, "chunks": chunks,
-                        "last_run": last.to_dict() if last else None, "next_run": iso(upcoming)})
+                        "last_run": last.to_dict() if last else None, "next_run": iso(upcoming),
+                        "last_permissions_run": permissions.to_dict() if permissions else None})
     golden = None
     if redis_status["status"] != "down":
         try:
@@ -85,6 +89,10 @@ def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
         if src["next_run"]:
             line += f"; next run {src['next_run'].replace('T', ' ').replace('Z', ' UTC')}"
         lines.append(line)
+        if src.get("last_permissions_run"):
+            again = RunRecord.from_dict(src["last_permissions_run"])
+            when = again.started_at.replace("T", " ").replace("Z", " UTC")
+            lines.append(f"    permissions alone read {when} ({again.trigger}): " + again.summary().split(": ", 1)[1])
         if run and run["failed"]:
             for failure in run["failed"][:max_failures]:
                 lines.append(f"    failed: {failure['source']}: {failure['reason']}")

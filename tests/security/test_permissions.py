@@ -15,7 +15,9 @@ the Confluence and Slack fakes speaking their wire formats:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,8 +29,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.cli import SilentReply
 from adapters.slack_directory import SlackDirectory
-from bot.refresh import Refresher
+from bot.refresh import Refresher, format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
+from bot.scheduler import RefreshScheduler
 from bot.settings import ConfluenceSettings, SourceSettings
 from bot.types import Answer, Inquiry, Outcome
 from pipelines.components.facts import FactLookup
@@ -266,6 +269,33 @@ async def test_a_restriction_added_at_the_source_is_in_force_after_a_permissions
     record = await world.refresher.run("wiki")
     assert record is not None and record.ok and world.runtime.document_embedder.embedded_texts == embedded
     assert world.runtime.store.record(world.doc("seals")).readers == ["user:alice@example.com"]
+
+
+async def test_permissions_are_read_again_on_their_own_schedule_between_refreshes(world):
+    world.refresher.settings.sources[0].permissions_interval = "2s"  # the content refresh stays hourly
+    embedded = world.runtime.document_embedder.embedded_texts
+    world.confluence.restrict(world.pages["seals"], users=["alice@example.com"])
+    sent = len(world.confluence.log)
+    scheduler = RefreshScheduler(world.refresher)
+    await scheduler.start()
+    try:
+        assert set(scheduler.next_runs()) == {"wiki", "wiki/permissions"}
+        deadline = time.monotonic() + 30
+        while world.runtime.store.record(world.doc("seals")).readers != ["user:alice@example.com"]:
+            assert time.monotonic() < deadline, "the scheduled permissions refresh did not run"
+            await asyncio.sleep(0.2)
+    finally:
+        await scheduler.stop()
+    assert scheduler.runs and {r.source for r in scheduler.runs} == {"wiki/permissions"}, scheduler.runs
+    assert world.runtime.document_embedder.embedded_texts == embedded
+    assert not [p for p, *_ in world.confluence.log[sent:] if "body.storage" in p]  # no page body read
+    after = await world.ask(BOB, SEALS_QUESTION, channel="CALL")
+    assert world.doc("seals") not in {c.doc_id for c in after.citations}
+    # Its own record: the source's last (content) run and its next one are unmoved.
+    assert (await world.refresher.last_run("wiki")).trigger != "schedule"
+    status = format_status(await knowledge_status(world.refresher.settings, store=world.runtime.store,
+                                                  runs=world.refresher.runs, redis=world.runtime.redis))
+    assert "permissions alone read" in status and "(schedule)" in status, status
 
 
 async def test_an_unmapped_asker_reads_public_documents_only_and_is_told_once(world):
