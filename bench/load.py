@@ -86,6 +86,7 @@ class Turn:
     final_s: float | None = None
     question_ts: str = ""
     team: str = TEAM
+    event_id: str = ""
 
 
 #: The second workspace of the two-workspace run (an Enterprise Grid org: one app, one token).
@@ -109,9 +110,13 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry_s: float) -> bool:
-    """Delivers an event to a random live replica, retrying up to three times elsewhere as Slack does."""
+    """Delivers an event to a random ready replica, retrying up to three times elsewhere as Slack does.
+
+    Ready: passed its health check since it last started, as a load balancer's readiness check has it
+    (a replica started again takes ~15 s to listen; sent there, every try of a mention could be refused
+    before any replica heard of it, which no kbbot change can trace or answer)."""
     for attempt in range(4):
-        live = [r for r in replicas if r.process.poll() is None] or replicas
+        live = [r for r in replicas if r.ready and r.process.poll() is None] or replicas
         try:
             if await deliver(session, random.choice(live), body, retry=attempt) < 3:
                 return True
@@ -135,7 +140,8 @@ async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, s
             body["event"]["thread_ts"] = root["ts"]
         root = root or body["event"]
         raw = json.dumps(body)
-        turn = Turn(c, channel, root["ts"], asked_at=time.monotonic(), question_ts=body["event"]["ts"], team=team)
+        turn = Turn(c, channel, root["ts"], asked_at=time.monotonic(), question_ts=body["event"]["ts"], team=team,
+                    event_id=body["event_id"])
         run.turns.append(turn)
         thread_body = json.dumps({"event": root})
         before = {m.ts for m in answers_in(slack, thread_body)}
@@ -235,14 +241,19 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
                                                                               "ts": turn.thread_ts}})))
             slack_429s = sum(1 for call in slack.calls if call.status == 429)
             acks = {id(t): acknowledged_s(slack, t) for t in run.turns}
+            logs = {r.n: [str(line.get("message")) for line in r.lines()] for r in replicas}
             outcomes = collections.Counter(
-                line["message"].rsplit(" ", 1)[1] for r in replicas for line in r.lines()
-                if " -> turn " in str(line.get("message")))
+                m.rsplit(" ", 1)[1] for lines in logs.values() for m in lines if " -> turn " in m)
     asked = len(run.turns)
     threads = {(t.channel, t.thread_ts): sum(1 for u in run.turns if (u.channel, u.thread_ts) == (t.channel, t.thread_ts))
                for t in run.turns}
     answered = sum(min(counts[k], n) for k, n in threads.items())
     duplicated = sum(max(0, counts[k] - n) for k, n in threads.items())
+    # Where each question of a thread short of answers went: the replicas whose log says it arrived.
+    lost_events = [f"{t.event_id}: " + (",".join(f"replica {n}" for n, lines in logs.items()
+                                                 if any(f"received app_mention {t.event_id} " in m for m in lines))
+                                        or "received by no replica")
+                   for t in run.turns if counts[(t.channel, t.thread_ts)] < threads[(t.channel, t.thread_ts)]]
     first = [t.first_text_s * 1000 for t in run.turns if t.first_text_s is not None]
     final = [t.final_s * 1000 for t in run.turns if t.final_s is not None]
 
@@ -260,7 +271,7 @@ async def one_run(name: str, faults: bool, args: argparse.Namespace, tmp: Path) 
             "final_p50_ms": pct(final, 0.5), "final_p95_ms": pct(final, 0.95), "slack_429s": slack_429s,
             "model_429s": model_429s, "outcomes": " ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
             "rss_mb": "/".join(f"{r:.0f}" if r else "–" for r in rss),
-            "faults": "; ".join(run.faults) or "none"}
+            "faults": "; ".join(run.faults) or "none", "lost_events": "; ".join(lost_events) or "none"}
 
 
 def main() -> None:

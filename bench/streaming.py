@@ -4,7 +4,9 @@ against the naive strategy of editing after every N new characters, in the same 
     uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--redis] [--json]
 
 Each conversation asks one question at the same moment; the fake model (Anthropic's wire format) streams a
-~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``. The fake platforms enforce
+~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``, from a process of its own
+(``bench.model_process``: a hosted model's work is not kbbot's; ``--model-in thread`` serves it from a thread
+of this process, as this benchmark did before 2026-12-03, where its HTTP and SSE work took kbbot's GIL). The fake platforms enforce
 rate limits with 429 + Retry-After: Slack per workspace and method, at Slack's documented tiers
 (``tests.fakes.slack_server.DOCUMENTED_TIERS``: chat.update, reactions.add and assistant.threads.setStatus
 50/min as Tier 3, chat.appendStream 100/min as Tier 4, chat.startStream, chat.stopStream and reactions.remove
@@ -203,11 +205,50 @@ class NaiveAnswerer:
 
 
 # --- one run ---------------------------------------------------------------------------------------
+class _ThreadModel:
+    """The fake model served from a thread of this process (``--model-in thread``: how this benchmark
+    ran before 2026-12-03), with ``ModelProcess``'s interface."""
+
+    def __init__(self, tokens_per_second: float, first_token_delay: float):
+        from tests.fakes.anthropic_server import FakeAnthropic, Script
+        from tests.model_router import ModelRouter
+
+        router = ModelRouter()
+        router.responders["answer"] = lambda body: Script(ANSWER, tokens_per_second=tokens_per_second,
+                                                          first_token_delay=first_token_delay)
+        self._serving = FakeAnthropic(router).run_in_thread()
+        self.base_url = ""
+
+    def __enter__(self) -> _ThreadModel:
+        self.fake = self._serving.__enter__()
+        self.base_url = self.fake.base_url
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._serving.__exit__(*exc)
+
+    def requests(self) -> list[Any]:
+        return list(self.fake.requests)
+
+    def clear(self) -> None:
+        self.fake.requests.clear()
+
+
+def fake_model(model_in: str, tokens_per_second: float, first_token_delay: float) -> Any:
+    """The fake model in a process of its own (a hosted model costs kbbot's process nothing), or in a
+    thread of this one."""
+    if model_in == "thread":
+        return _ThreadModel(tokens_per_second, first_token_delay)
+    from bench.model_process import ModelProcess
+
+    return ModelProcess(ANSWER, tokens_per_second=tokens_per_second, first_token_delay=first_token_delay)
+
+
 def model_tokens(model: Any) -> dict[str, tuple[float, float]]:
     """question -> (first token at, last token at) of its answer request (monotonic seconds)."""
     out = {}
-    for request in model.fake.requests if hasattr(model, "fake") else model.requests:
-        text = request.last_user_text if hasattr(request, "last_user_text") else ""
+    for request in model.requests():
+        text = request.last_user_text
         if request.first_token_at is None or "Question:" not in text:
             continue
         question = text.rsplit("Question:", 1)[1].strip().splitlines()[0].strip()  # the prompt goes on after it
@@ -456,22 +497,15 @@ async def bucket_cost(redis: Any, n: int = 2000) -> list[dict[str, Any]]:
 
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
               platforms: list[str], strategies: list[str] | None = None,
-              turn_timeout_s: float = 60.0, layouts: list[str] | None = None, redis_url: str | None = None
-              ) -> dict[str, Any]:
+              turn_timeout_s: float = 60.0, layouts: list[str] | None = None, redis_url: str | None = None,
+              model_in: str = "process") -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     layouts = layouts or ["many"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
-    from tests.fakes.anthropic_server import FakeAnthropic, Script
-    from tests.model_router import ModelRouter
-
     data = Path(tempfile.mkdtemp(prefix="kbbot-bench-stream-"))
     rows = []
-    with FakeAnthropic().run_in_thread() as fake:
-        router = ModelRouter()
-        router.responders["answer"] = lambda body: Script(ANSWER, tokens_per_second=tokens_per_second,
-                                                          first_token_delay=first_token_delay)
-        fake.responder = router
+    with fake_model(model_in, tokens_per_second, first_token_delay) as fake:
         os.environ.update({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-bench"})
         settings = load_settings(REPO / "config" / "kbbot.yaml",
                                  env={"KBBOT_DATA_DIR": str(data), "ANTHROPIC_API_KEY": "sk-bench"})
@@ -494,7 +528,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
                 for layout in layouts if platform == "slack" else ["many"]:
                     for n in conversations:
                         for strategy in strategies:
-                            fake.requests.clear()
+                            fake.clear()
                             if platform == "slack":
                                 row = await run_slack(runtime, fake, n, strategy, every, layout, redis)
                             else:
@@ -508,7 +542,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
             await runtime.close()
     return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second, "turn_timeout_s": turn_timeout_s,
             "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows,
-            "bucket_cost": cost}
+            "bucket_cost": cost, "model_in": model_in}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -544,13 +578,17 @@ def main() -> None:
                         help="the turn budget (s); a naive answer still editing at the end of it is lost")
     parser.add_argument("--redis", action="store_true",
                         help="rate budgets in Redis at REDIS_URL (as replicas share them), not in this process")
+    parser.add_argument("--model-in", choices=["process", "thread"], default="process",
+                        help="serve the fake model from a process of its own (default: a hosted model's work is "
+                             "not kbbot's) or from a thread of the benchmark's process (as before 2026-12-03)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = os.environ.get("REDIS_URL") if args.redis else None
     if args.redis and not redis_url:
         raise SystemExit("--redis needs REDIS_URL (scripts/services.sh start)")
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
-                             args.platforms, args.strategies, args.turn_timeout, args.channels, redis_url))
+                             args.platforms, args.strategies, args.turn_timeout, args.channels, redis_url,
+                             args.model_in))
     if args.json:
         print(json.dumps(result))
     else:

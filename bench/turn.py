@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import multiprocessing
 import os
 import pstats
 import statistics
@@ -35,27 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
+from bench.model_process import ModelProcess
 from bench.report import emit
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER = ("Regrease the HL-M200 bearings every 4,000 operating hours with 15 g of lithium-complex grease [1]. "
           "HL-M300 bearings take 25 g every 3,000 hours [1]. Wipe the nipple clean first [2].")
-
-
-def _serve_model(port_queue: multiprocessing.Queue) -> None:  # pragma: no cover - child process
-    # Here, not at the top: the spawned fake-model process imports this module, and loading the bot
-    # there would only cost it memory and start-up time.
-    from tests.fakes.anthropic_server import FakeAnthropic, Script
-    from tests.model_router import ModelRouter
-
-    async def main() -> None:
-        router = ModelRouter()
-        router.responders["answer"] = lambda body: Script(ANSWER, tokens_per_second=400)
-        async with FakeAnthropic(router) as fake:
-            port_queue.put(fake.base_url)
-            await asyncio.Event().wait()
-
-    asyncio.run(main())
 
 
 def rss_mb() -> float:
@@ -72,16 +56,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
-    from bot.runtime import build_runtime  # not at the top: see _serve_model
+    from bot.runtime import build_runtime  # not at the top: the spawned fake-model process imports this module
     from bot.settings import load_settings
     from bot.types import Inquiry
     from tests.replies import RecordingReply
 
-    spawn = multiprocessing.get_context("spawn")
-    queue = spawn.Queue()
-    model = spawn.Process(target=_serve_model, args=(queue,), daemon=True)
-    model.start()
-    base_url = queue.get(timeout=60)
+    model = ModelProcess(ANSWER, tokens_per_second=400).__enter__()
+    base_url = model.base_url
     data = Path(tempfile.mkdtemp(prefix="kbbot-bench-turn-"))
     env = {"KBBOT_DATA_DIR": str(data), "ANTHROPIC_API_KEY": "sk-bench"}
     os.environ.update({"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-bench"})
@@ -129,7 +110,7 @@ async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
         rss_many = rss_mb()
     finally:
         await runtime.close()
-        model.terminate()
+        model.__exit__(None, None, None)
     rest = [outside - spent for outside, spent in zip(cpu_outside, cpu_client)]
     return {
         "turns": turns,

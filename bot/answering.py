@@ -254,7 +254,7 @@ class Answerer:
         """Who will see the answer to ``inquiry`` (``bot.permissions``)."""
         if self.permissions.audiences is None:
             return Audience.public(private=inquiry.private)
-        return await self.permissions.audiences.of(inquiry)
+        return await self.permissions.audiences.of(inquiry, await self.permissions.known_principals())
 
     async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
                    on_chunk: Any, preferences: str = "", audience: Audience | None = None) -> dict[str, Any]:

@@ -19,8 +19,11 @@ window does, additive increase and multiplicative decrease:
 
 The state belongs to the provider account, not to the process: with ``REDIS_URL`` every replica keeps
 to one state in Redis (``RedisModelCalls``: one Lua script per operation, on Redis' clock), else it
-lives in this process (``MemoryModelCalls``). Each call in flight holds a lease that expires after
-``lease_s`` (a turn's time: no call outlives its turn), so a replica that dies mid-call frees its places.
+lives in this process (``MemoryModelCalls``). Each call in flight holds a lease of ``lease_s`` (15 s)
+that its process renews every third of it while the call runs (one script call for all of them), so a
+replica that dies mid-call frees its places within ``lease_s``: a lease as long as a turn kept them for
+130 s, and where 429s had brought the limit down to a few calls, a killed replica's places were all
+there were, and the survivors' turns timed out waiting for them (bench.load, faults run, 2026-12-03).
 
 Redis keys (``prefix`` names the account's kind and model, e.g. ``kbbot:model:anthropic:claude-sonnet-5-5:``):
 
@@ -61,8 +64,9 @@ class Adaptation:
     start: int = 64
     minimum: int = 1
     maximum: int = 128
-    #: How long a call may hold its place before it counts as gone (its replica died mid-call).
-    lease_s: float = 130.0
+    #: How long a call holds its place unless its process renews it (every third of it while the call
+    #: runs): a replica that died mid-call frees its places after this long.
+    lease_s: float = 15.0
     #: After this long without any call the state is forgotten and the limit starts high again.
     idle_s: float = 3600.0
 
@@ -158,6 +162,9 @@ class ModelCallState(Protocol):
     async def finish(self, call: str) -> None:
         """``call`` ended; its place is free."""
 
+    async def renew(self, calls: list[str]) -> None:
+        """``calls`` are still running: their places are held ``lease_s`` more (a call already let go stays so)."""
+
     async def observe(self, signal: Signal) -> float:
         """Adapt to one response of the provider; returns the limit now."""
 
@@ -199,6 +206,13 @@ class MemoryModelCalls:
     async def finish(self, call: str) -> None:
         self.calls.pop(call, None)
 
+    async def renew(self, calls: list[str]) -> None:
+        now = self.clock()
+        self._tidy(now)
+        for call in calls:
+            if call in self.calls:
+                self.calls[call] = now + self.adaptation.lease_s
+
     async def observe(self, signal: Signal) -> float:
         now = self.clock()
         self._tidy(now)
@@ -222,7 +236,8 @@ class MemoryModelCalls:
 
 # --- in Redis ------------------------------------------------------------------------------------
 # KEYS: state hash, calls zset. ARGV: op, start, minimum, maximum, idle ms, then per op: start: call id,
-# lease ms; finish: call id; observe: status, retry ms (-1: none), remaining (-1: none), reset ms (-1: none).
+# lease ms; finish: call id; renew: lease ms, call ids; observe: status, retry ms (-1: none), remaining
+# (-1: none), reset ms (-1: none).
 # Returns: start "0", the ms to wait, or "-1" (full); finish "0"; observe the limit; peek
 # "limit calls held_ms remaining" (remaining -1: unknown). Times are ms on Redis' clock.
 _SCRIPT = """
@@ -262,6 +277,14 @@ if op == 'start' then
 end
 if op == 'finish' then
   redis.call('ZREM', KEYS[2], ARGV[6])
+  return '0'
+end
+if op == 'renew' then
+  local lease = tonumber(ARGV[6])
+  for i = 7, #ARGV do
+    redis.call('ZADD', KEYS[2], 'XX', now + lease, ARGV[i])
+  end
+  if calls > 0 then redis.call('PEXPIRE', KEYS[2], math.ceil(lease) + 1000) end
   return '0'
 end
 if op == 'observe' then
@@ -325,6 +348,11 @@ class RedisModelCalls:
         await self.fallback.finish(call)  # a call started during an outage
         await self._run("finish", call)
 
+    async def renew(self, calls: list[str]) -> None:
+        assert self.fallback is not None
+        await self.fallback.renew(calls)
+        await self._run("renew", round(self.adaptation.lease_s * 1000), *calls)
+
     async def observe(self, signal: Signal) -> float:
         assert self.fallback is not None
 
@@ -353,13 +381,34 @@ class AdaptiveModelCalls:
     #: ending in this process wakes its waiters at once).
     POLL_S = 0.25
 
-    def __init__(self, state: ModelCallState):
+    def __init__(self, state: ModelCallState, *, renew_every_s: float | None = None):
         self.state = state
         self.peak = 0
         self.in_use = 0
         self.refusals = 0
         self._waiting: set[asyncio.Future[None]] = set()
         self._held_back = 0
+        adaptation = getattr(state, "adaptation", None)
+        lease_s = adaptation.lease_s if adaptation is not None else Adaptation().lease_s
+        self.renew_every_s = lease_s / 3 if renew_every_s is None else renew_every_s
+        self._running: set[str] = set()  # this process's calls in flight, renewed together
+        self._renewer: asyncio.Task[None] | None = None
+
+    def _renewing(self) -> None:
+        """The task renewing this process's calls runs while any is in flight (started by the first)."""
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name="model-call-leases")
+
+    async def _renew_loop(self) -> None:
+        while self._running:
+            await asyncio.sleep(self.renew_every_s)
+            if not self._running:
+                return
+            try:
+                await self.state.renew(sorted(self._running))
+            except Exception:  # noqa: BLE001 - a lease lost is a place counted free for a moment, no more
+                log.warning("could not renew the model calls' leases; retrying in %.0f s", self.renew_every_s,
+                            exc_info=True)
 
     @property
     def waiting(self) -> int:
@@ -385,6 +434,8 @@ class AdaptiveModelCalls:
                     if wait == 0:
                         self.in_use += 1
                         self.peak = max(self.peak, self.in_use)
+                        self._running.add(call)
+                        self._renewing()
                         return call
                     if not held_back:
                         held_back = True
@@ -399,6 +450,7 @@ class AdaptiveModelCalls:
 
     async def leave(self, call: str) -> None:
         self.in_use -= 1
+        self._running.discard(call)
         try:
             await self.state.finish(call)
         finally:

@@ -207,13 +207,19 @@ class Audiences:
                         inquiry.channel, type(exc).__name__)
             return None
 
-    async def of(self, inquiry: Inquiry) -> Audience:
+    async def of(self, inquiry: Inquiry, known: Collection[str] | None = None) -> Audience:
+        """``known``: every principal some document names (``KnownPrincipals``), when the caller has it."""
         user = inquiry.tenant if inquiry.platform == "api" else inquiry.user_id  # an API caller is its token
         asker = await self.principals_of(inquiry.platform, inquiry.tenant, user)
         if inquiry.private:
             return Audience(private=True, everyone=frozenset({PUBLIC, *(asker or ())}), asker=asker)
         channel = f"channel:{inquiry.channel}".lower()
         everyone = frozenset({PUBLIC, channel})
+        if known is not None and all(p == PUBLIC or p.startswith("channel:") for p in known):
+            # No document names a person or a group: the members could read only what the channel reads,
+            # the same documents (and the same approvals, ``projected``), so they are not looked up: in a
+            # channel of hundreds that is as many users.info calls before the first answer.
+            return Audience(private=False, everyone=everyone, each=(frozenset(),), asker=asker, channel=channel)
         members = await self._members(inquiry)
         if not members or len(members) > self.max_members:
             # Unknown (or too many to check one by one): what the whole channel may read.

@@ -180,9 +180,8 @@ class Runtime:
         if s.generator_kind == "local":
             return ModelCallSlots(s.limits.concurrent_model_calls)
         lim = s.limits
-        # No call outlives its turn: a dead replica's places come back after a turn's time.
-        adaptation = Adaptation(start=lim.model_calls_start, maximum=lim.model_calls_max,
-                                lease_s=s.answering.turn_timeout_s + 10)
+        # A call's place is leased briefly and renewed while it runs: a dead replica's come back in seconds.
+        adaptation = Adaptation(start=lim.model_calls_start, maximum=lim.model_calls_max)
         if self._redis is not None:
             # One account's limits, whichever replica calls: the state is per kind and model.
             prefix = f"{s.redis_prefix}model:{s.generator_kind}:{s.generator.model}:"

@@ -143,16 +143,22 @@ async def test_slack_unchanged_sources_keep_serving_the_approval_across_a_refres
         assert not [m for m in fake_slack.messages.values() if m.channel == REVIEWER]
 
 
+async def approved_on_telegram(tg: Any, fake_tg: Any) -> tuple[Any, str]:
+    """The reviewer Rita asks in her private chat and approves the answer: (Rita, the turn id)."""
+    reviewer = user(TG_REVIEWER, first_name="Rita")
+    await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
+    [answer_message] = fake_tg.chat(TG_REVIEWER)
+    turn_id = tg.turns[-1].answer.trace.turn_id
+    await tg.send(callback_update(f"kbap:{turn_id}", message=answer_message, from_user=reviewer))
+    assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("✅ Approved")
+    return reviewer, turn_id
+
+
 async def test_telegram_the_reviewer_gets_an_inline_keyboard_and_keep_serves_the_new_answer(tmp_path, fake_tg):
     async with knowledge(tmp_path) as (runtime, docs), \
             telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
         refresher = rechecking(runtime, tg.adapter)
-        reviewer = user(TG_REVIEWER, first_name="Rita")
-        await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
-        [answer_message] = fake_tg.chat(TG_REVIEWER)
-        turn_id = tg.turns[-1].answer.trace.turn_id
-        await tg.send(callback_update(f"kbap:{turn_id}", message=answer_message, from_user=reviewer))
-        assert fake_tg.ok_calls("answerCallbackQuery")[-1].args["text"].startswith("✅ Approved")
+        reviewer, turn_id = await approved_on_telegram(tg, fake_tg)
 
         (docs / "fault-e917.md").write_text(NEW, encoding="utf-8")
         record = await refresher.run("docs")
@@ -184,10 +190,7 @@ async def test_telegram_retire(tmp_path, fake_tg):
     async with knowledge(tmp_path) as (runtime, docs), \
             telegram_bot(runtime, fake_tg, reviewers=[str(TG_REVIEWER)]) as tg:
         refresher = rechecking(runtime, tg.adapter)
-        reviewer = user(TG_REVIEWER, first_name="Rita")
-        await tg.send(message_update(QUESTION, chat_id=TG_REVIEWER, from_user=reviewer))
-        turn_id = tg.turns[-1].answer.trace.turn_id
-        await tg.send(callback_update(f"kbap:{turn_id}", message=fake_tg.chat(TG_REVIEWER)[0], from_user=reviewer))
+        reviewer, turn_id = await approved_on_telegram(tg, fake_tg)
         (docs / "fault-e917.md").unlink()
         await refresher.run("docs")
         recheck = fake_tg.chat(TG_REVIEWER)[-1]

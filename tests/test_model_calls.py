@@ -238,3 +238,50 @@ async def test_redis_out_of_reach_the_model_calls_go_on_with_this_processes_coun
         assert await client.exists("test-model:calls") == 1
     finally:
         await client.aclose()
+
+
+@needs_redis
+async def test_a_call_holds_its_place_while_it_runs_and_a_dead_replicas_places_come_back_within_the_lease():
+    """Places are leased briefly and renewed while their calls run: a live call keeps its place however
+    long it runs; a replica killed mid-call (its renewals stop) frees its places after one lease, not a
+    turn's time (with the limit brought down to its calls by 429s, the survivors waited that long)."""
+    from bot.redis_state import connect_redis
+
+    assert REDIS_URL
+    client = await connect_redis(REDIS_URL)
+    prefix = f"kbbot-test-{uuid.uuid4().hex[:8]}:model:"
+    adaptation = Adaptation(start=1, minimum=1, maximum=1, lease_s=0.6)
+    alive, dying, waiting = (AdaptiveModelCalls(RedisModelCalls(client, prefix, adaptation)) for _ in range(3))
+    try:
+        running = await alive.enter()
+        blocked = asyncio.create_task(waiting.enter())
+        await asyncio.sleep(3 * adaptation.lease_s)  # five renewals
+        assert not blocked.done(), "a running call keeps its place past its lease"
+        await alive.leave(running)
+        await asyncio.wait_for(blocked, 2)
+        await waiting.leave(blocked.result())
+
+        await dying.enter()
+        assert dying._renewer is not None
+        dying._renewer.cancel()  # killed: nothing renews its call, nothing lets it go
+        started = asyncio.get_running_loop().time()
+        taken = await asyncio.wait_for(waiting.enter(), 5)
+        assert asyncio.get_running_loop().time() - started < adaptation.lease_s + 0.5
+        await waiting.leave(taken)
+    finally:
+        await client.delete(f"{prefix}state", f"{prefix}calls")
+        await client.aclose()
+
+
+async def test_renewing_keeps_only_the_calls_still_in_flight():
+    clock = Clock()
+    state = MemoryModelCalls(Adaptation(start=2, maximum=2, lease_s=10), clock=clock)
+    assert await state.start("a") == 0 and await state.start("b") == 0
+    await state.finish("b")
+    clock.now += 8
+    await state.renew(["a", "b"])
+    clock.now += 8
+    snapshot = await state.snapshot()
+    assert snapshot.in_flight == 1, "a renewed, b let go before stays let go"
+    clock.now += 3
+    assert (await state.snapshot()).in_flight == 0

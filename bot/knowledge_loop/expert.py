@@ -230,18 +230,29 @@ class ExpertReplies:
         await self.cache.offer(reply["id"], key, Answer(text=text, outcome=Outcome.ANSWERED, trace=Trace()))
 
     # --- reviewers' clicks -------------------------------------------------------------------------
-    async def approve(self, reply_id: str, *, reviewer: str, name: str, is_reviewer: bool) -> Result:
-        """"Save as approved answer"."""
+    async def _taken(self, reply_id: str, action: str, *, reviewer: str, name: str, is_reviewer: bool,
+                     enabled: bool) -> dict[str, Any] | Result:
+        """The checks both clicks make first: a reviewer, the action configured, the reply still kept
+        and not already handled (``action`` is taken for this click); the reply, or the Result to show."""
         if not is_reviewer:
             return Result(ExpertStatus.NOT_REVIEWER)
-        if self.cache is None:
+        if not enabled:
             return Result(ExpertStatus.DISABLED)
+        reply = await self.store.reply(reply_id)
+        if reply is None:
+            return Result(ExpertStatus.EXPIRED)
+        if (before := await self.store.take(reply_id, action, name or reviewer)) is not None:
+            return Result(ExpertStatus.ALREADY, before)
+        return reply
+
+    async def approve(self, reply_id: str, *, reviewer: str, name: str, is_reviewer: bool) -> Result:
+        """"Save as approved answer"."""
         try:
-            reply = await self.store.reply(reply_id)
-            if reply is None:
-                return Result(ExpertStatus.EXPIRED)
-            if (before := await self.store.take(reply_id, "approve", name or reviewer)) is not None:
-                return Result(ExpertStatus.ALREADY, before)
+            reply = await self._taken(reply_id, "approve", reviewer=reviewer, name=name, is_reviewer=is_reviewer,
+                                      enabled=self.cache is not None)
+            if isinstance(reply, Result):
+                return reply
+            assert self.cache is not None
             approved = await self.cache.approve(reply_id, reviewer, name, tenant=self._tenant(reply))
         except Exception:
             log.exception("reply %s: the approval failed", reply_id)
@@ -254,19 +265,15 @@ class ExpertReplies:
 
     async def capture(self, reply_id: str, *, reviewer: str, name: str, is_reviewer: bool) -> Result:
         """"Add to the knowledge base"."""
-        if not is_reviewer:
-            return Result(ExpertStatus.NOT_REVIEWER)
-        if self.capture_to is None:
-            return Result(ExpertStatus.DISABLED)
         try:
-            reply = await self.store.reply(reply_id)
-            if reply is None:
-                return Result(ExpertStatus.EXPIRED)
-            if (before := await self.store.take(reply_id, "capture", name or reviewer)) is not None:
-                return Result(ExpertStatus.ALREADY, before)
+            reply = await self._taken(reply_id, "capture", reviewer=reviewer, name=name, is_reviewer=is_reviewer,
+                                      enabled=self.capture_to is not None)
         except Exception:
             log.exception("reply %s: could not read it", reply_id)
             return Result(ExpertStatus.FAILED)
+        if isinstance(reply, Result):
+            return reply
+        assert self.capture_to is not None
         try:
             where = await self.capture_to.write(reply, name or reviewer)
         except Exception as exc:  # noqa: BLE001 - the click may be tried again

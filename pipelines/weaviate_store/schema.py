@@ -173,35 +173,35 @@ def upgrade_chunk_schema(collection: Any) -> None:
     collection.config.update(inverted_index_config=Reconfigure.inverted_index(bm25_k1=BM25_K1, bm25_b=BM25_B))
 
 
+def _ensure_property(collection: Any, prop: Property) -> bool:
+    """Adds ``prop`` to a collection made by an earlier kbbot that lacks it; True when it was missing."""
+    if any(p.name == prop.name for p in collection.config.get().properties):
+        return False
+    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
+        collection.config.add_property(prop)
+    return True
+
+
 def ensure_facts_property(manifest: Any) -> None:
     """Manifests made before facts existed get the property (never-searched JSON text)."""
-    if any(p.name == "facts" for p in manifest.config.get().properties):
-        return
-    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
-        manifest.config.add_property(Property(name="facts", data_type=DataType.TEXT,
-                                              index_searchable=False, index_filterable=False))
+    _ensure_property(manifest, Property(name="facts", data_type=DataType.TEXT, index_searchable=False,
+                                        index_filterable=False))
 
 
 def ensure_manifest_readers(manifest: Any) -> None:
     """Manifests made before permissions were recorded get the property (read back whole, never filtered)."""
-    if any(p.name == "readers" for p in manifest.config.get().properties):
-        return
-    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
-        manifest.config.add_property(Property(name="readers", data_type=DataType.TEXT_ARRAY,
-                                              index_searchable=False, index_filterable=False))
+    _ensure_property(manifest, Property(name="readers", data_type=DataType.TEXT_ARRAY, index_searchable=False,
+                                        index_filterable=False))
 
 
 def ensure_chunk_readers(collection: Any, public: str) -> int:
     """Chunk collections made before permissions were recorded get the filterable ``readers``
     property, and their chunks the readers they had: everyone of their space (``public``) until the
     next refresh records their source's permissions. Returns how many chunks were stamped."""
-    if any(p.name == "readers" for p in collection.config.get().properties):
-        return 0
-    with suppress(wexc.UnexpectedStatusCodeError):  # added concurrently by another process
-        collection.config.add_property(Property(name="readers", data_type=DataType.TEXT_ARRAY,
-                                                tokenization=Tokenization.FIELD, index_searchable=False,
-                                                index_filterable=True))
-    return rewrite_chunks(collection, None, {"readers": [public]})
+    added = _ensure_property(collection, Property(name="readers", data_type=DataType.TEXT_ARRAY,
+                                                  tokenization=Tokenization.FIELD, index_searchable=False,
+                                                  index_filterable=True))
+    return rewrite_chunks(collection, None, {"readers": [public]}) if added else 0
 
 
 def rewrite_chunks(collection: Any, where: Any, changes: dict[str, Any], limit: int = 10_000) -> int:

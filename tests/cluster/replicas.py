@@ -61,6 +61,8 @@ class Replica:
         self.log = log
         self._out = log.open("w")
         self._env = {**env, "KBBOT_PORT": str(self.port)}
+        #: Passed its health check since it last started: what a load balancer's readiness check sends to.
+        self.ready = False
         self.process = subprocess.Popen([sys.executable, "-m", "adapters.cli", "serve"], cwd=REPO, env=self._env,
                                         stdout=self._out, stderr=subprocess.STDOUT)
 
@@ -76,6 +78,7 @@ class Replica:
         """A new process in the old one's place (same port, data directory and log)."""
         self._out.close()
         self._out = self.log.open("a")
+        self.ready = False
         self.process = subprocess.Popen([sys.executable, "-m", "adapters.cli", "serve"], cwd=REPO, env=self._env,
                                         stdout=self._out, stderr=subprocess.STDOUT)
 
@@ -90,6 +93,7 @@ class Replica:
         return None
 
     def kill(self) -> None:
+        self.ready = False
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
@@ -166,9 +170,10 @@ async def refresh_once(env: dict[str, str], data_dir: Path) -> None:
 async def healthy(session: aiohttp.ClientSession, replica: Replica) -> bool:
     try:
         async with session.get(f"{replica.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as response:
-            return response.status == 200
+            replica.ready = response.status == 200
     except (TimeoutError, aiohttp.ClientError):
-        return False
+        replica.ready = False
+    return replica.ready
 
 
 async def wait_healthy(session: aiohttp.ClientSession, replicas: list[Replica], timeout_s: float = 240) -> None:

@@ -416,3 +416,34 @@ def test_approved_answers_are_shared_by_audiences_that_read_the_same_documents()
     assert channel_a.projected(ann_named).key == Audience.public().projected(ann_named).key, \
         "a channel where someone reads nothing named reads what the public does"
     assert channel_a.projected(frozenset({"channel:ca"})).key != channel_b.projected(frozenset({"channel:ca"})).key
+
+
+async def test_a_channels_members_are_looked_up_only_when_some_document_names_a_person_or_group():
+    """Where no document names a user or a group, the members of a channel could read only what the
+    channel reads: they are not listed (in a channel of hundreds, as many users.info calls before the
+    first answer), and the audience reads exactly what it would have read with them."""
+    from bot.permissions import Audiences
+
+    class Directory:
+        def __init__(self) -> None:
+            self.listed = 0
+
+        async def principals(self, tenant: str, user: str) -> frozenset[str] | None:
+            return frozenset({f"user:{user.lower()}@example.com"})
+
+        async def members(self, tenant: str, channel: str) -> list[str] | None:
+            self.listed += 1
+            return ["UANN", "UBOB"]
+
+    directory = Directory()
+    audiences = Audiences({"slack": directory}, cache_s=0)
+    inquiry = Inquiry("slack", "T1", "C1", "slack:T1:C1:1", "UANN", "q")
+    unrestricted = frozenset({"public", "channel:c9"})
+    skipped = await audiences.of(inquiry, unrestricted)
+    assert directory.listed == 0
+    listed = await audiences.of(inquiry)
+    assert directory.listed == 1 and len(listed.each) == 2
+    assert skipped.filter(unrestricted) == listed.filter(unrestricted)
+    assert skipped.projected(unrestricted).key == listed.projected(unrestricted).key
+    named = await audiences.of(inquiry, unrestricted | {"user:uann@example.com"})
+    assert directory.listed == 2 and named.each == listed.each
