@@ -19,11 +19,12 @@ window does, additive increase and multiplicative decrease:
 
 The state belongs to the provider account, not to the process: with ``REDIS_URL`` every replica keeps
 to one state in Redis (``RedisModelCalls``: one Lua script per operation, on Redis' clock), else it
-lives in this process (``MemoryModelCalls``). Each call in flight holds a lease of ``lease_s`` (15 s)
-that its process renews every third of it while the call runs (one script call for all of them), so a
-replica that dies mid-call frees its places within ``lease_s``: a lease as long as a turn kept them for
-130 s, and where 429s had brought the limit down to a few calls, a killed replica's places were all
-there were, and the survivors' turns timed out waiting for them (bench.load, faults run, 2026-12-03).
+lives in this process (``MemoryModelCalls``). Each call in flight holds a lease of ``lease_s`` (6 s,
+about when a dead replica's turns are taken over) that its process renews every third of it while the
+call runs (one script call for all of them), so a replica that dies mid-call frees its places within
+``lease_s``: a lease as long as a turn kept them for 130 s, and where 429s had brought the limit down to
+a few calls, a killed replica's places were all there were, and the survivors' turns timed out waiting
+for them (bench.load, faults run, 2026-12-03).
 
 Redis keys (``prefix`` names the account's kind and model, e.g. ``kbbot:model:anthropic:claude-sonnet-5-5:``):
 
@@ -66,7 +67,7 @@ class Adaptation:
     maximum: int = 128
     #: How long a call holds its place unless its process renews it (every third of it while the call
     #: runs): a replica that died mid-call frees its places after this long.
-    lease_s: float = 15.0
+    lease_s: float = 6.0
     #: After this long without any call the state is forgotten and the limit starts high again.
     idle_s: float = 3600.0
 
@@ -377,9 +378,12 @@ class AdaptiveModelCalls:
     """Model calls of a hosted model, admitted by the account's ``ModelCallState``; ``observe`` is the
     response hook of the model's HTTP client (``pipelines.generators.make_generator(on_response=...)``)."""
 
-    #: Every place taken: how often a waiting call looks again for a place another replica freed (a call
-    #: ending in this process wakes its waiters at once).
+    #: Every place taken: how soon a waiting call looks again for a place another replica freed (a call
+    #: ending in this process wakes its waiters at once), doubling to ``POLL_MAX_S``: a hundred calls
+    #: waiting out a dead replica's places polled Redis 400 times a second and emptied the connection
+    #: pool the turns' leases are renewed through.
     POLL_S = 0.25
+    POLL_MAX_S = 2.0
 
     def __init__(self, state: ModelCallState, *, renew_every_s: float | None = None):
         self.state = state
@@ -421,6 +425,7 @@ class AdaptiveModelCalls:
         call = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         held_back = False
+        poll_s = self.POLL_S
         try:
             while True:
                 ended = loop.create_future()
@@ -440,7 +445,9 @@ class AdaptiveModelCalls:
                     if not held_back:
                         held_back = True
                         self._held_back += 1
-                    await asyncio.wait({ended}, timeout=self.POLL_S if wait < 0 else wait)
+                    await asyncio.wait({ended}, timeout=poll_s if wait < 0 else wait)
+                    if wait < 0:
+                        poll_s = min(self.POLL_MAX_S, poll_s * 2)
                 finally:
                     self._waiting.discard(ended)
                     ended.cancel()
