@@ -35,9 +35,11 @@ test: install lint services browser
 		$(UV) run pytest -q $(PYTEST_ARGS)
 
 # Clusters and failover (marked `cluster`, not part of `make test`): a three-node Weaviate, Redis
-# with a replica and three Sentinels, several `kbbot serve` replicas; each test kills one of them.
+# with a replica and three Sentinels, several `kbbot serve` replicas; each test kills one of them; and
+# the kill-point tests (marked `kill_point`, in `make test` too), which kill a replica at a named step.
 test-cluster: install services
-	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q -m cluster $(or $(PYTEST_ARGS),tests/cluster)
+	@set -a; source <($(SERVICES) env); set +a; $(UV) run pytest -q -m "cluster or kill_point" \
+		$(or $(PYTEST_ARGS),tests/cluster tests/test_pending.py tests/test_takeover.py)
 
 browser:
 	@bash scripts/browser.sh >/dev/null

@@ -363,6 +363,7 @@ async def buried(*tasks: asyncio.Task[Any]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@pytest.mark.kill_point
 async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_waiting_out_the_lock(
         tmp_path: Path, stores: Stores):
     if stores.redis is None:
@@ -381,6 +382,7 @@ async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_wai
     assert not await RedisLock(stores.redis, "thread:slack:T1:C1:11", prefix=stores.prefix).locked(), "released"
 
 
+@pytest.mark.kill_point
 async def test_killed_after_posting_its_final_answer_the_question_is_not_answered_again(tmp_path: Path,
                                                                                        stores: Stores):
     killed = die_at("final posted")
@@ -402,6 +404,7 @@ async def test_killed_after_posting_its_final_answer_the_question_is_not_answere
     assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
 
 
+@pytest.mark.kill_point
 async def test_killed_before_posting_its_final_answer_the_question_is_answered_once(tmp_path: Path, stores: Stores):
     killed = die_at("final recorded")
     answers = Answers()

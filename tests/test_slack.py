@@ -440,7 +440,9 @@ async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_s
     model.responder = lambda req: Script(steps(req, 25), tokens_per_second=120)
     fake_slack.limit("chat.update", calls=4, per_s=1.0)
     rates = make_rates(SlackSettings())
-    rates.rates = {**rates.rates, "chat.update": Rate(per_minute=60, burst=3)}
+    # A bucket of 2 refilled once a second sends at most 3 in any second: one call (a second of
+    # scheduling jitter on a loaded machine) short of the fake's 4, so a 429 here is a real overrun.
+    rates.rates = {**rates.rates, "chat.update": Rate(per_minute=60, burst=2)}
     async with slack_app(runtime, fake_slack, rates=rates, stream_mode="edit", edit_interval_s=0.2) as slack:
         mentions = [slack.mention() for _ in range(3)]
         for mention in mentions:

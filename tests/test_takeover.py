@@ -86,6 +86,7 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
 SLACK_ACK_S = 3.0
 
 
+@pytest.mark.kill_point
 @pytest.mark.parametrize("point", ["recorded", "claimed"])
 async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_event_is_answered_once(
         kb_runtime: Runtime, fake_slack: FakeSlack, point: str):
@@ -122,6 +123,7 @@ async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_eve
     assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
 
 
+@pytest.mark.kill_point
 @pytest.mark.parametrize("point", ["recorded", "claimed"])
 async def test_telegram_question_of_a_process_killed_before_it_confirmed_the_update_is_answered_once(
         kb_runtime: Runtime, fake_tg: FakeTelegram, point: str):
