@@ -296,6 +296,9 @@ def main() -> None:
     rows = []
     with contextlib.ExitStack() as stack:
         if args.keep is not None:
+            if args.keep.exists() and any(args.keep.iterdir()):
+                # Checked before the replicas start: a run's logs must not mix with an earlier run's.
+                raise SystemExit(f"--keep {args.keep}: not empty (an earlier run's logs?); give a new or empty directory")
             args.keep.mkdir(parents=True, exist_ok=True)
         tmp = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbbot-load-")))
         for name in args.runs:

@@ -55,6 +55,14 @@ from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")
 
+
+def _log_outcome(inquiry: Inquiry, event_id: str, kind: str, answer: Answer, *, shown_again: bool = False) -> None:
+    """One line per question answered, whichever replica ended it (bench.load counts outcomes by it):
+    ``shown_again``, a final answer its dead owner recorded, shown by the replica that took it over."""
+    # The outcome stays the line's last word.
+    log.info("%s %s %s in %s -> turn %s%s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
+             answer.trace.turn_id, " (its recorded final shown again)" if shown_again else "", answer.outcome.value)
+
 CRASHED = "Something went wrong while answering. Please try again."
 
 
@@ -267,8 +275,7 @@ class Conversations:
             if lease is not None:
                 await lease.stop()  # cut short (shutdown): the entry stays for another replica
         if answer is not None:
-            log.info("%s %s %s in %s -> turn %s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
-                     answer.trace.turn_id, answer.outcome.value)
+            _log_outcome(inquiry, event_id, kind, answer)
             if self.expert is not None:
                 await self.expert.after_turn(inquiry, answer)
         if self.on_turn is not None:
@@ -369,6 +376,7 @@ class Conversations:
             await lease.end(answered=True)
         else:
             await t.pending.remove(turn, t.replica)
+        _log_outcome(turn.inquiry, turn.event_id, turn.kind, answer, shown_again=True)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
                                     reply=reply))

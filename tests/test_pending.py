@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -384,7 +385,8 @@ async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_wai
 
 @pytest.mark.kill_point
 async def test_killed_after_posting_its_final_answer_the_question_is_not_answered_again(tmp_path: Path,
-                                                                                       stores: Stores):
+                                                                                       stores: Stores, caplog):
+    caplog.set_level(logging.INFO, logger="kbbot.conversation")
     killed = die_at("final posted")
     answers = Answers()
     a, _ = replica(tmp_path, stores, "A", answers)
@@ -402,6 +404,9 @@ async def test_killed_after_posting_its_final_answer_the_question_is_not_answere
     assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
     assert resumed.final.text == reply.final.text
     assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
+    # The question's outcome line comes from B (A died before writing it): every question answered has one.
+    [line] = [r.getMessage() for r in caplog.records if " -> turn " in r.getMessage()]
+    assert line.endswith(f"-> turn {reply.final.trace.turn_id} (its recorded final shown again) answered")
 
 
 @pytest.mark.kill_point

@@ -435,72 +435,77 @@ class FakeAnthropic(LocalServer):
             },
         )
         await response.prepare(request)
-        usage = self._usage(record.body, 1)
-        await response.write(
-            _sse(
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {
-                        "id": self._new_id("msg"),
-                        "type": "message",
-                        "role": "assistant",
-                        "model": record.body["model"],
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": usage,
+        try:
+            usage = self._usage(record.body, 1)
+            await response.write(
+                _sse(
+                    "message_start",
+                    {
+                        "type": "message_start",
+                        "message": {
+                            "id": self._new_id("msg"),
+                            "type": "message",
+                            "role": "assistant",
+                            "model": record.body["model"],
+                            "content": [],
+                            "stop_reason": None,
+                            "stop_sequence": None,
+                            "usage": usage,
+                        },
                     },
-                },
-            )
-        )
-        if not script.empty:
-            await response.write(
-                _sse(
-                    "content_block_start",
-                    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                 )
             )
-        # The real API interleaves pings; sending one keeps clients honest about skipping unknown events.
-        await response.write(_sse("ping", {"type": "ping"}))
+            if not script.empty:
+                await response.write(
+                    _sse(
+                        "content_block_start",
+                        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                    )
+                )
+            # The real API interleaves pings; sending one keeps clients honest about skipping unknown events.
+            await response.write(_sse("ping", {"type": "ping"}))
 
-        start = time.monotonic()
-        for index, token in enumerate(tokens):
-            if script.cut_after_tokens is not None and index >= script.cut_after_tokens:
-                break
-            await self._pace(start, index, script)
+            start = time.monotonic()
+            for index, token in enumerate(tokens):
+                if script.cut_after_tokens is not None and index >= script.cut_after_tokens:
+                    break
+                await self._pace(start, index, script)
+                await response.write(
+                    _sse(
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token}},
+                    )
+                )
+                now = time.monotonic()
+                if record.first_token_at is None:
+                    record.first_token_at = now
+                record.last_token_at = now
+                record.tokens_sent.append(token)
+
+            if script.cut_after_tokens is not None:
+                record.cut = True
+                self._abort(request)
+                return response
+
+            if not script.empty:
+                await response.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
             await response.write(
                 _sse(
-                    "content_block_delta",
-                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token}},
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": script.stop_sequence},
+                        "usage": {"output_tokens": len(record.tokens_sent)},
+                    },
                 )
             )
-            now = time.monotonic()
-            if record.first_token_at is None:
-                record.first_token_at = now
-            record.last_token_at = now
-            record.tokens_sent.append(token)
-
-        if script.cut_after_tokens is not None:
-            record.cut = True
-            self._abort(request)
+            await response.write(_sse("message_stop", {"type": "message_stop"}))
+            await response.write_eof()
             return response
-
-        if not script.empty:
-            await response.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
-        await response.write(
-            _sse(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": script.stop_sequence},
-                    "usage": {"output_tokens": len(record.tokens_sent)},
-                },
-            )
-        )
-        await response.write(_sse("message_stop", {"type": "message_stop"}))
-        await response.write_eof()
-        return response
+        except ConnectionResetError:
+            # The client went away mid-stream (a replica killed while it read the answer): a real API
+            # stops writing too; nothing to report.
+            return response
 
     @staticmethod
     def _abort(request: web.Request) -> None:
