@@ -190,6 +190,8 @@ class FakeSlack(LocalServer):
         #: channel id -> its members' ids (conversations.members, paginated by ``members_page``).
         self.channel_members: dict[str, list[str]] = {}
         self.members_page = 100
+        #: users.list's largest page (Slack recommends asking for 200 at most).
+        self.users_page = 200
         #: Scopes the token lacks: a method needing one answers ``missing_scope`` (users.info without
         #: users:read.email answers the profile without its e-mail, as Slack does).
         self.missing_scopes: set[str] = set()
@@ -347,6 +349,7 @@ class FakeSlack(LocalServer):
             "reactions.add": self._react,
             "reactions.remove": self._unreact,
             "users.info": self._users_info,
+            "users.list": self._users_list,
             "usergroups.list": self._usergroups_list,
             "usergroups.users.list": self._usergroups_users,
             "conversations.members": self._conversation_members,
@@ -565,6 +568,22 @@ class FakeSlack(LocalServer):
         if "users:read.email" in self.missing_scopes:
             user = {**user, "profile": {k: v for k, v in user["profile"].items() if k != "email"}}
         return {"user": user}
+
+    def _users_list(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        """The workspace's users as Slack pages them (``limit`` up to ``users_page``, an opaque cursor):
+        the scripted ones and the bot; e-mails only with users:read.email."""
+        self._need("users:read")
+        if self.bot_user_id not in self.users:
+            self.add_user(self.bot_user_id, is_bot=True, name="kbbot")
+        people = list(self.users.values())
+        start = int(str(args.get("cursor") or "0").removeprefix("dXNlcjo") or 0)
+        limit = min(int(args.get("limit") or self.users_page), self.users_page)
+        following = start + limit
+        page = people[start:following]
+        if "users:read.email" in self.missing_scopes:
+            page = [{**u, "profile": {k: v for k, v in u["profile"].items() if k != "email"}} for u in page]
+        cursor = f"dXNlcjo{following}" if following < len(people) else ""
+        return {"members": page, "cache_ts": int(now), "response_metadata": {"next_cursor": cursor}}
 
     def _group_json(self, handle: str) -> dict[str, Any]:
         return {"id": "S" + handle.upper(), "team_id": self.team_id, "is_usergroup": True, "name": handle,

@@ -447,3 +447,47 @@ async def test_a_channels_members_are_looked_up_only_when_some_document_names_a_
     assert skipped.projected(unrestricted).key == listed.projected(unrestricted).key
     named = await audiences.of(inquiry, unrestricted | {"user:uann@example.com"})
     assert directory.listed == 2 and named.each == listed.each
+
+
+async def test_a_big_channels_members_are_read_from_users_list_not_one_by_one():
+    """A channel of 250 with a cold cache: three users.list pages (Tier 2) instead of 250 users.info
+    calls (Tier 4: two and a half minutes of them), members Slack's list did not hold looked up one by
+    one; the principals come from what the pages brought."""
+    async with FakeSlack(team_id=TEAM, bot_user_id="UKBBOT") as slack:
+        members = [f"UMEMBER{i:03d}" for i in range(250)]
+        for user in members[:240]:  # the last 10 are not in the fake's directory: users.info describes them
+            slack.add_user(user, f"{user.lower()}@example.com")
+        for i in range(300):  # the rest of the workspace
+            slack.add_user(f"UOTHER{i:03d}", f"other{i}@example.com")
+        slack.channel_members = {"CBIG": [*members, "UKBBOT"], "CSMALL": [f"UOTHER{i:03d}" for i in range(5)]}
+        directory = SlackDirectory(AsyncWebClient(token=slack.token, base_url=slack.base_url), cache_s=300)
+
+        assert await directory.members(TEAM, "CBIG") == members
+        assert len(slack.calls_to("users.list")) == 3  # 541 users, 200 a page
+        assert sorted(c.args["user"] for c in slack.calls_to("users.info")) == members[240:]
+        assert await directory.principals(TEAM, members[0]) == {f"user:{members[0].lower()}@example.com"}
+        assert len(slack.calls_to("users.info")) == 10, "the principals came from the pages read"
+
+        # A channel whose few members are known already costs nothing more.
+        assert await directory.members(TEAM, "CSMALL") == slack.channel_members["CSMALL"]
+        assert len(slack.calls_to("users.list")) == 3 and len(slack.calls_to("users.info")) == 10
+
+
+async def test_users_list_is_read_no_longer_than_looking_members_up_would_take_and_falls_back_when_refused(caplog):
+    async with FakeSlack(team_id=TEAM, bot_user_id="UKBBOT") as slack:
+        for i in range(2000):  # a big workspace whose directory does not hold the channel's 25 (guests)
+            slack.add_user(f"UOTHER{i:04d}", f"other{i}@example.com")
+        guests = [f"UGUEST{i:02d}" for i in range(25)]
+        slack.channel_members = {"CGUESTS": guests, "CLIMITED": [f"UOTHER{i:04d}" for i in range(30)]}
+        client = AsyncWebClient(token=slack.token, base_url=slack.base_url)
+
+        directory = SlackDirectory(client, cache_s=300)
+        assert await directory.members(TEAM, "CGUESTS") == guests
+        # 25 users.info calls are worth five pages (Tier 2 is a fifth of Tier 4): paging stops there.
+        assert len(slack.calls_to("users.list")) == 5 and len(slack.calls_to("users.info")) == 25
+
+        slack.rate_limit("users.list", times=1, retry_after=1)
+        refused = SlackDirectory(client, cache_s=300)
+        assert await refused.members(TEAM, "CLIMITED") == slack.channel_members["CLIMITED"]
+        assert await refused.principals(TEAM, "UOTHER0007") == {"user:other7@example.com"}
+        assert "Slack refused users.list (ratelimited): users are looked up one by one" in caplog.text
