@@ -45,7 +45,7 @@ from haystack.dataclasses import ChatMessage
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock as _RedisPyLock
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import LockError, RedisError
@@ -62,9 +62,11 @@ DEFAULT_PREFIX = "kbbot:"
 SENTINEL_SCHEME = "redis+sentinel"
 #: How long a write waits for its replica acknowledgements (WAIT) before it stands on the primary alone.
 REPLICA_ACK_TIMEOUT_MS = 200
-#: Retries of a command behind Sentinels: with jittered backoff capped at 1 s, about ten seconds,
-#: which covers a failover with ``down-after-milliseconds`` of a few seconds.
-SENTINEL_RETRIES = 12
+#: Retries of a command behind Sentinels: with jittered backoff capped at 1 s, 28-31 s (the sum of
+#: the backoffs, min and median of 2,000 draws). Ten seconds (12 retries) did not cover a failover
+#: on a loaded machine: Sentinels with ``down-after-milliseconds`` 1000 took 15.7 s to promote the
+#: replica as a client saw it, and a turn failed "cannot reach its conversation store".
+SENTINEL_RETRIES = 34
 
 
 class RedisUnavailable(StateUnavailable):
@@ -116,6 +118,23 @@ async def replicated(conn: Redis, replicas: int, what: str) -> None:
                        "a failover now could lose it", what, acked, replicas, REPLICA_ACK_TIMEOUT_MS)
 
 
+class _PrimaryFollowingConnection(SentinelManagedConnection):
+    """A connection to the primary that asks the Sentinels where the primary is on every reconnect.
+
+    redis-py 8.1 reconnects a dropped connection inside ``send_packed_command`` through
+    ``connect_check_health``, which dials the address the connection last had, not through the
+    Sentinel-aware ``connect``: a connection in use when the primary died redialled the dead primary
+    until its retries ran out, 38 s after the replica was promoted (``tests/cluster/test_redis_failover.py``,
+    a turn failed "cannot reach its conversation store").
+    """
+
+    async def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if not self.is_connected and self.connection_pool.is_master:
+            # MasterNotFoundError mid-failover is a ConnectionError: the command's retry tries again.
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+
 def _client(url: str, *, socket_timeout: float, connect_timeout: float, retries: int, health_check_interval: int,
             **options: object) -> Redis:
     if urlsplit(url).scheme != SENTINEL_SCHEME:
@@ -124,7 +143,8 @@ def _client(url: str, *, socket_timeout: float, connect_timeout: float, retries:
                               health_check_interval=health_check_interval, **options)
     addresses, master, auth = parse_sentinel_url(url)
     sentinels = Sentinel(addresses, socket_timeout=connect_timeout, socket_connect_timeout=connect_timeout)
-    return sentinels.master_for(master, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+    return sentinels.master_for(master, connection_class=_PrimaryFollowingConnection,
+                                socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                                 retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), max(retries, SENTINEL_RETRIES)),
                                 health_check_interval=health_check_interval, **auth, **options)
 

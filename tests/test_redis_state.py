@@ -29,6 +29,7 @@ from bot.redis_state import (
     RedisIdempotency,
     RedisLock,
     RedisUnavailable,
+    _PrimaryFollowingConnection,
     connect_redis,
     redact_url,
 )
@@ -437,3 +438,45 @@ async def test_redis_restart_fails_clearly_then_reconnects(private_redis: Privat
         assert await idem.claim("evt", 60)
     finally:
         await client.aclose()
+
+
+class _SentinelsSay:
+    """A Sentinel connection pool's side a connection asks: where the primary is now (the live server)."""
+
+    is_master = True
+    check_connection = False
+
+    def __init__(self, address: tuple[str, int]):
+        self.address = address
+        self.asked = 0
+
+    async def get_master_address(self) -> tuple[str, int]:
+        self.asked += 1
+        return self.address
+
+
+@needs_redis
+async def test_a_dropped_primary_connection_redials_where_the_sentinels_now_say_the_primary_is():
+    """redis-py 8.1 reconnects a dropped connection in ``send_packed_command`` at the address it last
+    had: after a failover, the dead primary's, until the command's retries run out. Ours asks the
+    Sentinels first. The plain Sentinel-managed connection is shown failing the same way as proof."""
+    from redis.asyncio.connection import parse_url
+    from redis.asyncio.sentinel import SentinelManagedConnection
+
+    assert REDIS_URL
+    live = parse_url(REDIS_URL)
+    dead = ("127.0.0.1", free_port())  # the primary that was killed: nothing listens there
+    for kind in (SentinelManagedConnection, _PrimaryFollowingConnection):
+        pool = _SentinelsSay((live["host"], live["port"]))
+        connection = kind(connection_pool=pool, host=dead[0], port=dead[1], socket_connect_timeout=1)
+        try:
+            if kind is SentinelManagedConnection:
+                with pytest.raises(redis.exceptions.ConnectionError, match=str(dead[1])):
+                    await connection.send_command("PING")
+                assert pool.asked == 0
+                continue
+            await connection.send_command("PING")
+            assert await connection.read_response() in (b"PONG", "PONG", True)
+            assert pool.asked == 1 and (connection.host, connection.port) == (live["host"], live["port"])
+        finally:
+            await connection.disconnect()
