@@ -63,9 +63,10 @@ SENTINEL_SCHEME = "redis+sentinel"
 #: How long a write waits for its replica acknowledgements (WAIT) before it stands on the primary alone.
 REPLICA_ACK_TIMEOUT_MS = 200
 #: Retries of a command behind Sentinels: with jittered backoff capped at 1 s, 28-31 s (the sum of
-#: the backoffs, min and median of 2,000 draws). Ten seconds (12 retries) did not cover a failover
-#: on a loaded machine: Sentinels with ``down-after-milliseconds`` 1000 took 15.7 s to promote the
-#: replica as a client saw it, and a turn failed "cannot reach its conversation store".
+#: the backoffs, min and median of 2,000 draws), room for a failover whose Sentinels take several
+#: seconds to agree on a loaded machine. (Raised from 12, ~10 s, while chasing failed turns whose
+#: cause turned out to be the redial below, ``_PrimaryFollowingConnection``; with that fixed,
+#: promotions took 3.1-8.1 s as clients saw them.)
 SENTINEL_RETRIES = 34
 
 
