@@ -26,6 +26,7 @@ import contextvars
 import enum
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,7 +234,7 @@ class Conversations:
 
     async def _lease(self, turn: PendingTurn, claim: Claim | None, reply: Reply) -> TurnLease | None:
         assert self.takeover is not None
-        lease = TurnLease(self.takeover.pending, turn, self.takeover.replica, claims=claim,
+        lease = TurnLease(self.takeover.pending, turn, turn.owner or self.takeover.replica, claims=claim,
                           messages=reply.message_ids if isinstance(reply, PostsMessages) else None)
         try:
             await lease.start()
@@ -261,7 +262,8 @@ class Conversations:
                 current = asyncio.current_task()
                 if lease is None or not lease.lost or (current is not None and current.cancelling()):
                     raise
-                return None  # another replica has the turn: nothing more is written here
+                await self._withdraw(lease, reply)
+                return None  # another take-over has the turn: nothing more is written here
             except Exception:
                 # The Answerer reports its own failures; reaching here is a bug, still shown to the user.
                 log.exception("%s %s: the turn crashed", inquiry.platform, event_id)
@@ -282,6 +284,18 @@ class Conversations:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
 
+    async def _withdraw(self, lease: TurnLease, reply: Reply) -> None:
+        """What a turn that lost its lease while alive posted and never recorded is taken back by the
+        platform's delivery (``Resumer.withdraw``)."""
+        resumer = (await self._served()).get(lease.turn.account)
+        if resumer is None:
+            return
+        try:
+            await resumer.withdraw(lease.turn, reply, lease.recorded)
+        except Exception:  # a courtesy to the reader: the new owner's answer is shown all the same
+            log.exception("%s %s: could not take back the messages of a turn taken over", lease.turn.platform,
+                          lease.turn.event_id)
+
     # --- turns of replicas that died ------------------------------------------------------------
     async def _served(self) -> dict[str, Resumer]:
         return {await resumer.account(): resumer for resumer in self.resumers}
@@ -292,7 +306,11 @@ class Conversations:
         if self.takeover is None or not self.resumers:
             return 0
         t = self.takeover
-        turns = await t.pending.take_expired(t.replica, sorted(await self._served()), t.batch)
+        # An owner of its own for each take-over, not the replica's id: one replica can take the same turn
+        # twice (its first take-over starved past the lease on a loaded machine), and a fence that only
+        # knew the replica let both of its turns post an answer.
+        holder = f"{t.replica}#{uuid.uuid4().hex[:12]}"
+        turns = await t.pending.take_expired(holder, sorted(await self._served()), t.batch)
         for turn in turns:
             self.recovering.track(asyncio.create_task(self.resume(turn), name=f"resume {turn.id}"))
         return len(turns)
@@ -313,7 +331,7 @@ class Conversations:
         if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
             log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
                      turn.event_id, turn.id)
-            await t.pending.remove(turn, t.replica)
+            await t.pending.remove(turn, turn.owner or t.replica)
             return None
         reply = await self._rebuilt(turn, resumer)
         if reply is None:
@@ -326,7 +344,7 @@ class Conversations:
                 await reply.fail(turn.crashed)
             finally:
                 await claims.finish(answered=True)  # the user was told: a redelivery starts no new round
-                await t.pending.remove(turn, t.replica)
+                await t.pending.remove(turn, turn.owner or t.replica)
             return None
         log.warning("%s %s: taking over pending turn %s (attempt %d, %d message(s) left by the previous owner)",
                     turn.platform, turn.event_id, turn.id, turn.attempts, len(turn.messages))
@@ -375,7 +393,7 @@ class Conversations:
         if lease is not None:
             await lease.end(answered=True)
         else:
-            await t.pending.remove(turn, t.replica)
+            await t.pending.remove(turn, turn.owner or t.replica)
         _log_outcome(turn.inquiry, turn.event_id, turn.kind, answer, shown_again=True)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,

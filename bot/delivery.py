@@ -39,7 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 from bot.conversation import Accepted, Conversations
 from bot.messages import say
-from bot.pending import PendingTurn
+from bot.pending import PendingTurn, PostsMessages
 from bot.state import Claim, TaskSet
 from bot.streaming import RetryAfter, StreamWriter
 from bot.types import Answer, Inquiry, Reply
@@ -248,6 +248,20 @@ class Delivery:
         for message_id in turn.messages:
             await self._retire(turn.target, message_id, language)
         return self.platform.rebuild(turn)
+
+    async def withdraw(self, turn: PendingTurn, reply: Reply, keep: list[str]) -> None:
+        """A turn of this account that stalled past its lease while alive, and was taken over (by another
+        replica, or by this one again), stops writing; the messages it posted that its entry never held
+        are retired, since the new owner retires only those it was handed (``keep``). Without this a
+        replica under load left a half-written answer beside the whole one."""
+        if isinstance(reply, StreamedReply):
+            await reply.writer.close()  # a send in flight completes first: its message id is known
+        if not isinstance(reply, PostsMessages):
+            return
+        language = str(turn.target.get("language") or "en")
+        for message_id in reply.message_ids():
+            if message_id not in keep:
+                await self._retire(turn.target, message_id, language)
 
     async def _retire(self, target: dict[str, Any], message_id: str, language: str) -> None:
         """Deleted, so the conversation ends with one whole answer; where the platform refuses (a message

@@ -8,7 +8,9 @@ claims), as a ``PendingTurn`` (the ``Inquiry``, where the reply goes, the claim 
 messages already posted for the answer, the thread lock it holds) owned by it on a lease
 (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and removes it
 when the turn ends. Every replica runs a ``RecoveryLoop``: entries whose lease expired
-are taken over (owner changed, attempt counted, in one atomic step), re-claimed, rebuilt through
+are taken over (owner changed, attempt counted, in one atomic step; the new owner is the replica and a
+token of that take-over, so that two take-overs of one turn by the same replica are fenced from each
+other like two replicas are), re-claimed, rebuilt through
 the delivery layer of the platform account that accepted them (``Resumer``: ``bot.delivery.Delivery``)
 and answered by ``Conversations.resume``. Entries are kept per platform account (``PendingTurn.account``:
 the Telegram bot, the Slack app's bot user), so a replica only ever takes what it serves.
@@ -100,6 +102,9 @@ class PendingTurn:
     #: The final answer (``answer_payload``), recorded just before it is posted (``TurnLease.conclude``):
     #: a turn taken over with one shows that answer again instead of running the question again.
     final: str | None = None
+    #: Who holds the entry as it was taken over (``PendingTurns.take_expired``'s ``owner``): the lease,
+    #: the fence and the removal of the turn taken over use it. Not stored in the payload.
+    owner: str = ""
 
     @property
     def platform(self) -> str:
@@ -113,7 +118,7 @@ class PendingTurn:
     def payload(self) -> str:
         """The fixed part, as JSON (attempts, messages and the final answer change while the entry lives)."""
         data = dataclasses.asdict(self)
-        del data["attempts"], data["messages"], data["final"]
+        del data["attempts"], data["messages"], data["final"], data["owner"]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -173,7 +178,8 @@ class PendingTurns(Protocol):
     async def take_expired(self, owner: str, accounts: list[str], limit: int) -> list[PendingTurn]:
         """Up to ``limit`` entries of ``accounts`` whose lease expired, now owned by ``owner`` on a new
         lease, each with its attempts counted and the lock its turn held freed (one atomic step: two
-        replicas never take the same entry). Entries of other accounts never count against ``limit``."""
+        replicas never take the same entry). Entries of other accounts never count against ``limit``. Each
+        turn comes with ``owner`` set: what its lease and fence must present from then on."""
 
 
 @dataclass
@@ -258,7 +264,7 @@ class MemoryPendingTurns:
                 if entry.lock is not None:  # only if the dead owner still holds it (the token says)
                     self._locks.release(*entry.lock)
                     entry.lock = None
-                taken.append(dataclasses.replace(entry.turn, messages=list(entry.turn.messages)))
+                taken.append(dataclasses.replace(entry.turn, messages=list(entry.turn.messages), owner=owner))
         return taken
 
 
@@ -277,6 +283,8 @@ class TurnLease:
         self.claims = claims
         self.messages = messages
         self.lost = False
+        #: The reply's messages as last stored with the entry: what a replica taking the turn over is handed.
+        self.recorded: list[str] = []
         self._valid_until = 0.0
         self._task: asyncio.Task[Any] | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -310,18 +318,19 @@ class TurnLease:
         self._task = task
 
     def lose(self, why: str) -> None:
-        """Another replica has the turn: stop it (its task is cancelled) and write nothing more."""
+        """Another take-over has the turn (another replica's, or this one's again): stop it (its task is
+        cancelled) and write nothing more."""
         if self.lost:
             return
         self.lost = True
-        log.warning("turn %s (%s): %s; stopping it, another replica answers it", self.turn.id, self.turn.event_id, why)
+        log.warning("turn %s (%s): %s; stopping it, its new owner answers it", self.turn.id, self.turn.event_id, why)
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
     async def _renew(self, messages: list[str] | None) -> None:
         began = time.monotonic()
         if not await self.store.renew(self.turn, self.owner, messages):
-            self.lose("its pending entry is owned by another replica")
+            self.lose("its pending entry was taken over")
             return
         if self.claims is not None and not self._claims_kept:  # kept for the dedupe TTL: not shortened again
             await self.claims.renew()
@@ -346,16 +355,15 @@ class TurnLease:
         # valid (2/3) fails, bounded by a third, before the entry can expire (4/3).
         every = self.turn.lease_s / 3
         last_renewal = time.monotonic()
-        recorded: list[str] = []
         # The flag, not only the cancellation: a cancellation that meets a renewal's timeout can be
         # turned into a TimeoutError (Python 3.11), which the loop would take for a hiccup.
         while not self.lost and not self._stopped:
             await asyncio.sleep(min(WATCH_S, every / 2))
-            current = list(self.messages()) if self.messages is not None else recorded
-            if current == recorded and self.valid and time.monotonic() - last_renewal < every:
+            current = list(self.messages()) if self.messages is not None else self.recorded
+            if current == self.recorded and self.valid and time.monotonic() - last_renewal < every:
                 continue
-            if await self._renew_now(current if current != recorded else None):
-                recorded, last_renewal = current, time.monotonic()
+            if await self._renew_now(current if current != self.recorded else None):
+                self.recorded, last_renewal = current, time.monotonic()
 
     async def holds(self, lock: RenewingLock) -> None:
         """``bot.state.TURN_LOCKS``: the turn is about to take ``lock``. Recorded with the entry first, so a
@@ -477,6 +485,10 @@ class Resumer(Protocol):
     async def resume(self, turn: PendingTurn) -> Reply | None:
         """The reply of ``turn`` rebuilt, with the messages a dead replica left half-written dealt with;
         ``None`` for a turn of an account this process does not serve (refused, nothing touched)."""
+
+    async def withdraw(self, turn: PendingTurn, reply: Reply, keep: list[str]) -> None:
+        """``reply`` of a turn that lost its lease while alive stops writing, and the messages it posted
+        other than ``keep`` (those its entry held: the new owner retires them) are retired."""
 
 
 class RecoveryLoop:

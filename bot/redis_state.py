@@ -37,6 +37,7 @@ stands on the primary alone (logged): kbbot keeps answering rather than stop wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from urllib.parse import unquote, urlsplit
@@ -460,8 +461,9 @@ class RedisPendingTurns:
         turns = []
         for payload, attempts, messages, final in zip(raw[::4], raw[1::4], raw[2::4], raw[3::4]):
             try:
-                turns.append(PendingTurn.from_payload(payload, attempts=int(attempts), messages=messages,
-                                                      final=final))
+                turns.append(dataclasses.replace(
+                    PendingTurn.from_payload(payload, attempts=int(attempts), messages=messages, final=final),
+                    owner=owner))
             except (ValueError, TypeError, KeyError) as error:  # owned by us now: it expires again, logged each time
                 logger.error("skipping an unreadable pending turn: %s", error)
         return turns

@@ -97,8 +97,9 @@ async def test_an_entry_is_its_owners_until_its_lease_expires_then_one_other_tak
     taken = await asyncio.gather(store.take_expired("B", [account("slack")], 10), store.take_expired("C", [account("slack")], 10))
     assert sorted(len(t) for t in taken) == [0, 1], "two replicas never take the same entry"
     [got] = taken[0] or taken[1]
-    assert got == dataclasses.replace(turn, attempts=2, messages=["m1", "m2"])  # the whole turn, rebuilt
     new_owner = "B" if taken[0] else "C"
+    # The whole turn, rebuilt, with the owner its lease presents from now on.
+    assert got == dataclasses.replace(turn, attempts=2, messages=["m1", "m2"], owner=new_owner)
     assert not await store.renew(turn, "A"), "the old owner learns it lost the turn"
     assert not await store.remove(turn, "A")
     assert await store.take_expired("A", [account("slack")], 10) == [], "taken on a new lease"
@@ -264,6 +265,42 @@ async def test_an_owner_whose_event_loop_stalled_while_another_took_over_does_no
     await b.resume(taken[0])
     [(_, resumed)] = platform.resumed
     assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
+
+
+async def test_a_turn_one_replica_took_over_twice_is_answered_by_its_later_take_over_only(tmp_path: Path,
+                                                                                          stores: Stores):
+    """B takes A's turn over, and that turn stalls past its lease (a loaded machine); B's own next recovery
+    takes the turn again. The two take-overs are fenced from each other as two replicas' are: the stalled
+    one takes back what it posted and shows nothing more, the later one answers (seen in CI: both
+    answered, fenced by B's id alone, and the stalled one's message stayed beside the answer)."""
+    stuck = Stuck()
+    a, _ = replica(tmp_path, stores, "A", stuck)
+    handler = await accept(a, 8, from_a := Posting())
+    await stuck.writing.wait()
+    await asyncio.sleep(0.4)  # the lease records A's message
+    await buried(handler)  # SIGKILL
+    b, platform = replica(tmp_path, stores, "B", Stuck(block_s=EXPIRED + 0.6))
+    await asyncio.sleep(EXPIRED)
+    taken: list[PendingTurn] = []
+
+    async def take_again() -> None:  # B's next recovery round, while its first take-over holds the loop
+        await asyncio.sleep(EXPIRED + 0.1)
+        async with stores.elsewhere() as pending:  # under B's own id: whatever B presents, it is not
+            taken.extend(await pending.take_expired("B", [account("slack")], 10))  # its first take-over's
+
+    elsewhere = threading.Thread(target=asyncio.run, args=(take_again(),))
+    elsewhere.start()
+    assert await recover(b) == 1
+    elsewhere.join()
+    [(_, first)] = platform.resumed
+    assert len(taken) == 1 and taken[0].attempts == 3 and taken[0].messages == []
+    assert first.final is None and first.failure is None, "the stalled take-over was fenced off"
+    assert from_a.posted == first.posted == ["m1"]
+    assert platform.retired == ["m1", "m1"], "A's message by the first take-over, its own when it lost the turn"
+    await b.resume(taken[0])
+    [_, (_, later)] = platform.resumed
+    assert later.final is not None and later.final.outcome is Outcome.ANSWERED
+    assert platform.retired == ["m1", "m1"], "nothing else to retire"
 
 
 async def test_an_owner_whose_event_loop_stalled_but_kept_its_turn_answers_it(tmp_path: Path, stores: Stores):
