@@ -213,6 +213,52 @@ async def test_restricted_page_never_reaches_channel_or_unauthorised_dm(world):
         assert not any(w in text for w in SECRET_WORDS), (thread, text)
 
 
+class Posted:
+    """A chat platform's delivery layer as the gap follow-ups use it: what would be posted, and where."""
+
+    name = "slack"
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[dict[str, Any], Answer]] = []
+
+    async def post_answer(self, target: dict[str, Any], answer: Answer) -> None:
+        self.posts.append((target, answer))
+
+
+BOLTS = "<p>The HL-K8 claim plate bolts are tightened to 35 newton metres.</p>"
+BOLTS_QUESTION = "What torque are the HL-K8 claim plate bolts tightened to?"
+
+
+async def test_a_gap_is_answered_again_only_for_readers_of_the_restricted_page_that_closed_it(world):
+    """A question nobody could answer, asked in two channels; the page that answers it arrives restricted
+    to the hr readers. The refresh answers the gap again where every member may read the page (the hr
+    channel), and nowhere else: the general channel's thread gets no follow-up and nothing of the page."""
+    follow_ups = world.runtime.gap_follow_ups()
+    assert follow_ups is not None, "turn records are on by default"
+    follow_ups.serve(posted := Posted())
+    world.refresher.after_change.append(follow_ups.after_refresh)
+    gaps = {}
+    for user, channel in ((BOB, "CALL"), (CAROL, "CHR")):
+        inquiry = Inquiry(platform="slack", tenant=TEAM, channel=channel, thread_key=f"slack:{TEAM}:{channel}:g1",
+                          user_id=user, text=BOLTS_QUESTION, reply_to={"channel": channel, "thread_ts": "g1"})
+        gaps[channel] = await world.runtime.answerer.answer(inquiry, SilentReply())
+        assert gaps[channel].outcome is Outcome.NOT_FOUND, (channel, gaps[channel].text)
+
+    bolts = world.confluence.add_page("OPS", "HL-K8 claim plate bolts", BOLTS, read_users=["alice@example.com"],
+                                      read_groups=["hr"])
+    record = await world.refresher.run("wiki")
+    assert record is not None and record.ok, record
+
+    assert [target["channel"] for target, _ in posted.posts] == ["CHR"], "the hr channel only"
+    [(_, answer)] = posted.posts
+    assert f"confluence:wiki:page:{bolts.id}" in {c.doc_id for c in answer.citations} and "35" in answer.text
+    records = {r.channel: r for r in await world.runtime.turns.log.window(0, time.time() + 60)
+               if r.question == BOLTS_QUESTION and r.turn_id in {a.trace.turn_id for a in gaps.values()}}
+    assert records["CHR"].follow_up is not None and records["CALL"].follow_up is None
+    history = " ".join(m.text or "" for m in await world.runtime.history.load(f"slack:{TEAM}:CALL:g1"))
+    assert "35 newton" not in history
+
+
 async def test_history_written_for_one_audience_is_not_shown_to_another(world):
     # Alice's answer in the hr channel; then Bob joins the channel and asks a follow-up in that thread.
     first = await world.ask(ALICE, CLAIMS_QUESTION, channel="CHR", thread="h1")
