@@ -130,8 +130,18 @@ class _PrimaryFollowingConnection(SentinelManagedConnection):
     a turn failed "cannot reach its conversation store").
     """
 
+    #: Set while ``connect`` dials the address it has just asked the Sentinels for (``connect_to``).
+    _asked = False
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        self._asked = True  # not asked twice for one connect
+        try:
+            await super().connect_to(address)
+        finally:
+            self._asked = False
+
     async def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
-        if not self.is_connected and self.connection_pool.is_master:
+        if not self.is_connected and self.connection_pool.is_master and not self._asked:
             # MasterNotFoundError mid-failover is a ConnectionError: the command's retry tries again.
             self.host, self.port = await self.connection_pool.get_master_address()
         await super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)

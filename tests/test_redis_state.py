@@ -478,5 +478,8 @@ async def test_a_dropped_primary_connection_redials_where_the_sentinels_now_say_
             await connection.send_command("PING")
             assert await connection.read_response() in (b"PONG", "PONG", True)
             assert pool.asked == 1 and (connection.host, connection.port) == (live["host"], live["port"])
+            await connection.disconnect()
+            await connection.connect()  # a connect of its own asks the Sentinels once, not once more to dial
+            assert pool.asked == 2 and connection.is_connected
         finally:
             await connection.disconnect()
