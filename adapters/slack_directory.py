@@ -64,10 +64,14 @@ class SlackDirectory:
                         else "users are looked up one by one" if what == "users.list"
                         else "that user reads public documents only")
 
-    async def _user(self, user: str) -> dict[str, Any] | None:
+    def _cached(self, user: str, now: float) -> tuple[float, dict[str, Any] | None] | None:
+        """The user as cached (found or known not to be), while fresh."""
         hit = self._users.get(user)
+        return hit if hit is not None and hit[0] > now else None
+
+    async def _user(self, user: str) -> dict[str, Any] | None:
         now = time.monotonic()
-        if hit is not None and hit[0] > now:
+        if (hit := self._cached(user, now)) is not None:
             return hit[1]
         try:
             found = _slim((await self.client.users_info(user=user)).get("user"))
@@ -84,7 +88,7 @@ class SlackDirectory:
 
     def _unknown(self, users: list[str]) -> set[str]:
         now = time.monotonic()
-        return {u for u in users if (hit := self._users.get(u)) is None or hit[0] <= now}
+        return {u for u in users if self._cached(u, now) is None}
 
     async def _prime(self, wanted: set[str]) -> None:
         """Reads users.list until every user of ``wanted`` is known, or until the pages read have cost
