@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
 from bot.runtime import Runtime
-from bot.types import Outcome
+from bot.types import Answer, Inquiry, Outcome, Reply
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
-from tests.kill import die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
+from tests.kill import RENEWALS, die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
 from tests.replies import Stuck
 from tests.test_slack import fake_slack, slack_app  # noqa: F401  (fake_slack is a fixture)
 from tests.test_telegram import QUESTION, fake_tg, telegram_bot  # noqa: F401  (fake_tg is a fixture)
@@ -80,6 +81,62 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
     [turn] = b.turns
     assert turn.answer is not None and turn.answer.outcome is Outcome.ANSWERED and turn.inquiry.text == QUESTION
     assert stuck.cancelled_at is not None and not a.turns
+
+
+class LateWriter:
+    """An Answerer whose turn is alive but silent until ``go`` (its replica stalled past the lease), then
+    streams ``text`` (waiting until its message is shown) and finishes."""
+
+    def __init__(self, text: str, shown: Any) -> None:
+        self.text = text
+        self.shown = shown
+        self.go = asyncio.Event()
+        self.cancelled = False
+
+    async def answer(self, inquiry: Inquiry, reply: Reply) -> Answer:
+        await reply.start()
+        await self.go.wait()
+        try:
+            await reply.push(self.text)
+            await until(self.shown)
+            answer = Answer(self.text, Outcome.ANSWERED)
+            await reply.finish(answer)
+            return answer
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def test_slack_turn_taken_over_while_alive_takes_back_the_message_it_posted_after(kb_runtime: Runtime,
+                                                                                       fake_slack: FakeSlack):
+    """A's turn stalls past its lease without dying; B takes the question over and answers. A then writes a
+    message the entry never held, so B could not retire it: A's fenced final takes it back itself."""
+    thread: list[Any] = []
+    late = LateWriter(PARTIAL, lambda: any(m.body.strip() for m in fake_slack.thread(*thread)))
+    async with slack_app(kb_runtime, fake_slack, answerer=late, replica="A", claim_lease_s=LEASE) as a, \
+            slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
+        for replica in (a, b):
+            replica.adapter.conversations.serve(replica.adapter.delivery)
+        body = await a.send(a.mention(), settle=False)
+        event = body["event"]
+        thread.extend((event["channel"], event["ts"]))
+        await asyncio.sleep(0.3)  # A's turn has started and renews its lease
+        for task in asyncio.all_tasks():  # A stalls: its renewals stop, its turn does not
+            if task.get_name().startswith(RENEWALS):
+                task.cancel()
+        await asyncio.sleep(LEASE * 1.6)
+        assert await b.adapter.conversations.recover() == 1
+        await b.adapter.conversations.recovering.settle(0.05)
+        [answer] = [m for m in fake_slack.thread(*thread) if m.body.strip()]
+        late.go.set()  # A comes back and writes
+        await a.adapter.settle()
+
+    assert late.cancelled, "A's final was fenced: B had the turn"
+    shown = [m for m in fake_slack.thread(*thread) if m.body.strip()]
+    assert [m.ts for m in shown] == [answer.ts], [m.body[:40] for m in shown]
+    mine = [m for m in fake_slack.messages.values() if m.thread_ts == event["ts"] and PARTIAL[:40] in m.body]
+    assert mine and all(m.deleted for m in mine), "A's message was posted, then taken back"
+    assert not a.turns and [t.answer.outcome for t in b.turns if t.answer] == [Outcome.ANSWERED]
 
 
 #: Slack waits this long for an event's 200, then sends it again; it sends nothing again once it got one.
