@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.answering import Answerer
@@ -234,7 +234,7 @@ class Conversations:
 
     async def _lease(self, turn: PendingTurn, claim: Claim | None, reply: Reply) -> TurnLease | None:
         assert self.takeover is not None
-        lease = TurnLease(self.takeover.pending, turn, turn.owner or self.takeover.replica, claims=claim,
+        lease = TurnLease(self.takeover.pending, turn, turn.owner, claims=claim,
                           messages=reply.message_ids if isinstance(reply, PostsMessages) else None)
         try:
             await lease.start()
@@ -320,6 +320,8 @@ class Conversations:
         account this process does not serve is refused and left alone."""
         assert self.takeover is not None
         t = self.takeover
+        if not turn.owner:  # a turn not from ``take_expired``: held under the replica's own id
+            turn = replace(turn, owner=t.replica)
         resumer = (await self._served()).get(turn.account)
         if resumer is None:
             log.warning("%s %s: pending turn %s belongs to %s, which this process does not serve; not resuming",
@@ -331,7 +333,7 @@ class Conversations:
         if claims is None:  # answered (claims kept), or in the live turn of a redelivery (its own entry)
             log.info("%s %s: pending turn %s is answered or being answered; dropping it", turn.platform,
                      turn.event_id, turn.id)
-            await t.pending.remove(turn, turn.owner or t.replica)
+            await t.pending.remove(turn, turn.owner)
             return None
         reply = await self._rebuilt(turn, resumer)
         if reply is None:
@@ -344,7 +346,7 @@ class Conversations:
                 await reply.fail(turn.crashed)
             finally:
                 await claims.finish(answered=True)  # the user was told: a redelivery starts no new round
-                await t.pending.remove(turn, turn.owner or t.replica)
+                await t.pending.remove(turn, turn.owner)
             return None
         log.warning("%s %s: taking over pending turn %s (attempt %d, %d message(s) left by the previous owner)",
                     turn.platform, turn.event_id, turn.id, turn.attempts, len(turn.messages))
@@ -393,7 +395,7 @@ class Conversations:
         if lease is not None:
             await lease.end(answered=True)
         else:
-            await t.pending.remove(turn, turn.owner or t.replica)
+            await t.pending.remove(turn, turn.owner)
         _log_outcome(turn.inquiry, turn.event_id, turn.kind, answer, shown_again=True)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
