@@ -24,14 +24,29 @@ class ModelRequest:
     last_token_at: float | None
 
 
-def _serve(conn: Any, answer: str, tokens_per_second: float | None,
-           first_token_delay: float) -> None:  # pragma: no cover - child process
-    from tests.fakes.anthropic_server import FakeAnthropic, Script
-    from tests.model_router import ModelRouter
+def scripted_router(answer: str, tokens_per_second: float | None, first_token_delay: float,
+                    helper_delay: float = 0.0) -> Any:
+    """The fake model's replies: ``answer`` streamed after ``first_token_delay``; the helper calls (rewrite,
+    guard, grade, reformulate) as ``tests.model_router`` answers them, after ``helper_delay`` seconds (a
+    hosted model answers a short JSON request in 0.3-1 s; 0: at once, as this benchmark did before)."""
+    from tests.fakes.anthropic_server import Script
+    from tests.model_router import KINDS, ModelRouter, default_reply
 
     router = ModelRouter()
     router.responders["answer"] = lambda body: Script(answer, tokens_per_second=tokens_per_second,
                                                       first_token_delay=first_token_delay)
+    if helper_delay:
+        for kind in KINDS:
+            router.responders[kind] = lambda body, kind=kind: Script(str(default_reply(kind, body)),
+                                                                     first_token_delay=helper_delay)
+    return router
+
+
+def _serve(conn: Any, answer: str, tokens_per_second: float | None,
+           first_token_delay: float, helper_delay: float = 0.0) -> None:  # pragma: no cover - child process
+    from tests.fakes.anthropic_server import FakeAnthropic
+
+    router = scripted_router(answer, tokens_per_second, first_token_delay, helper_delay)
     with FakeAnthropic(router).run_in_thread() as fake:
         conn.send(fake.base_url)
         while True:
@@ -49,8 +64,9 @@ def _serve(conn: Any, answer: str, tokens_per_second: float | None,
 class ModelProcess:
     """``with ModelProcess(answer, ...) as model:`` ``model.base_url``, ``model.requests()``, ``model.clear()``."""
 
-    def __init__(self, answer: str, *, tokens_per_second: float | None = None, first_token_delay: float = 0.0):
-        self.args = (answer, tokens_per_second, first_token_delay)
+    def __init__(self, answer: str, *, tokens_per_second: float | None = None, first_token_delay: float = 0.0,
+                 helper_delay: float = 0.0):
+        self.args = (answer, tokens_per_second, first_token_delay, helper_delay)
         self.base_url = ""
         self._conn: Any = None
         self._process: Any = None

@@ -1,7 +1,8 @@
 """Streaming N concurrent answers through the real adapters to the fake Slack and Telegram servers,
 against the naive strategy of editing after every N new characters, in the same run.
 
-    uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--redis] [--json]
+    uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--redis]
+                                     [--helper-delay 0.5] [--json]
 
 Each conversation asks one question at the same moment; the fake model (Anthropic's wire format) streams a
 ~600-character answer at ``--tokens-per-second`` after ``--first-token-delay``, from a process of its own
@@ -209,13 +210,11 @@ class _ThreadModel:
     """The fake model served from a thread of this process (``--model-in thread``: how this benchmark
     ran before 2026-12-03), with ``ModelProcess``'s interface."""
 
-    def __init__(self, tokens_per_second: float, first_token_delay: float):
-        from tests.fakes.anthropic_server import FakeAnthropic, Script
-        from tests.model_router import ModelRouter
+    def __init__(self, tokens_per_second: float, first_token_delay: float, helper_delay: float = 0.0):
+        from bench.model_process import scripted_router
+        from tests.fakes.anthropic_server import FakeAnthropic
 
-        router = ModelRouter()
-        router.responders["answer"] = lambda body: Script(ANSWER, tokens_per_second=tokens_per_second,
-                                                          first_token_delay=first_token_delay)
+        router = scripted_router(ANSWER, tokens_per_second, first_token_delay, helper_delay)
         self._serving = FakeAnthropic(router).run_in_thread()
         self.base_url = ""
 
@@ -234,14 +233,15 @@ class _ThreadModel:
         self.fake.requests.clear()
 
 
-def fake_model(model_in: str, tokens_per_second: float, first_token_delay: float) -> Any:
+def fake_model(model_in: str, tokens_per_second: float, first_token_delay: float, helper_delay: float = 0.0) -> Any:
     """The fake model in a process of its own (a hosted model costs kbbot's process nothing), or in a
     thread of this one."""
     if model_in == "thread":
-        return _ThreadModel(tokens_per_second, first_token_delay)
+        return _ThreadModel(tokens_per_second, first_token_delay, helper_delay)
     from bench.model_process import ModelProcess
 
-    return ModelProcess(ANSWER, tokens_per_second=tokens_per_second, first_token_delay=first_token_delay)
+    return ModelProcess(ANSWER, tokens_per_second=tokens_per_second, first_token_delay=first_token_delay,
+                        helper_delay=helper_delay)
 
 
 def model_tokens(model: Any) -> dict[str, tuple[float, float]]:
@@ -498,14 +498,14 @@ async def bucket_cost(redis: Any, n: int = 2000) -> list[dict[str, Any]]:
 async def run(conversations: list[int], every: int, tokens_per_second: float, first_token_delay: float,
               platforms: list[str], strategies: list[str] | None = None,
               turn_timeout_s: float = 60.0, layouts: list[str] | None = None, redis_url: str | None = None,
-              model_in: str = "process") -> dict[str, Any]:
+              model_in: str = "process", helper_delay: float = 0.0) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     layouts = layouts or ["many"]
     from bot.runtime import build_runtime
     from bot.settings import load_settings
     data = Path(tempfile.mkdtemp(prefix="kbbot-bench-stream-"))
     rows = []
-    with fake_model(model_in, tokens_per_second, first_token_delay) as fake:
+    with fake_model(model_in, tokens_per_second, first_token_delay, helper_delay) as fake:
         os.environ.update({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-bench"})
         settings = load_settings(REPO / "config" / "kbbot.yaml",
                                  env={"KBBOT_DATA_DIR": str(data), "ANTHROPIC_API_KEY": "sk-bench"})
@@ -542,12 +542,13 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
             await runtime.close()
     return {"answer_chars": len(ANSWER), "tokens_per_second": tokens_per_second, "turn_timeout_s": turn_timeout_s,
             "first_token_delay_s": first_token_delay, "naive_every_chars": every, "rows": rows,
-            "bucket_cost": cost, "model_in": model_in}
+            "bucket_cost": cost, "model_in": model_in, "helper_delay_s": helper_delay}
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"answer {result['answer_chars']} chars at {result['tokens_per_second']:g} tokens/s, first token after "
-          f"{result['first_token_delay_s']:g} s; naive edits every {result['naive_every_chars']} chars")
+          f"{result['first_token_delay_s']:g} s, helper calls answered after {result['helper_delay_s']:g} s; "
+          f"naive edits every {result['naive_every_chars']} chars")
     columns = ["platform", "channels", "budget", "strategy", "conversations", "acknowledged_after_question_ms_p50",
                "acknowledged_after_question_ms_p95", "question_to_first_token_ms_p50", "question_to_first_token_ms_p95",
                "question_to_first_text_ms_p50", "question_to_first_text_ms_p95", "first_visible_minus_first_token_ms_p50",
@@ -581,6 +582,9 @@ def main() -> None:
     parser.add_argument("--model-in", choices=["process", "thread"], default="process",
                         help="serve the fake model from a process of its own (default: a hosted model's work is "
                              "not kbbot's) or from a thread of the benchmark's process (as before 2026-12-03)")
+    parser.add_argument("--helper-delay", type=float, default=0.0,
+                        help="seconds the fake model takes for each helper call (guard, grade, ...); a hosted model "
+                             "answers such a short JSON request in 0.3-1 s (default 0: at once)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     redis_url = os.environ.get("REDIS_URL") if args.redis else None
@@ -588,7 +592,7 @@ def main() -> None:
         raise SystemExit("--redis needs REDIS_URL (scripts/services.sh start)")
     result = asyncio.run(run(args.conversations, args.naive_chars, args.tokens_per_second, args.first_token_delay,
                              args.platforms, args.strategies, args.turn_timeout, args.channels, redis_url,
-                             args.model_in))
+                             args.model_in, args.helper_delay))
     if args.json:
         print(json.dumps(result))
     else:

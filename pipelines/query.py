@@ -1,12 +1,17 @@
 """The query pipeline, declared in one place so it reads like the diagram in the README's Architecture:
 
-    rewrite -> guard -+-> off_topic (no retrieval)
+    rewrite -> guard -+-> off_topic (a sync run: no retrieval; a turn: decided at grade)
                       +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> answerable -+
                             ^                                                     |            |               |
                             +------------- reformulate <- retry (bounded) <-------+-> not_found |               +-> not_found
                                                                                                +-> "which model?"
         answerable -+-> facts -> budget -> prompt -> judge -+-> generate (checked)
                                                             +-> not_found
+
+In a turn (``run_async``) the guard's model call runs beside retrieval: the query goes on to ``search``
+at once and ``grade`` awaits the verdict before deciding anything, so an off-topic question still ends
+off-topic (its retrieval spent for nothing) and an on-topic one no longer waits out the guard's round
+trip before retrieval starts.
 
 ``search`` (a BranchJoiner) is the loop's entry: the rewritten query first, then each
 reformulation. A ``TurnBudget`` given per run caps the model calls and time of the turn and

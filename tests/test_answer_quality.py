@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,16 +50,97 @@ async def test_first_turn_is_guarded_graded_and_answered_without_a_rewrite(claud
     assert grade.count("<passage id=") >= 3 and "How often should the HL-M200 bearings" in grade
 
 
-async def test_off_topic_question_gets_the_scope_without_retrieval_or_generation(claude):
+async def test_off_topic_question_gets_the_scope_without_an_answer(claude):
     fake, runtime = claude
     router(fake).enqueue("guard", json.dumps({"on_topic": False, "confidence": 0.97}))
     reply = RecordingReply()
     answer = await runtime.answerer.answer(inquiry("What's the weather in Paris tomorrow?", "off"), reply)
     assert answer.outcome is Outcome.OFF_TOPIC and not answer.citations
     assert "outside what I can help with" in answer.text and "HL-D50" in answer.text
-    assert router(fake).kinds == ["guard"]  # no grade, no answer
-    assert "retrieve" not in answer.trace.stages and not reply.deltas
+    assert "answer" not in router(fake).kinds
+    # Retrieval ran beside the guard's model call (its work is the price of not waiting for the guard).
+    assert "retrieve" in answer.trace.stages and not reply.deltas
+    assert {"step": "guard", "on_topic": False, "confidence": 0.97} in answer.trace.steps
     assert "Hengli" in requests_of(fake, "guard")[0].system  # the scope of config/topics.yaml
+
+
+def slow_guard(fake: AnswerView, on_topic: bool, delay_s: float = 1.0) -> None:
+    router(fake).responders["guard"] = lambda body: Script(json.dumps({"on_topic": on_topic, "confidence": 0.95}),
+                                                           first_token_delay=delay_s)
+
+
+def time_embedding(runtime, monkeypatch) -> list[float]:
+    embedder = runtime.answerer.pipeline.get_component("embed")
+    embedded_at: list[float] = []
+    embed = embedder.run
+
+    def timed(**inputs):
+        embedded_at.append(time.monotonic())
+        return embed(**inputs)
+
+    monkeypatch.setattr(embedder, "run", timed)
+    return embedded_at
+
+
+async def test_retrieval_and_the_grade_run_beside_the_guards_model_call_and_the_answer_waits_for_its_verdict(
+        claude, monkeypatch):
+    # The guard's round trip (a second here) no longer comes before retrieval's and the grade's.
+    fake, runtime = claude
+    slow_guard(fake, on_topic=True)
+    fake.enqueue("Grease the bearings every 4,000 operating hours [1].")
+    embedded_at = time_embedding(runtime, monkeypatch)
+    answer = await runtime.answerer.answer(inquiry("How often should the HL-M200 bearings be greased?", "beside"),
+                                           RecordingReply())
+    assert answer.outcome is Outcome.ANSWERED and sorted(router(fake).kinds) == ["answer", "grade", "guard"]
+    guard, grade = requests_of(fake, "guard")[0], requests_of(fake, "grade")[0]
+    assert embedded_at[0] < guard.first_token_at  # retrieval began before the verdict came
+    assert grade.received_at < guard.first_token_at  # and so did the grade's model call
+    assert fake.requests[0].received_at >= guard.first_token_at  # the answer waited for the verdict
+
+
+async def test_the_guard_decides_before_retrieval_while_more_turns_run_than_the_machine_has_cores(
+        claude, monkeypatch):
+    # Under load the turns wait for CPU, not for the model: side by side they would only contend.
+    fake, runtime = claude
+    gate = runtime.answerer.admission.gate
+    monkeypatch.setattr(gate, "running", (os.cpu_count() or 1) + 1 - gate.running)  # others hold the cores
+    slow_guard(fake, on_topic=True, delay_s=0.5)
+    fake.enqueue("Grease the bearings every 4,000 operating hours [1].")
+    embedded_at = time_embedding(runtime, monkeypatch)
+    answer = await runtime.answerer.answer(inquiry("How often should the HL-M200 bearings be greased?", "busy"),
+                                           RecordingReply())
+    assert answer.outcome is Outcome.ANSWERED and router(fake).kinds == ["guard", "grade", "answer"]
+    assert embedded_at[0] > requests_of(fake, "guard")[0].first_token_at
+
+
+async def test_an_off_topic_verdict_that_comes_after_the_grade_still_ends_the_turn_unanswered(claude, monkeypatch):
+    fake, runtime = claude
+    slow_guard(fake, on_topic=False)
+    reply = RecordingReply()
+    answer = await runtime.answerer.answer(inquiry("How often should the HL-M200 bearings be greased?", "late-off"),
+                                           reply)
+    assert answer.outcome is Outcome.OFF_TOPIC and not answer.citations and not reply.deltas
+    assert "answer" not in router(fake).kinds  # the grade was spent for nothing; no answer was asked for
+    assert {"step": "guard", "on_topic": False, "confidence": 0.95} in answer.trace.steps
+
+
+async def test_a_turn_that_fails_before_the_grade_stops_the_guard_call_it_no_longer_needs():
+    from pipelines.components.turn import TurnBudget
+
+    budget = TurnBudget()
+    started = asyncio.Event()
+
+    async def slow_verdict() -> bool:
+        started.set()
+        await asyncio.sleep(30)
+        return False
+
+    budget.pending_guard = asyncio.ensure_future(slow_verdict())
+    await started.wait()
+    budget.abandon()
+    with pytest.raises(asyncio.CancelledError):
+        await budget.pending_guard
+    budget.abandon()  # a finished or cancelled verdict: nothing to do
 
 
 async def test_an_unsure_guard_does_not_turn_a_question_away(claude):

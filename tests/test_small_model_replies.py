@@ -76,7 +76,10 @@ async def test_a_guard_that_calls_a_greasing_question_off_topic_is_overruled_by_
         budget = TurnBudget()
         guard = TopicGuard(model, defer_to_retrieval=True)
         out = await guard.run_async(query="How often should the bearings be greased?", budget=budget)
-    assert out == {"query": "How often should the bearings be greased?"} and budget.off_topic_doubt == 0.8
+        # The query goes on at once; the verdict, awaited by the grader, is a doubt to weigh, not an end.
+        assert out == {"query": "How often should the bearings be greased?"}
+        assert await budget.off_topic() is False
+    assert budget.off_topic_doubt == 0.8
     assert fake.requests[-1]["temperature"] == 0
     grader = RelevanceGrader(None, min_similarity=0.82, off_topic_similarity=0.78)
     docs = [Document(content="Regrease every 4,000 h.", meta={"doc_id": "d1"})]

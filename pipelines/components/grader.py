@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -47,9 +48,11 @@ class RelevanceGrader:
     - ``documents`` (and ``query``, passed on): the relevant chunks, in ranking order;
     - ``retry``: the query, when nothing relevant was found and a retry is left (a model reformulates it);
     - ``not_found``: nothing relevant and no retry left (the best dense similarity seen, for the trace);
-    - ``off_topic``: when even the best chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh``
-      for a Chinese question), or when the guard model doubted the question (``budget.off_topic_doubt``)
-      and no chunk is a strong match (``strong_margin`` above the relevance floor, or a named code).
+    - ``off_topic``: when the guard's verdict says so (in a turn its model call runs beside retrieval
+      and this grade, ``TopicGuard.run_async``; the grade's result waits for it); when even the best
+      chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh`` for a Chinese question);
+      or when the guard model doubted the question (``budget.off_topic_doubt``) and no chunk is a
+      strong match (``strong_margin`` above the relevance floor, or a named code).
 
     The dense similarity threshold ``min_similarity`` comes first and costs no model call (a chunk
     holding a code the query names passes it whatever its similarity). A model
@@ -76,20 +79,30 @@ class RelevanceGrader:
         off = self.off_topic_similarity_zh if detect_language(query) == "zh" else self.off_topic_similarity
         return off, max(self.min_similarity, off)
 
+    @staticmethod
+    def _best(documents: list[Document], dense_documents: DenseCandidates | None) -> float:
+        if dense_documents is None:  # keyword-only retrieval: nothing to judge by but presence
+            return 1.0 if documents else 0.0
+        return best_similarity(dense_documents) or 0.0
+
+    def _doubted(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
+                 budget: TurnBudget) -> dict[str, Any] | None:
+        """Off-topic when the guard model doubted the question and retrieval has no strong match to say
+        otherwise, else None."""
+        if budget.off_topic_doubt is None:
+            return None
+        best = self._best(documents, dense_documents)
+        if _names_a_code_in(query, documents) or best >= self._floors(query)[1] + self.strong_margin:
+            return None
+        budget.note("grade", off_topic=True, guard_doubt=budget.off_topic_doubt, best_similarity=round(best, 4))
+        return {"off_topic": best}
+
     def _screen(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
                 budget: TurnBudget) -> dict[str, Any] | None:
         """The outcome when similarity alone decides (nothing good enough), else None."""
-        if dense_documents is None:  # keyword-only retrieval: nothing to judge by but presence
-            best = 1.0 if documents else 0.0
-        else:
-            best = best_similarity(dense_documents) or 0.0
+        best = self._best(documents, dense_documents)
         off, relevant = self._floors(query)
-        named = _names_a_code_in(query, documents)
-        if budget.off_topic_doubt is not None and not named and best < relevant + self.strong_margin:
-            # The guard model said off-topic and retrieval has no strong match to say otherwise.
-            budget.note("grade", off_topic=True, guard_doubt=budget.off_topic_doubt, best_similarity=round(best, 4))
-            return {"off_topic": best}
-        if documents and (best >= relevant or named):
+        if documents and (best >= relevant or _names_a_code_in(query, documents)):
             return None
         budget.note("grade", relevant=0, best_similarity=round(best, 4))
         if best < off:  # nothing in the knowledge base is even close, whatever a model would say
@@ -135,17 +148,31 @@ class RelevanceGrader:
     @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
     def run(self, query: str, documents: list[Document], budget: TurnBudget,
             dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
-        screened = self._screen(query, documents, dense_documents, budget)
+        screened = self._doubted(query, documents, dense_documents, budget) or self._screen(
+            query, documents, dense_documents, budget)
         if screened is not None:
             return screened
         return self._decide(query, documents, consult_sync(self.generator, budget, "grade", *self._prompt(query, documents)),
                             budget)
 
-    @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
-    async def run_async(self, query: str, documents: list[Document], budget: TurnBudget,
-                        dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
+    async def _graded(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
+                      budget: TurnBudget) -> dict[str, Any]:
         screened = self._screen(query, documents, dense_documents, budget)
         if screened is not None:
             return screened
         reply = await consult(self.generator, budget, "grade", *self._prompt(query, documents))
         return self._decide(query, documents, reply, budget)
+
+    @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
+    async def run_async(self, query: str, documents: list[Document], budget: TurnBudget,
+                        dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
+        """As ``run``, with the guard's verdict still on its way (``TopicGuard.run_async``): the grade's own
+        model call goes on beside it and its result stands only once the verdict lets it, so neither
+        round trip waits for the other (an off-topic question's grade is spent for nothing)."""
+        graded = asyncio.ensure_future(self._graded(query, documents, dense_documents, budget))
+        try:
+            if await budget.off_topic():
+                return {"off_topic": self._best(documents, dense_documents)}
+            return self._doubted(query, documents, dense_documents, budget) or await graded
+        finally:
+            graded.cancel()  # an off-topic verdict, or the run ended: a grade nobody will read (done: no-op)

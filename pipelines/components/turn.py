@@ -34,6 +34,12 @@ class TurnBudget:
     off_topic_doubt: float | None = None
     calls: list[str] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether the guard's model call may run beside retrieval and the grade (``TopicGuard.run_async``)
+    #: instead of before them: the Answerer allows it while the machine has a core to spare for it.
+    overlap_helpers: bool = False
+    #: The guard's verdict while its model call runs beside retrieval: True when the question is
+    #: off-topic. The grader's result waits for it.
+    pending_guard: asyncio.Task[bool] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TurnBudget:
         # Haystack deep-copies every component input; a ledger copied per component would let each
@@ -63,6 +69,17 @@ class TurnBudget:
 
     def note(self, step: str, **details: Any) -> None:
         self.steps.append({"step": step, **details})
+
+    async def off_topic(self) -> bool:
+        """The guard's verdict once it is in: True when it ended the question as off-topic (False when
+        it decided before retrieval, doubted without deciding, or did not run)."""
+        return False if self.pending_guard is None else await asyncio.shield(self.pending_guard)
+
+    def abandon(self) -> None:
+        """Stop what the turn no longer waits for: a guard call still running when the run ended early
+        (an error, the turn's time) would otherwise spend a model call for nobody."""
+        if self.pending_guard is not None and not self.pending_guard.done():
+            self.pending_guard.cancel()
 
 
 # Full-width forms small models write in Chinese context: ｛"on_topic"：true，"confidence"：０.９｝
