@@ -1,6 +1,6 @@
 """The query pipeline, declared in one place so it reads like the diagram in the README's Architecture:
 
-    rewrite -> guard -+-> off_topic (a sync run: no retrieval; a turn: decided at grade)
+    rewrite -> guard -+-> off_topic (the scope, no answer; with a core to spare decided at grade, retrieval beside it)
                       +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> answerable -+
                             ^                                                     |            |               |
                             +------------- reformulate <- retry (bounded) <-------+-> not_found |               +-> not_found
@@ -8,10 +8,10 @@
         answerable -+-> facts -> budget -> prompt -> judge -+-> generate (checked)
                                                             +-> not_found
 
-In a turn (``run_async``) the guard's model call runs beside retrieval: the query goes on to ``search``
-at once and ``grade`` awaits the verdict before deciding anything, so an off-topic question still ends
-off-topic (its retrieval spent for nothing) and an on-topic one no longer waits out the guard's round
-trip before retrieval starts.
+In a turn (``run_async``) with a core to spare (``TurnBudget.overlap_helpers``) the guard's model call
+runs beside retrieval and the grade: the query goes on to ``search`` at once and the grade's result waits
+for the verdict, so an off-topic question still ends off-topic (its retrieval and grade spent for nothing)
+and an on-topic one no longer waits out the guard's round trip. Otherwise the guard decides first.
 
 ``search`` (a BranchJoiner) is the loop's entry: the rewritten query first, then each
 reformulation. A ``TurnBudget`` given per run caps the model calls and time of the turn and

@@ -48,8 +48,8 @@ class RelevanceGrader:
     - ``documents`` (and ``query``, passed on): the relevant chunks, in ranking order;
     - ``retry``: the query, when nothing relevant was found and a retry is left (a model reformulates it);
     - ``not_found``: nothing relevant and no retry left (the best dense similarity seen, for the trace);
-    - ``off_topic``: when the guard's verdict says so (in a turn its model call runs beside retrieval
-      and this grade, ``TopicGuard.run_async``; the grade's result waits for it); when even the best
+    - ``off_topic``: when the guard's verdict says so (in a turn with a core to spare its model call runs
+      beside retrieval and this grade, ``TopicGuard.run_async``; the grade's result waits for it); when even the best
       chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh`` for a Chinese question);
       or when the guard model doubted the question (``budget.off_topic_doubt``) and no chunk is a
       strong match (``strong_margin`` above the relevance floor, or a named code).
