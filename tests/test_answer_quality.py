@@ -130,10 +130,10 @@ async def test_a_turn_that_fails_before_the_grade_stops_the_guard_call_it_no_lon
     budget = TurnBudget()
     started = asyncio.Event()
 
-    async def slow_verdict() -> bool:
+    async def slow_verdict() -> dict[str, str]:
         started.set()
         await asyncio.sleep(30)
-        return False
+        return {"query": "q"}
 
     budget.pending_guard = asyncio.ensure_future(slow_verdict())
     await started.wait()

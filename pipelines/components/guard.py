@@ -80,15 +80,10 @@ class TopicGuard:
         is on its way: the guard's round trip to a hosted model (0.3-1 s) no longer comes before
         retrieval's and the grade's. The grader's result waits for the verdict (``budget.off_topic()``),
         so an off-topic question still ends off-topic, its retrieval and grade spent for nothing."""
-        if self.generator is None:
-            return {"query": query}
-        system, user = self._prompt(query)
-        if not budget.overlap_helpers:
-            return self._decide(query, await consult(self.generator, budget, "guard", system, user), budget)
+        async def decided() -> dict[str, Any]:
+            return self._decide(query, await consult(self.generator, budget, "guard", *self._prompt(query)), budget)
 
-        async def verdict() -> bool:
-            return "off_topic" in self._decide(query, await consult(self.generator, budget, "guard", system, user),
-                                               budget)
-
-        budget.pending_guard = asyncio.ensure_future(verdict())
+        if self.generator is None or not budget.overlap_helpers:
+            return await decided()
+        budget.pending_guard = asyncio.ensure_future(decided())
         return {"query": query}

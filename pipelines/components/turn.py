@@ -37,9 +37,9 @@ class TurnBudget:
     #: Whether the guard's model call may run beside retrieval and the grade (``TopicGuard.run_async``)
     #: instead of before them: the Answerer allows it while the machine has a core to spare for it.
     overlap_helpers: bool = False
-    #: The guard's verdict while its model call runs beside retrieval: True when the question is
-    #: off-topic. The grader's result waits for it.
-    pending_guard: asyncio.Task[bool] | None = None
+    #: The guard's outputs while its model call runs beside retrieval (``off_topic`` among them when the
+    #: question is off-topic). The grader's result waits for them.
+    pending_guard: asyncio.Task[dict[str, Any]] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TurnBudget:
         # Haystack deep-copies every component input; a ledger copied per component would let each
@@ -73,7 +73,7 @@ class TurnBudget:
     async def off_topic(self) -> bool:
         """The guard's verdict once it is in: True when it ended the question as off-topic (False when
         it decided before retrieval, doubted without deciding, or did not run)."""
-        return False if self.pending_guard is None else await asyncio.shield(self.pending_guard)
+        return self.pending_guard is not None and "off_topic" in await asyncio.shield(self.pending_guard)
 
     def abandon(self) -> None:
         """Stop what the turn no longer waits for: a guard call still running when the run ended early
