@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -16,7 +15,7 @@ from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
 from bot.cache import AnswerCache, CacheKey, cached_label, tenant_of, wants_fresh
-from bot.capacity import TurnGate
+from bot.capacity import TurnGate, process_cores
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.insights.records import ranked_chunks
@@ -329,11 +328,12 @@ class Answerer:
 
     def _core_to_spare(self) -> bool:
         """Whether this turn may run its guard's model call beside retrieval and the grade: while no more
-        turns run than the machine has cores. Beyond that the turns wait for CPU, not for the model, and
-        side by side they only contend: at 50 questions together the overlap made first texts later
+        turns run than the process has cores to use (its affinity mask and container quota, not the
+        host's count). Beyond that the turns wait for CPU, not for the model, and side by side they only
+        contend: at 50 questions together the overlap made first texts later
         (README, "The guard beside retrieval"), while alone it saves a question the guard's round trip."""
         gate = self.admission.gate
-        return gate is None or gate.running <= (os.cpu_count() or 1)
+        return gate is None or gate.running <= process_cores()
 
     def _answer_calls(self, result: dict[str, Any]) -> int:
         return int(self.model_answers and "generate" in result)

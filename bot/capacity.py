@@ -24,9 +24,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
+import math
+import os
 from collections import Counter, deque
 from collections.abc import AsyncIterator
+from pathlib import Path
+
+
+def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may really run on: the CPUs it is pinned to, less a container's CPU quota.
+
+    ``os.cpu_count()`` counts the host's cores; in a container limited to two of sixty-four it would
+    say 64. The affinity mask (``taskset``, ``docker --cpuset-cpus``) and the cgroup's quota
+    (``docker --cpus``, Kubernetes' CPU limit: cgroup v2's ``cpu.max``, v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``) are what the scheduler enforces. A fractional quota rounds up: 1.5 CPUs can
+    run two threads at once, part of the time."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def _cgroup_quota(root: Path) -> float | None:
+    """CPUs' worth of time the cgroup may use per period, or None when it is unlimited or unreadable."""
+    try:
+        if (root / "cpu.max").is_file():  # cgroup v2: "max 100000" or "200000 100000"
+            limit, period = (root / "cpu.max").read_text().split()[:2]
+            return None if limit == "max" else int(limit) / int(period)
+        v1 = root / "cpu"
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            limit_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            period_us = int((v1 / "cpu.cfs_period_us").read_text())
+            return None if limit_us <= 0 else limit_us / period_us
+    except (OSError, ValueError):
+        return None  # an odd mount: fall back to the affinity mask rather than fail a turn
+    return None
+
+
+@functools.cache
+def process_cores() -> int:
+    """``usable_cores()`` read once: a process's limits do not change under it in practice."""
+    return usable_cores()
 
 
 class TurnGate:

@@ -4,10 +4,11 @@ every queued place nor make a quiet workspace's question wait behind its whole q
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
-from bot.capacity import TurnGate
+from bot.capacity import TurnGate, usable_cores
 
 
 async def hold(gate: TurnGate, party: str, started: list[str], release: asyncio.Event) -> None:
@@ -100,3 +101,37 @@ async def test_a_turn_cancelled_while_it_waits_loses_no_place(handed_first):
     third_done.set()
     await asyncio.gather(first, third)
     assert gate.running == 0 and not gate._waiting and not gate._running_by
+
+
+# --- the cores a process may use (the guard runs beside retrieval only while one is spare) ---
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_usable_cores_is_the_affinity_mask_without_a_cgroup_quota(tmp_path):
+    assert usable_cores(tmp_path) == _affinity()  # no cpu.max, no v1 files: nothing limits the mask
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(tmp_path) == _affinity()
+
+
+@pytest.mark.parametrize(("content", "expected"), [("100000 100000\n", 1), ("50000 100000\n", 1), ("150000 100000\n", 2)])
+def test_a_cgroup_v2_quota_caps_the_cores_rounding_a_fraction_up(tmp_path, content, expected):
+    (tmp_path / "cpu.max").write_text(content)
+    assert usable_cores(tmp_path) == min(expected, _affinity())
+
+
+def test_a_cgroup_v1_quota_caps_the_cores_and_minus_one_means_none(tmp_path):
+    v1 = tmp_path / "cpu"
+    v1.mkdir()
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    assert usable_cores(tmp_path) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cores(tmp_path) == _affinity()
+
+
+def test_an_unreadable_quota_falls_back_to_the_mask(tmp_path):
+    (tmp_path / "cpu.max").write_text("garbage\n")
+    assert usable_cores(tmp_path) == _affinity()
