@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 failed = []
-for name in ("bench.indexing", "bench.retrieval", "bench.turn", "bench.streaming", "bench.confluence", "bench.load"):
+for name in ("bench.indexing", "bench.retrieval", "bench.turn", "bench.gate", "bench.streaming", "bench.confluence",
+             "bench.load"):
     print(f"== {name}", flush=True)
     if subprocess.run([sys.executable, "-m", name, *sys.argv[1:]]).returncode != 0:
         failed.append(name)

@@ -30,6 +30,7 @@ until the next sentence is shown, so an answer whose every claim is left out sho
 from __future__ import annotations
 
 import re
+import threading
 import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -130,14 +131,22 @@ _VECTORS: weakref.WeakKeyDictionary[SentenceEmbedder, dict[str, np.ndarray]] = w
 _VECTORS_KEPT = 4096
 
 
+_VECTORS_LOCK = threading.Lock()  # gates judge in worker threads (CheckedAnswer's async path), many turns at once
+
+
 def _passage_vectors(embedder: SentenceEmbedder, sentences: list[str]) -> list[np.ndarray]:
-    kept = _VECTORS.setdefault(embedder, {})
-    missing = [s for s in dict.fromkeys(sentences) if s not in kept]
-    if missing:
-        if len(kept) + len(missing) > _VECTORS_KEPT:
-            kept.clear()
-        kept.update(zip(missing, embedder.passages(missing), strict=True))
-    return [kept[s] for s in sentences]
+    with _VECTORS_LOCK:
+        kept = _VECTORS.setdefault(embedder, {})
+        found = {s: kept[s] for s in dict.fromkeys(sentences) if s in kept}
+    missing = [s for s in dict.fromkeys(sentences) if s not in found]
+    if missing:  # embedded outside the lock: another turn's gate need not wait for this one's model run
+        made = dict(zip(missing, embedder.passages(missing), strict=True))
+        with _VECTORS_LOCK:
+            if len(kept) + len(made) > _VECTORS_KEPT:
+                kept.clear()
+            kept.update(made)
+        found.update(made)
+    return [found[s] for s in sentences]
 
 
 class SupportCheck:
@@ -185,6 +194,15 @@ class SupportCheck:
         if len(terms & set().union(*(s.terms for s in cited))) / len(terms) >= LEXICAL_SUPPORT:
             return True
         return by_meaning and self._close_in_meaning(bare, cited)
+
+    def may_embed(self, text: str) -> bool:
+        """Whether checking sentences of ``text`` may run the embedding model: there is one, and a source
+        is in another language than ``text`` (within one language the words decide alone). Cheap: the
+        caller decides by it whether a judgement leaves the event loop."""
+        if self.embedder is None or not self.texts:
+            return False
+        language = detect_language(text)
+        return any(self._source(n).language != language for n in range(1, len(self.texts) + 1))
 
     def _close_in_meaning(self, sentence: str, cited: list[_Source]) -> bool:
         if self.embedder is None:
@@ -254,6 +272,21 @@ class SentenceGate:
     def feed(self, delta: str) -> str:
         self._buffer += delta
         return self._release(final=False)
+
+    def add(self, delta: str) -> bool:
+        """``feed`` in two steps, for a caller that judges elsewhere than it receives: adds ``delta`` and
+        says whether a unit is complete, so that ``release()`` would judge it."""
+        self._buffer += delta
+        return self._complete_unit(final=False) is not None
+
+    def release(self) -> str:
+        """What ``feed`` returns: the complete units judged, the text that may be shown now."""
+        return self._release(final=False)
+
+    def may_embed(self) -> bool:
+        """Whether judging what is buffered may run the embedding model (``SupportCheck.may_embed``):
+        ~40 ms a sentence, more for a source's sentences the first time, too long to hold an event loop."""
+        return self.check.may_embed(self._buffer)
 
     def close(self) -> str:
         """The rest, the model being done; lines that state nothing after the last claim are dropped."""

@@ -3,12 +3,18 @@ time, and only what the sources it cites hold."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from haystack import Document
+from haystack.dataclasses import ChatMessage, StreamingChunk
 
+from pipelines.components.checked import CheckedChatAnswer
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.grounding import SentenceGate, SupportCheck, facts
 
@@ -141,3 +147,83 @@ def test_a_left_out_list_item_takes_its_line_with_it():
                  "running [1].\n\nThat is all for the HL-M200 regreasing [1].")
     assert gate.text == ("Steps:\n- Wipe the grease nipple clean [1].\n- Regrease with the motor running [1].\n\n"
                          "That is all for the HL-M200 regreasing [1].")
+
+
+# --- judging by meaning leaves the event loop (CheckedAnswer's async path) ---
+
+
+class _Streamer:
+    """A chat generator streaming ``text`` a token at a time to an async callback."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    async def run_async(self, messages, streaming_callback=None):
+        for token in tokens(self.text):
+            await streaming_callback(StreamingChunk(content=token))
+            await asyncio.sleep(0)
+        return {"replies": [ChatMessage.from_assistant(self.text)]}
+
+
+class _SlowVectors:
+    """The real embedder, as slow as on a busy machine, recording the threads it ran on."""
+
+    def __init__(self, vectors: SentenceVectors, delay_s: float):
+        self.vectors, self.delay_s, self.threads = vectors, delay_s, []
+
+    def query(self, text):
+        self.threads.append(threading.current_thread())
+        time.sleep(self.delay_s)
+        return self.vectors.query(text)
+
+    def passages(self, texts):
+        self.threads.append(threading.current_thread())
+        time.sleep(self.delay_s)
+        return self.vectors.passages(texts)
+
+
+async def _answer_while_ticking(answer: CheckedChatAnswer, source: str) -> tuple[str, float]:
+    """(the text shown, the longest the event loop went without running another task meanwhile)."""
+    shown: list[str] = []
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async def collect(chunk) -> None:
+        shown.append(chunk.content)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    await answer.run_async(messages=[ChatMessage.from_user("How hot may the bearing get?")],
+                           sources=[Document(content=source)], streaming_callback=collect)
+    done.set()
+    await ticker
+    return "".join(shown), max(gaps)
+
+
+async def test_a_sentence_judged_by_meaning_does_not_stall_the_event_loop(embedder):
+    source = "使用感应加热器将新轴承均匀加热到 110 °C。加热温度不得超过 120 °C，否则会损坏轴承的保持架、密封件和润滑脂。"
+    slow = _SlowVectors(embedder, delay_s=0.3)
+    answer = CheckedChatAnswer(_Streamer("Heat the new bearing evenly to 110 °C with an induction heater [1]. "
+                                         "Heat the bearing to 150 °C before mounting it [1]."), embedder=slow)
+    text, longest_gap = await _answer_while_ticking(answer, source)
+    assert text.strip() == "Heat the new bearing evenly to 110 °C with an induction heater [1]."
+    assert slow.threads and threading.main_thread() not in slow.threads  # the model ran off the loop's thread
+    assert longest_gap < 0.2, f"the loop stood still {longest_gap:.2f} s while a sentence was embedded"
+
+
+async def test_a_sentence_in_its_sources_language_is_judged_on_the_loop_without_the_model(embedder):
+    slow = _SlowVectors(embedder, delay_s=0.3)
+    answer = CheckedChatAnswer(_Streamer("The regreasing interval of the HL-M200 is 4,000 operating hours [1]."),
+                               embedder=slow)
+    assert not SupportCheck([SCHEDULE], slow).may_embed("The regreasing interval is 4,000 hours.")
+    text, _ = await _answer_while_ticking(answer, SCHEDULE)
+    assert text.strip() == "The regreasing interval of the HL-M200 is 4,000 operating hours [1]."
+    assert slow.threads == []

@@ -4,7 +4,9 @@ answer, one checked sentence at a time (``pipelines.grounding``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from haystack import Document, component
@@ -26,6 +28,20 @@ def source_url(doc: Document) -> str:
 def allowed_hosts(sources: Collection[Document]) -> set[str]:
     """The hosts an answer may link to: those of its sources' pages."""
     return {h for d in sources if (h := link_host(source_url(d)))}
+
+
+_JUDGES: ThreadPoolExecutor | None = None
+_JUDGES_LOCK = threading.Lock()
+
+
+def _judges() -> ThreadPoolExecutor:
+    """The threads that judge sentences by meaning for async turns: two, as the embedding model uses the
+    machine's cores itself; made on first use."""
+    global _JUDGES
+    with _JUDGES_LOCK:
+        if _JUDGES is None:
+            _JUDGES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kbbot-gate")
+        return _JUDGES
 
 
 class CheckedAnswer:
@@ -96,11 +112,22 @@ class CheckedAnswer:
                 if asyncio.iscoroutine(shown):
                     await shown
 
+        async def judged(judge: Callable[[], str]) -> str:
+            # A sentence in another language than a source is judged by the embedding model (~40 ms, a
+            # source's sentences the first time ~0.3 s): on the event loop that would stall every other
+            # turn's stream, acknowledgement and event meanwhile, so it goes to the gate's own threads
+            # (not the default pool, where it would queue behind other turns' retrieval). The words
+            # alone decide in microseconds and stay on the loop.
+            if not gate.may_embed():
+                return judge()
+            return await asyncio.get_running_loop().run_in_executor(_judges(), judge)
+
         async def gated(chunk: StreamingChunk) -> None:
-            await emit(gate.feed(chunk.content or ""))
+            if gate.add(chunk.content or ""):
+                await emit(await judged(gate.release))
 
         result = await self.generator.run_async(**inputs, streaming_callback=gated)
-        await emit(gate.close())
+        await emit(await judged(gate.close))
         return self._result(gate, result, budget)
 
 
