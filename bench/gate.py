@@ -72,22 +72,13 @@ async def one_mode(mode: str, n: int, tokens_per_second: float, vectors: Any) ->
 
     from pipelines import grounding
     from pipelines.components.checked import CheckedChatAnswer
+    from tests.loop_watch import LoopWatch
 
     grounding._VECTORS.clear()  # every mode starts with no source sentence embedded
     if mode == "loop":
         original = grounding.SentenceGate.may_embed
         grounding.SentenceGate.may_embed = lambda self: False  # judged where it arrives: on the loop
     pairs = answers()
-    gaps: list[float] = []
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            now = time.perf_counter()
-            gaps.append(now - last - 0.005)
-            last = now
 
     async def answer(i: int) -> tuple[float, float]:
         source, text = pairs[i % len(pairs)]
@@ -103,20 +94,19 @@ async def one_mode(mode: str, n: int, tokens_per_second: float, vectors: Any) ->
         assert shown and streamer.first_token is not None, "every answer shows its supported sentences"
         return (shown[0] - streamer.first_token) * 1000, (shown[-1] - streamer.first_token) * 1000
 
-    ticker = asyncio.create_task(tick())
     try:
-        results = await asyncio.gather(*(answer(i) for i in range(n)))
+        async with LoopWatch() as watch:
+            results = await asyncio.gather(*(answer(i) for i in range(n)))
     finally:
-        done.set()
-        await ticker
         if mode == "loop":
             grounding.SentenceGate.may_embed = original
     first, last = [r[0] for r in results], [r[1] for r in results]
-    return {"mode": mode, "answers": n, "longest_stall_ms": round(max(gaps) * 1000, 1),
-            "ticks_late_50ms": sum(g > 0.05 for g in gaps), "stalled_ms_total": round(sum(g for g in gaps if g > 0.05) * 1000),
+    late = [g for g in watch.lateness if g > 0.05]
+    return {"mode": mode, "answers": n, "longest_stall_ms": round(watch.longest * 1000, 1),
+            "ticks_late_50ms": len(late), "stalled_ms_total": round(sum(late) * 1000),
             "first_text_ms_p50": pct(first, 0.5), "first_text_ms_p95": pct(first, 0.95),
             "last_text_ms_p50": pct(last, 0.5), "last_text_ms_p95": pct(last, 0.95),
-            "mean_tick_gap_ms": round(statistics.fmean(gaps) * 1000, 2)}
+            "mean_tick_lateness_ms": round(statistics.fmean(watch.lateness) * 1000, 2)}
 
 
 async def run(counts: list[int], tokens_per_second: float) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 from pipelines.components.checked import CheckedChatAnswer
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.grounding import SentenceGate, SupportCheck, facts
+from tests.loop_watch import LoopWatch
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "grounding" / "bilingual.json").read_text(encoding="utf-8"))
 SCHEDULE = ("Regreasing rules: Regrease with the motor running, if it is safe to do so, so that the grease is "
@@ -185,27 +186,14 @@ class _SlowVectors:
 async def _answer_while_ticking(answer: CheckedChatAnswer, source: str) -> tuple[str, float]:
     """(the text shown, the longest the event loop went without running another task meanwhile)."""
     shown: list[str] = []
-    gaps: list[float] = []
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
 
     async def collect(chunk) -> None:
         shown.append(chunk.content)
 
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.02)
-    await answer.run_async(messages=[ChatMessage.from_user("How hot may the bearing get?")],
-                           sources=[Document(content=source)], streaming_callback=collect)
-    done.set()
-    await ticker
-    return "".join(shown), max(gaps)
+    async with LoopWatch() as watch:
+        await answer.run_async(messages=[ChatMessage.from_user("How hot may the bearing get?")],
+                               sources=[Document(content=source)], streaming_callback=collect)
+    return "".join(shown), watch.longest
 
 
 async def test_a_sentence_judged_by_meaning_does_not_stall_the_event_loop(embedder):
