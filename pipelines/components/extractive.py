@@ -222,7 +222,10 @@ class ExtractiveAnswerer:
     async def run_async(self, question: str, sources: list[Document],
                         streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
         callback = select_streaming_callback(self.streaming_callback, streaming_callback, requires_async=True)
-        text = compose(question, sources, self.similarity)
+        # Choosing by meaning embeds the question and up to a few sentences of each source (~0.3-0.8 s of
+        # the model): in a thread, or every other turn on the event loop would wait that long.
+        text = compose(question, sources) if self.similarity is None else \
+            await asyncio.to_thread(compose, question, sources, self.similarity)
         if callback:
             for chunk in self._chunks(text):
                 result = callback(chunk)
