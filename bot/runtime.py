@@ -8,6 +8,7 @@ report (``bot/health.py``) and the insights report read theirs; adapters read th
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -156,6 +157,8 @@ class Runtime:
     _thread_locks: ThreadLocks = field(default_factory=ThreadLocks, init=False, repr=False)
     _turns: TurnRecorder | None = field(default=None, init=False, repr=False)
     _pending: PendingTurns | None = field(default=None, init=False, repr=False)
+    #: The answerer's model generators, whose HTTP clients ``close()`` closes.
+    _generators: list[Any] = field(default_factory=list, init=False, repr=False)
     #: This process among the replicas: the owner of the turns it accepts (``bot/pending.py``).
     replica: str = field(default_factory=replica_id, init=False)
 
@@ -286,6 +289,13 @@ class Runtime:
         return Limits(per_user=lim.per_user, per_channel=lim.per_channel, window_s=lim.window_s)
 
     async def close(self) -> None:
+        # The model SDKs' HTTP clients: left open, each is closed by its finaliser, which schedules the close
+        # on whatever loop runs when it is collected (another test's, a later run's) and fails there.
+        for generator in self._generators:
+            for client in (getattr(generator, "async_client", None), getattr(generator, "client", None)):
+                closed = getattr(client, "close", None)
+                if callable(closed) and inspect.isawaitable(result := closed()):
+                    await result
         if self._history is not None:
             await self._history.close()
         if self._turns is not None:
@@ -472,6 +482,7 @@ class Runtime:
                                      on_response=admission.observe if isinstance(admission, AdaptiveModelCalls)
                                      else None)
         model_name = generators.answer.model if kind != "extractive" else "extractive"
+        self._generators = [g for g in (generators.answer, generators.helper, generators.judge) if g is not None]
         if admission is not None:  # answers and helper steps share one admission (extractive answers make none)
             throttled = lambda g: Throttled(g, admission) if g is not None else None  # noqa: E731
             generators = replace(generators, answer=throttled(generators.answer), helper=throttled(generators.helper),

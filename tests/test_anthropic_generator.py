@@ -102,3 +102,24 @@ async def test_off_scope_question_never_reaches_the_model(claude):
     # Nothing in the knowledge base comes close (best cosine 0.779): off-topic whatever a model says.
     assert answer.outcome is Outcome.OFF_TOPIC
     assert fake.requests == []
+
+
+async def test_closing_the_runtime_closes_the_model_clients(kb_data_dir, tmp_path, monkeypatch):
+    """Left open, the SDK's client is closed by its finaliser, which schedules the close on whatever event
+    loop runs when it is collected and fails there ("Task exception was never retrieved")."""
+    from bot.runtime import build_runtime
+    from tests.conftest import make_settings
+    from tests.fakes.anthropic_server import FakeAnthropic
+
+    async with FakeAnthropic() as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        runtime = build_runtime(make_settings(kb_data_dir, ANTHROPIC_API_KEY="sk-test"))
+        runtime.settings.data_dir = tmp_path
+        await runtime.start()
+        answer = await runtime.answerer.answer(inquiry("How often should the bearings be greased?"), RecordingReply())
+        assert answer.outcome is not Outcome.ERROR
+        clients = [g.async_client for g in runtime._generators if g.async_client is not None]
+        assert clients and not any(c.is_closed() for c in clients)
+        await runtime.close()
+        assert all(c.is_closed() for c in clients)

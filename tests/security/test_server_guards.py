@@ -112,7 +112,8 @@ async def test_malformed_requests_get_a_clean_400_or_401_and_one_log_line(kb_dat
             caplog.clear()
             response = await http.post(site.url + path, content=body,
                                        headers={"Content-Type": "application/json", **headers})
-            lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            # asyncio's own lines name objects another test left to the garbage collector, not this request.
+            lines = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "asyncio"]
             outcomes[name] = (response.status_code, [(r.levelname, r.getMessage()[:120]) for r in lines],
                               any(r.exc_info for r in lines))
             assert (response.status_code, len(lines), lines[0].levelno if lines else None, outcomes[name][2]) == \
