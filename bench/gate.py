@@ -77,7 +77,7 @@ async def one_mode(mode: str, n: int, tokens_per_second: float, vectors: Any) ->
     grounding._VECTORS.clear()  # every mode starts with no source sentence embedded
     if mode == "loop":
         original = grounding.SentenceGate.may_embed
-        grounding.SentenceGate.may_embed = lambda self: False  # judged where it arrives: on the loop
+        grounding.SentenceGate.may_embed = lambda self, final=False: False  # judged where it arrives: on the loop
     pairs = answers()
 
     async def answer(i: int) -> tuple[float, float]:

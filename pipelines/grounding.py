@@ -196,13 +196,20 @@ class SupportCheck:
         return by_meaning and self._close_in_meaning(bare, cited)
 
     def may_embed(self, text: str) -> bool:
-        """Whether checking sentences of ``text`` may run the embedding model: there is one, and a source
-        is in another language than ``text`` (within one language the words decide alone). Cheap: the
-        caller decides by it whether a judgement leaves the event loop."""
+        """Whether checking the sentences of ``text`` may run the embedding model: there is one, and a
+        source they cite (any source, for a sentence that cites none) is in another language than
+        ``text``; within one language the words decide alone. Cheap: the caller decides by it whether a
+        judgement leaves the event loop."""
         if self.embedder is None or not self.texts:
             return False
-        language = detect_language(text)
-        return any(self._source(n).language != language for n in range(1, len(self.texts) + 1))
+        every = range(1, len(self.texts) + 1)
+        cited = {n for n in (int(m) for m in MARKER.findall(text)) if n in every}
+        # A marker-less claim beside cited ones goes to ``holder`` over every source.
+        units = [u for u in split_sentences(MARKER.sub("", text)) if is_claim(u)]
+        if not cited or len(units) > len(MARKER.findall(text)):
+            cited = set(every)
+        language = detect_language(MARKER.sub("", text))
+        return any(self._source(n).language != language for n in cited)
 
     def _close_in_meaning(self, sentence: str, cited: list[_Source]) -> bool:
         if self.embedder is None:
@@ -283,10 +290,12 @@ class SentenceGate:
         """What ``feed`` returns: the complete units judged, the text that may be shown now."""
         return self._release(final=False)
 
-    def may_embed(self) -> bool:
-        """Whether judging what is buffered may run the embedding model (``SupportCheck.may_embed``):
-        ~40 ms a sentence, more for a source's sentences the first time, too long to hold an event loop."""
-        return self.check.may_embed(self._buffer)
+    def may_embed(self, final: bool = False) -> bool:
+        """Whether judging the complete unit buffered (``final``: all that is buffered) may run the
+        embedding model (``SupportCheck.may_embed``): ~40 ms a sentence, more for a source's sentences
+        the first time, too long to hold an event loop. A delta is a token: one unit completes at a time."""
+        cut = len(self._buffer) if final else self._complete_unit(final=False)
+        return cut is not None and self.check.may_embed(self._buffer[:cut])
 
     def close(self) -> str:
         """The rest, the model being done; lines that state nothing after the last claim are dropped."""

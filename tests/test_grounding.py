@@ -215,3 +215,12 @@ async def test_a_sentence_in_its_sources_language_is_judged_on_the_loop_without_
     text, _ = await _answer_while_ticking(answer, SCHEDULE)
     assert text.strip() == "The regreasing interval of the HL-M200 is 4,000 operating hours [1]."
     assert slow.threads == []
+
+
+def test_only_a_sentence_citing_a_source_in_another_language_may_need_the_model(embedder):
+    chinese = "使用感应加热器将新轴承均匀加热到 110 °C。加热温度不得超过 120 °C，否则会损坏轴承的保持架、密封件和润滑脂。"
+    check = SupportCheck([SCHEDULE, chinese], embedder)
+    assert not check.may_embed("The regreasing interval of the HL-M200 is 4,000 operating hours [1]. Th")
+    assert check.may_embed("Heat the new bearing evenly to 110 °C with an induction heater [2]. Do")
+    assert check.may_embed("Heat the new bearing evenly to 110 °C with an induction heater. Do")  # holder: every source
+    assert not SupportCheck([SCHEDULE, chinese]).may_embed("Heat the new bearing evenly to 110 °C [2].")  # no model

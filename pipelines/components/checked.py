@@ -112,13 +112,13 @@ class CheckedAnswer:
                 if asyncio.iscoroutine(shown):
                     await shown
 
-        async def judged(judge: Callable[[], str]) -> str:
+        async def judged(judge: Callable[[], str], final: bool = False) -> str:
             # A sentence in another language than a source is judged by the embedding model (~40 ms, a
             # source's sentences the first time ~0.3 s): on the event loop that would stall every other
             # turn's stream, acknowledgement and event meanwhile, so it goes to the gate's own threads
             # (not the default pool, where it would queue behind other turns' retrieval). The words
             # alone decide in microseconds and stay on the loop.
-            if not gate.may_embed():
+            if not gate.may_embed(final):
                 return judge()
             return await asyncio.get_running_loop().run_in_executor(_judges(), judge)
 
@@ -127,7 +127,7 @@ class CheckedAnswer:
                 await emit(await judged(gate.release))
 
         result = await self.generator.run_async(**inputs, streaming_callback=gated)
-        await emit(await judged(gate.close))
+        await emit(await judged(gate.close, final=True))
         return self._result(gate, result, budget)
 
 
