@@ -25,15 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
-from bench.report import table
+from bench.report import percentile, table
 
 REPO = Path(__file__).resolve().parent.parent
 SET = REPO / "tests" / "fixtures" / "grounding" / "bilingual.json"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 1)
 
 
 def answers() -> list[tuple[str, str]]:
@@ -104,8 +99,8 @@ async def one_mode(mode: str, n: int, tokens_per_second: float, vectors: Any) ->
     late = [g for g in watch.lateness if g > 0.05]
     return {"mode": mode, "answers": n, "longest_stall_ms": round(watch.longest * 1000, 1),
             "ticks_late_50ms": len(late), "stalled_ms_total": round(sum(late) * 1000),
-            "first_text_ms_p50": pct(first, 0.5), "first_text_ms_p95": pct(first, 0.95),
-            "last_text_ms_p50": pct(last, 0.5), "last_text_ms_p95": pct(last, 0.95),
+            "first_text_ms_p50": percentile(first, 0.5, 1), "first_text_ms_p95": percentile(first, 0.95, 1),
+            "last_text_ms_p50": percentile(last, 0.5, 1), "last_text_ms_p95": percentile(last, 0.95, 1),
             "mean_tick_lateness_ms": round(statistics.fmean(watch.lateness) * 1000, 2)}
 
 

@@ -50,7 +50,7 @@ from typing import Any
 import aiohttp
 
 import pipelines  # noqa: F401  (telemetry off)
-from bench.report import table
+from bench.report import percentile, table
 from tests.cluster.replicas import (
     TEAM,
     answers_in,
@@ -103,10 +103,7 @@ class Run:
 
 
 def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return percentile(values, q)
 
 
 async def deliver_like_slack(session: Any, replicas: list[Any], body: str, retry_s: float) -> bool:

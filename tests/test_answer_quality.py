@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import replace
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.capacity import process_cores
 from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
 from tests.conftest import make_settings
@@ -103,7 +103,7 @@ async def test_the_guard_decides_before_retrieval_while_more_turns_run_than_the_
     # Under load the turns wait for CPU, not for the model: side by side they would only contend.
     fake, runtime = claude
     gate = runtime.answerer.admission.gate
-    monkeypatch.setattr(gate, "running", (os.cpu_count() or 1) + 1 - gate.running)  # others hold the cores
+    monkeypatch.setattr(gate, "running", process_cores() + 1 - gate.running)  # others hold the cores
     slow_guard(fake, on_topic=True, delay_s=0.5)
     fake.enqueue("Grease the bearings every 4,000 operating hours [1].")
     embedded_at = time_embedding(runtime, monkeypatch)
