@@ -250,6 +250,9 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     port = port_from(env) if port is None else port
     stop = stop or asyncio.Event()
     await runtime.start()
+    # Before it listens: the first question after a (re)start would pay the model clients, the store's
+    # first query and the embedding model's first inference.
+    await runtime.warm_up()
     knowledge = runtime.knowledge_admin(schedule=schedule)
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)

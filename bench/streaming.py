@@ -513,6 +513,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         runtime = build_runtime(settings)
         runtime.indexer.index([REPO / "examples" / "kb"])
         await runtime.start()
+        await runtime.warm_up()  # as ``kbbot serve`` does before it listens
         redis = None
         if redis_url:
             from bot.redis_state import connect_redis

@@ -242,6 +242,17 @@ class Answerer:
             return await self._refuse(reply, trace, say(key, language, reason=diagnosis.reason,
                                                         turn_id=trace.turn_id))
 
+    async def warm_up(self) -> None:
+        """The first turn's one-time costs, paid before a question waits on them: every component of the
+        pipeline warmed (``warm_up_async``: models loaded, the answer model's client made) and one retrieval
+        of public documents by the permission probe, whose pipeline shares the embedding model and the
+        store (the model's first inference, the keyword index built, the store's connection opened).
+        Nothing is shown, kept or asked of a model. Errors propagate."""
+        await self.pipeline.warm_up_async()
+        if self.permissions.probe is not None:
+            known = await self.permissions.known_principals()
+            await self.permissions.probe("warm-up", Audience.public().filter(known))
+
     def _running(self, inquiry: Inquiry) -> contextlib.AbstractAsyncContextManager[None]:
         gate = self.admission.gate
         return gate.slot(_party(inquiry)) if gate is not None else contextlib.nullcontext()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -49,7 +50,7 @@ from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
 from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
 from pipelines.components.ranker import DiversityRanker, HttpReranker
-from pipelines.components.throttle import ModelCallSlots, Throttled
+from pipelines.components.throttle import ModelCallSlots, Throttled, warm_up_async
 from pipelines.components.turn import TurnBudget, consult
 from pipelines.confluence import ConfluenceClient
 from pipelines.errors import ServiceUnavailable
@@ -65,6 +66,12 @@ from pipelines.query import (
     retrieval_inputs,
 )
 from pipelines.store import KnowledgeStore, open_store
+
+log = logging.getLogger("kbbot.runtime")
+
+#: How long ``Runtime.warm_up`` may wait for the store: Weaviate's client retries an unreachable server
+#: for about a minute, and a replica must not take that long to start.
+WARM_UP_S = 10.0
 
 
 def make_store(settings: Settings, *, directory_name: str = "store", collection: str | None = None,
@@ -264,6 +271,23 @@ class Runtime:
         self._turns = self._turn_recorder()
         if self._turns is not None and self._approved is not None:
             self._approved = RecordingApprovals(self._approved, self._turns)
+
+    async def warm_up(self, timeout_s: float = WARM_UP_S) -> bool:
+        """Pays a process's first turn's one-time costs before anyone waits on them (``kbbot serve`` calls
+        it before it listens): the model clients made, the helper's too (it is no component of the
+        pipeline), and ``Answerer.warm_up``: the first question after a start reached its answer's first
+        token 0.6-0.8 s later than the next, 0.4-0.55 s with it (README, "Benchmarks"; what remains is the
+        model SDK building its response types on its first call). A store that is down or slow leaves the
+        process to start cold, never unstarted: False, with a warning. Call after ``start``."""
+        try:
+            answerer = self.answerer
+            for generator in self._generators:
+                await warm_up_async(generator)
+            await asyncio.wait_for(answerer.warm_up(), timeout_s)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a cold start is slower, not broken
+            log.warning("warm-up skipped (%s: %s); the first question pays for it", type(exc).__name__, exc)
+            return False
 
     def _turn_recorder(self) -> TurnRecorder | None:
         i = self.settings.insights

@@ -14,6 +14,7 @@ from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT
 
 from pipelines.components.extractive import HEADINGS, ExtractiveAnswerer
+from pipelines.components.throttle import warm_up_async
 from pipelines.components.turn import TurnBudget
 from pipelines.grounding import SentenceEmbedder, SentenceGate, SupportCheck
 from pipelines.text import link_host
@@ -63,6 +64,9 @@ class CheckedAnswer:
     def warm_up(self) -> None:
         if hasattr(self.generator, "warm_up"):
             self.generator.warm_up()
+
+    async def warm_up_async(self) -> None:
+        await warm_up_async(self.generator)
 
     def _gate(self, sources: list[Document]) -> SentenceGate:
         check = SupportCheck([d.content or "" for d in sources], self.embedder)

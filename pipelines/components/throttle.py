@@ -19,6 +19,17 @@ from haystack import component
 from haystack.dataclasses import ChatMessage
 
 
+async def warm_up_async(generator: Any) -> None:
+    """``generator`` warmed as an async run needs it, the way Haystack's ``Pipeline.warm_up_async`` warms a
+    component: its own ``warm_up_async`` (Anthropic's makes the async client a turn uses, where its
+    ``warm_up`` makes a sync client no turn does), else its ``warm_up``. Our wrappers of a generator
+    pass it on with this."""
+    if callable(warm := getattr(generator, "warm_up_async", None)):
+        await warm()
+    elif callable(warm := getattr(generator, "warm_up", None)):
+        warm()
+
+
 class CallAdmission(Protocol):
     async def enter(self) -> Any:
         """Wait for a place; returns the ticket ``leave`` takes."""
@@ -78,6 +89,9 @@ class Throttled:
     def warm_up(self) -> None:
         if hasattr(self.generator, "warm_up"):
             self.generator.warm_up()
+
+    async def warm_up_async(self) -> None:
+        await warm_up_async(self.generator)
 
     @component.output_types(replies=list[ChatMessage])
     def run(self, messages: list[ChatMessage], streaming_callback: Callable[..., Any] | None = None,
