@@ -232,11 +232,21 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
     matches, unless an exclude glob matches. A symbolic link (to a file, or a folder on the way) that
     leads out of the folder is not followed: whoever can write to a knowledge folder must not be able to
     publish any file the bot's user can read. Such links are added to ``outside`` as (link, target).
+    A link inside the folder is followed only when its target would be found too (not hidden, not
+    excluded, included): else a link would publish what the settings keep out.
     """
     wanted = {s.lower() for s in suffixes}
     includes = [glob_regex(g) for g in include]
     excludes = [glob_regex(g) for g in exclude]
+
+    def selected(rel: Path) -> bool:
+        posix = rel.as_posix()
+        return (rel.suffix.lower() in wanted and not any(p.startswith(".") for p in rel.parts)
+                and (not includes or any(g.match(posix) for g in includes))
+                and not any(g.match(posix) for g in excludes))
+
     found: list[Path] = []
+    listed: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if not path.exists():
@@ -246,13 +256,7 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
             continue
         folder = path.resolve()
         for child in sorted(path.rglob("*")):
-            rel = child.relative_to(path)
-            if not child.is_file() or child.suffix.lower() not in wanted or any(p.startswith(".") for p in rel.parts):
-                continue
-            posix = rel.as_posix()
-            if includes and not any(g.match(posix) for g in includes):
-                continue
-            if any(g.match(posix) for g in excludes):
+            if not child.is_file() or not selected(child.relative_to(path)):
                 continue
             target = child.resolve()
             if not target.is_relative_to(folder):
@@ -260,7 +264,12 @@ def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = 
                 if outside is not None:
                     outside.append((child.absolute(), target))
                 continue
-            found.append(target)
+            if not selected(target.relative_to(folder)):
+                log.info("%s links to %s, which the folder's settings leave out: not followed", child, target)
+                continue
+            if target not in listed:  # two links to one file: one document
+                listed.add(target)
+                found.append(target)
     return found
 
 

@@ -67,3 +67,31 @@ def test_a_file_published_through_an_outside_link_earlier_is_revoked(tmp_path: P
     got = list(FolderSource([docs]).scan(current, "default"))
     revoke = [item for item in got if item.doc_id == target]
     assert len(revoke) == 1 and revoke[0].gone and "revoked" in revoke[0].error
+
+
+def test_a_symlink_to_a_hidden_or_excluded_file_inside_the_folder_is_not_followed(tmp_path: Path):
+    """Issue 39, item 10: hidden files and folders and what the globs leave out stay out when a link
+    inside the folder points at them (the link's own name is visible and included)."""
+    docs = tmp_path / "kb"
+    (docs / ".secret").mkdir(parents=True)
+    (docs / ".secret" / "keys.md").write_text("# Keys\n\nroot: hunter2\n")
+    (docs / ".draft.md").write_text("# Draft\n\nunreleased price list\n")
+    (docs / "private").mkdir()
+    (docs / "private" / "pay.md").write_text("# Pay\n\nTechnicians are paid on scale T9.\n")
+    (docs / "manuals").mkdir()
+    (docs / "manuals" / "manual.md").write_text("# Manual\n\nRegrease every 3,000 hours.\n")
+    (docs / "notes").mkdir()
+    (docs / "notes" / "internal.md").write_text("# Internal\n\nnot for the bot\n")
+    (docs / "manuals" / "keys.md").symlink_to(docs / ".secret" / "keys.md")
+    (docs / "manuals" / "draft.md").symlink_to(docs / ".draft.md")
+    (docs / "manuals" / "pay.md").symlink_to(docs / "private" / "pay.md")
+    (docs / "manuals" / "internal.md").symlink_to(docs / "notes" / "internal.md")  # not included
+    (docs / "manuals" / "private").symlink_to(docs / "private", target_is_directory=True)
+    (docs / "manuals" / "same.md").symlink_to(docs / "manuals" / "manual.md")  # allowed either way
+
+    found = list(FolderSource([docs], include=["manuals/**"], exclude=["private/"]).scan({}, "default"))
+    published = b" ".join(item.data or b"" for item in found)
+    for secret in (b"hunter2", b"unreleased", b"scale T9", b"not for the bot"):
+        assert secret not in published, secret
+    assert {Path(item.doc_id).relative_to(docs.resolve()).as_posix() for item in found if item.data} == {
+        "manuals/manual.md"}
