@@ -103,6 +103,8 @@ def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", 
     for record in records:
         for failure in record.failed:
             print(f"failed: {failure['source']}: {failure['reason']}", file=sys.stderr)
+        for line in record.held_lines():
+            print(line, file=sys.stderr)
         print(record.summary(), file=out)
     return 0 if all(r.ok for r in records) else 1
 

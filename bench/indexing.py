@@ -52,7 +52,7 @@ class CorpusSource:
                     title = row.get("title") or str(row["id"])
                     yield SourceItem(doc_id=f"{source.dataset.name}:{row['id']}", source=f"{source.dataset.name}:{row['id']}",
                                      root=source.roots[0], suffix=".txt", name=str(row["id"]),
-                                     data=f"{title}\n\n{row['text']}".encode())
+                                     data=f"{title}\n\n{row['text']}".encode(), readers=["public"])
 
         return _Scan()
 

@@ -233,9 +233,10 @@ class LimitsSettings(Section):
 class PermissionsSettings(Section):
     """Who may read what (``bot/permissions.py``): identities beyond what the platforms tell."""
 
-    #: ``platform:user id`` -> principals (``user:<e-mail>``, ``group:<name>``): Telegram users
-    #: (``telegram:12345``), API callers by name (``api:helpdesk``), the console (``console:console``);
-    #: for Slack users they add to the e-mail and user groups Slack gives.
+    #: ``platform:user id`` -> principals (``user:<e-mail>``, ``group:<name>``, ``space:<key>``,
+    #: ``confluence:everyone``): Telegram users (``telegram:12345``), API callers by name
+    #: (``api:helpdesk``), the console (``console:console``); for Slack users they add to the e-mail
+    #: and user groups Slack gives.
     principals: dict[str, list[str]] = {}
     #: How long a channel's members and a user's principals are remembered (seconds).
     cache_s: float = Field(300, ge=0)
@@ -341,8 +342,39 @@ class ConfluenceSettings(Section):
     #: Record who may read each page (read restrictions of the page and its ancestors, the space's
     #: permissions); false: every page is readable by everyone of the source's knowledge space.
     permissions: StrictBool = True
-    #: Groups meaning "everyone in the company": a space they may read restricts no one.
+    #: Groups meaning "every Confluence account": a space (or page restriction) naming one is readable by
+    #: ``everyone_readers``, which page restrictions narrow.
     everyone_groups: Texts = ["confluence-users"]
+    #: Who reads what every Confluence account may: a principal to grant in ``permissions.principals``
+    #: (``public`` only if everyone who can reach kbbot has a Confluence account).
+    everyone_readers: Texts = ["confluence:everyone"]
+    #: Spaces whose read permissions the API user cannot see (Data Center; Cloud without the right):
+    #: space key (or ``"*"``: any such space) -> principals, e.g. ``{OPS: [space:ops]}`` or
+    #: ``{"*": [confluence:everyone]}`` (page restrictions then decide). A hidden space not listed is
+    #: held back: readable by nobody.
+    hidden_space_readers: dict[str, list[str]] = {}
+
+    @field_validator("everyone_readers")
+    @classmethod
+    def _everyone_readers(cls, readers: list[str]) -> list[str]:
+        if not readers:
+            raise ValueError("must name at least one principal (confluence:everyone, public, group:<name>)")
+        return [principal(p) for p in readers]
+
+    @field_validator("hidden_space_readers")
+    @classmethod
+    def _hidden_space_readers(cls, spaces: dict[str, list[str]]) -> dict[str, list[str]]:
+        checked = {}
+        for key, principals in spaces.items():
+            if not str(key).strip():
+                raise ValueError("has an empty space key; use the key (OPS) or \"*\"")
+            if isinstance(principals, str) or not principals:
+                raise ValueError(f"[{key!r}] must be a non-empty list of principals")
+            try:
+                checked[str(key).strip().upper()] = [principal(p) for p in principals]
+            except ValueError as exc:
+                raise ValueError(f"[{key!r}]: {exc}") from None
+        return checked
     #: 429/503 answers are retried after their Retry-After, this many times, never waiting longer than this.
     max_retries: int = Field(5, ge=0)
     max_retry_wait_s: Positive = 120

@@ -2,7 +2,10 @@
 sources that carry none of their own (folders, web pages); and the principals' one spelling.
 
 A principal is ``public`` (everyone who may search the knowledge space), ``user:<e-mail>``,
-``group:<name>`` or ``channel:<platform channel id>``; a bare e-mail address means ``user:`` it.
+``group:<name>``, ``channel:<platform channel id>``, or one the operator names for Confluence
+(``space:<key>``: the readers of a space whose permissions kbbot cannot see; ``confluence:everyone``:
+every Confluence account) and grants in ``permissions.principals``; a bare e-mail address means
+``user:`` it. ``nobody`` (a document held back) is none: no setting can grant it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from urllib.parse import unquote, urlsplit
 
 from pipelines.indexing import SourceItem
 from pipelines.records import PUBLIC, DocRecord
 
-KINDS = ("user:", "group:", "channel:")
+KINDS = ("user:", "group:", "channel:", "space:", "confluence:")
 
 
 def principal(text: str) -> str:
@@ -25,25 +29,79 @@ def principal(text: str) -> str:
     if not value.startswith(KINDS) and "@" in value and ":" not in value:
         value = "user:" + value
     if not value.startswith(KINDS) or not value.split(":", 1)[1].strip():
-        raise ValueError(f"{text!r} is not a principal: use public, user:<e-mail>, group:<name> or "
-                         "channel:<channel id> (a bare e-mail address is a user)")
+        raise ValueError(f"{text!r} is not a principal: use public, user:<e-mail>, group:<name>, "
+                         "channel:<channel id>, space:<Confluence space key> or confluence:everyone (a bare "
+                         "e-mail address is a user)")
     return value
 
 
-def readers_for(acl: Mapping[str, list[str]], key: str) -> list[str] | None:
-    """The principals of the longest prefix of ``acl`` that ``key`` (a path relative to its folder, or
-    a URL) starts with; None when none does (public to its space). A folder prefix matches whole
-    names only: ``hr`` covers ``hr/pay.md``, not ``hrm.md``."""
+def readers_for(acl: Mapping[str, list[str]], key: str) -> list[str]:
+    """The principals of the most specific prefix of ``acl`` that ``key`` (a path relative to its
+    folder, or a URL) falls under; ``[public]`` when none does: the operator's ``acl`` leaves the rest
+    public to its space. A prefix matches whole names only: ``hr`` covers ``hr/pay.md``, not
+    ``hrm.md``; a URL prefix is compared as ``url_key`` spells it."""
     covering = [prefix for prefix in acl if _covers(prefix, key)]
-    best = max(covering, key=len) if covering else None
-    return sorted({principal(p) for p in acl[best]}) if best is not None else None
+    if not covering:
+        return [PUBLIC]
+    best = max(covering, key=_specificity)
+    return sorted({principal(p) for p in acl[best]})
 
 
 def _covers(prefix: str, key: str) -> bool:
+    if "://" in prefix:
+        scheme, host, port, path, query = url_key(prefix)
+        if "://" not in key:
+            return False
+        k_scheme, k_host, k_port, k_path, k_query = url_key(key)
+        if (scheme, host, port) != (k_scheme, k_host, k_port):
+            return False
+        if query:  # a prefix naming a query: that page, queries starting with it
+            return k_path == path and k_query.startswith(query)
+        path = _without_trailing(path)
+        return k_path[:len(path)] == path
     bare = prefix.rstrip("/")
-    if "://" in bare:  # a URL prefix: as written
-        return key.startswith(bare)
     return key == bare or key.startswith(bare + "/") or not bare
+
+
+def _without_trailing(segments: tuple[str, ...]) -> tuple[str, ...]:
+    while segments and not segments[-1]:
+        segments = segments[:-1]
+    return segments
+
+
+def _specificity(prefix: str) -> tuple[int, int]:
+    if "://" in prefix:
+        *_, path, query = url_key(prefix)
+        return len(_without_trailing(path)), len(query)
+    return len(prefix.rstrip("/")), 0
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_key(url: str) -> tuple[str, str, int | None, tuple[str, ...], str]:
+    """``url`` as ``acl`` prefixes are matched: scheme and host in lower case (no trailing dot), the
+    port (none when it is the scheme's default), the path as segments with percent-encoding decoded
+    and dot segments (also encoded ones, ``%2e%2e``) resolved, and the query. Spellings a server
+    takes for one page compare equal, so a listed or redirected URL cannot step around a prefix."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").rstrip(".")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port == DEFAULT_PORTS.get(scheme):
+        port = None
+    segments: list[str] = []
+    for raw in parts.path.split("/")[1:]:
+        segment = unquote(raw)
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment != ".":
+            segments.append(segment)
+    return scheme, host, port, tuple(segments), parts.query
 
 
 def folder_key(path: str, root: str | None) -> str:
@@ -67,11 +125,13 @@ class AclOnlyScan:
 
 class AclOnlySource:
     """A permissions-only refresh of a source whose permissions are its settings' ``acl``: each
-    document it has in the store, with the readers the settings give it now, nothing read or fetched."""
+    document it has in the store, with the readers the settings give it now, nothing read or fetched.
+    ``readers`` answers None for a document whose key it does not know (held back: ``unknown``)."""
 
-    def __init__(self, roots: list[str], readers: Callable[[DocRecord], list[str] | None]):
+    def __init__(self, roots: list[str], readers: Callable[[DocRecord], list[str] | None], unknown: str = ""):
         self._roots = roots
         self._readers = readers
+        self._unknown = unknown
         self.permissions_only = True
 
     @property
@@ -80,5 +140,5 @@ class AclOnlySource:
 
     def scan(self, current: dict[str, DocRecord], space: str) -> AclOnlyScan:
         return AclOnlyScan([SourceItem(doc_id=r.doc_id, source=r.source, root=r.root, not_modified=True,
-                                       readers=self._readers(r))
+                                       readers=self._readers(r), held=self._unknown)
                             for r in current.values() if r.root in self._roots])

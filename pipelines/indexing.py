@@ -30,7 +30,7 @@ from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDo
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
 from pipelines.errors import ServiceUnavailable, root_cause
-from pipelines.records import PUBLIC
+from pipelines.records import NOBODY, PUBLIC
 from pipelines.store import DEFAULT_SPACE, DocRecord, KnowledgeStore
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ class IndexReport:
     permissions: list[str] = field(default_factory=list)
     #: Per file type (``pdf``, ``docx``, ...): what was converted this run, and what failed.
     formats: dict[str, FormatCounts] = field(default_factory=dict)
+    #: Documents held back (readable by nobody, ``SourceItem.held_back``): why -> how many.
+    held: dict[str, int] = field(default_factory=dict)
 
     def count_format(self, suffix: str) -> FormatCounts:
         return self.formats.setdefault(format_of(suffix), FormatCounts())
@@ -125,6 +127,7 @@ class IndexReport:
             f"indexed {len(self.added)} new, {len(self.changed)} changed, {len(self.unchanged)} unchanged, "
             f"{len(self.removed)} removed, {len(self.failed)} failed"
             + (f", {len(self.permissions)} with new permissions" if self.permissions else "")
+            + (f", {sum(self.held.values())} held back (readable by nobody)" if self.held else "")
             + f"; {self.chunks} chunks written; "
             f"knowledge version {self.knowledge_version} ({self.seconds:.1f} s)"
         )
@@ -165,13 +168,25 @@ class SourceItem:
     name: str = ""  # a file name for the title fallback
     #: More of the document's meta, kept on each chunk (a Confluence page's ``author``, ``confluence_space``).
     meta: dict[str, str] = field(default_factory=dict)
-    #: Who may read it at the source (principals, ``pipelines.filters``); None: the source restricts
-    #: nothing, so everyone of the space may (``public``).
+    #: Who may read it at the source (principals, ``pipelines.filters``; ``public``: everyone of the
+    #: space). A source states them for every item with content: None (not established) and ``[]`` (no
+    #: one passes every restriction) both mean nobody (``NOBODY``), never public; ``held`` says why.
     readers: list[str] | None = None
+    held: str = ""
 
     @property
     def principals(self) -> list[str]:
-        return sorted(set(self.readers)) if self.readers is not None else [PUBLIC]
+        return sorted(set(self.readers)) if self.readers else [NOBODY]
+
+    @property
+    def held_back(self) -> str | None:
+        """Why nobody may read it (the refresh and ``kbbot status`` count it under this reason); None: someone may."""
+        if self.principals != [NOBODY]:
+            return None
+        if self.held:
+            return self.held
+        return ("its source did not establish who may read it" if self.readers is None
+                else "no one passes every read restriction at its source")
 
 
 class Scan(Protocol):
@@ -300,8 +315,8 @@ class _FileScan:
     max_bytes: int | None = None
     outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
     revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
-    #: (path, root) -> who may read the file (None: public to its space); see ``pipelines.acl``.
-    readers: Callable[[str, str | None], list[str] | None] | None = None
+    #: (path, root) -> who may read the file; see ``pipelines.acl``.
+    readers: Callable[[str, str | None], list[str]] = field(default=lambda path, root: [PUBLIC])
 
     @property
     def total(self) -> int:
@@ -316,8 +331,7 @@ class _FileScan:
                              error="outside the source's folder (published through a symbolic link): revoked")
         for path, root in self.files:
             item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
-                              name=path.stem,
-                              readers=self.readers(path.as_posix(), root) if self.readers is not None else None)
+                              name=path.stem, readers=self.readers(path.as_posix(), root))
             try:
                 item.data = read_capped(path, self.max_bytes)
             except OSError as exc:
@@ -333,13 +347,16 @@ class FolderSource:
     A folder is the root of the files found in it, so a file deleted from it is revoked by the next
     refresh; a file given directly has no root and is only ever replaced. A folder that does not
     exist is an error (``FileNotFoundError``), never "everything was deleted".
+
+    ``readers(path, root)``: who may read a file (a source's ``acl:``, ``pipelines.acl``); without it,
+    everyone of the space: the operator who indexes files by hand (``kbbot index``) publishes them.
     """
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], *, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
                  include: Iterable[str] = (), exclude: Iterable[str] = (), max_file_mb: float | None = None,
-                 readers: Callable[[str, str | None], list[str] | None] | None = None):
+                 readers: Callable[[str, str | None], list[str]] | None = None):
         self.paths = list(paths)
-        self.readers = readers
+        self.readers = readers or (lambda path, root: [PUBLIC])
         self.suffixes = set(suffixes)
         self.include = list(include)
         self.exclude = list(exclude)
@@ -480,7 +497,14 @@ class Indexer:
             return  # new at the source: the next full refresh indexes it
         self._update_readers(item, current, report)
 
+    @staticmethod
+    def _count_held(item: SourceItem, report: IndexReport) -> None:
+        reason = item.held_back
+        if reason is not None:
+            report.held[reason] = report.held.get(reason, 0) + 1
+
     def _update_readers(self, item: SourceItem, current: DocRecord, report: IndexReport) -> None:
+        self._count_held(item, report)
         if sorted(current.readers) != item.principals and self.store.set_readers(item.doc_id, item.principals):
             report.permissions.append(item.source)
             log.info("permissions of %s are now %s", item.source, ", ".join(item.principals))
@@ -535,4 +559,5 @@ class Indexer:
         counts.ocr_pages += sum(1 for d in result["convert"]["documents"] if (d.meta or {}).get("ocr"))
         published = result["write"]["published"]
         report.chunks += sum(r.chunks for r in published)
+        self._count_held(item, report)
         (report.changed if current else report.added).append(item.source)

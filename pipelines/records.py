@@ -15,6 +15,9 @@ from haystack import Document
 DEFAULT_SPACE = "default"
 #: Readers of a document its source restricts in no way: everyone who may search its knowledge space.
 PUBLIC = "public"
+#: Readers of a document held back: its readers could not be established, or no one passes every
+#: restriction. No asker holds it and no setting may grant it (``pipelines.acl.principal`` refuses it).
+NOBODY = "nobody"
 
 
 @dataclass

@@ -37,6 +37,8 @@ def pdf_attachment() -> bytes:
 
 
 def confluence_source(server: FakeConfluence, **options) -> SourceSettings:
+    # The console asks as no one in particular: the pages of every Confluence account are public here.
+    options.setdefault("everyone_readers", ["public"])
     settings = ConfluenceSettings(url=server.base_url, spaces=["OPS"], token_env="KBBOT_TEST_CONFLUENCE_TOKEN",
                                   max_retry_wait_s=5, **options)
     return SourceSettings(name="wiki", confluence=settings, interval="1h")
@@ -160,7 +162,7 @@ async def test_data_center_with_a_bearer_token_a_cql_scope_and_pagination(tmp_pa
         async with isolated_stack(tmp_path, "ConfluenceDc") as stack:
             source = SourceSettings(name="dc", interval="1h", confluence=ConfluenceSettings(
                 url=server.base_url, cql='space = KB and label = "valves"', token_env="KBBOT_TEST_CONFLUENCE_TOKEN",
-                attachments=False))
+                attachments=False, everyone_readers=["public"]))
             stack.settings.sources = [source]
             record = await stack.refresher.run("dc")
             assert record is not None and record.ok and record.added == 25, record

@@ -84,7 +84,9 @@ def test_refresh_then_status_json_has_exactly_the_documented_shape(deployment, c
     assert status["knowledge_version"] == 1
     docs, nightly = status["sources"]
     for source in (docs, nightly):
-        assert set(source) == {"name", "documents", "chunks", "last_run", "next_run", "last_permissions_run"}
+        assert set(source) == {"name", "documents", "chunks", "held", "held_reasons", "last_run", "next_run",
+                               "last_permissions_run"}
+        assert (source["held"], source["held_reasons"]) == (0, {}), "a folder without acl is public"
         assert source["last_permissions_run"] is None, "never read permissions alone"
     assert (docs["name"], docs["documents"], docs["chunks"]) == ("docs", 1, 1)
     run = docs["last_run"]

@@ -128,7 +128,16 @@ class Refresher:
             roots = source_roots(src)
             if src.path:
                 return AclOnlySource(roots, lambda r: readers_for(src.acl, folder_key(r.doc_id, r.root)))
-            return AclOnlySource(roots, lambda r: readers_for(src.acl, r.doc_id))
+            known = states or {}
+
+            def page_readers(record: DocRecord) -> list[str] | None:
+                state = known.get(record.doc_id)
+                return readers_for(src.acl, state.final_url) if state is not None and state.final_url else None
+
+            # A page is matched where its redirects ended, which only a fetch tells: until a refresh has
+            # fetched it since kbbot recorded that, nobody reads it.
+            return AclOnlySource(roots, page_readers, unknown="the URL its redirects end at is not known yet "
+                                                              "(the next refresh of its source fetches it)")
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
                                 exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb,
@@ -151,7 +160,8 @@ class Refresher:
                                       user_agent=r.user_agent, allow_hosts=r.allow_hosts)
         return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
                                 states=states, max_documents=r.max_urls, permissions=c.permissions,
-                                everyone_groups=c.everyone_groups,
+                                everyone_groups=c.everyone_groups, everyone_readers=c.everyone_readers,
+                                hidden_spaces=c.hidden_space_readers,
                                 missing=None if token else f"the environment variable {c.token_env} (the Confluence "
                                                            "token) is not set; nothing was read or revoked")
 

@@ -43,6 +43,8 @@ class RunRecord:
     permissions: int = 0  # documents whose readers changed at the source (updated in place, nothing embedded)
     #: Per file type: {"documents", "ocr_pages", "failed"} converted this run.
     formats: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Documents held back (readable by nobody): why -> how many (``IndexReport.held``).
+    held: dict[str, int] = field(default_factory=dict)
 
     MAX_FAILURES = 200
 
@@ -73,7 +75,12 @@ class RunRecord:
             record.failed = [{"source": f.source, "reason": f.reason} for f in report.failed[: cls.MAX_FAILURES]]
             record.knowledge_version = report.knowledge_version or None
             record.formats = {name: asdict(counts) for name, counts in sorted(report.formats.items())}
+            record.held = dict(report.held)
         return record
+
+    def held_lines(self) -> list[str]:
+        """Why documents are held back, one line per reason: ``3 held back (readable by nobody): <why>``."""
+        return [f"{n} held back (readable by nobody): {why}" for why, n in sorted(self.held.items())]
 
     def summary(self) -> str:
         """One line: what the run did, or why it failed."""
@@ -85,6 +92,8 @@ class RunRecord:
             counts += f", {self.orphaned} removed with a source no longer configured"
         if self.permissions:
             counts += f", {self.permissions} with new permissions"
+        if self.held:
+            counts += f", {sum(self.held.values())} held back (readable by nobody)"
         if self.formats:
             counts += " (" + "; ".join(f"{name}: {FormatCounts(**c).summary()}" for name, c in self.formats.items()) + ")"
         head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok

@@ -13,6 +13,7 @@ from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
 from bot.refresh.schedule import iso, next_due, permissions_run_name, schedule_zone
 from bot.settings import Settings
+from pipelines.records import NOBODY
 from pipelines.store import KnowledgeStore
 
 log = logging.getLogger("kbbot.refresh")
@@ -22,8 +23,8 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                            redis: Any = None, store_error: str | None = None, redis_error: str | None = None,
                            next_runs: dict[str, datetime | None] | None = None,
                            timeout_s: float = 10.0) -> dict[str, Any]:
-    """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "last_run", "next_run",
-    "last_permissions_run"}],
+    """``{"knowledge_version", "sources": [{"name", "documents", "chunks", "held", "held_reasons",
+    "last_run", "next_run", "last_permissions_run"}],
     "services": {"weaviate": {...}, "redis": {...}}}``; a service that is down is reported, not raised."""
     weaviate, read = await check_store(settings, store, lambda s: (s.knowledge_version, s.records()),
                                        timeout_s=timeout_s, error=store_error)
@@ -40,16 +41,20 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                 permissions = await runs.last_run(permissions_run_name(src.name))
             except Exception as exc:  # noqa: BLE001
                 log.warning("cannot read the last run of %s: %s", src.name, exc)
-        documents = chunks = None
+        documents = chunks = held = None
         if records is not None:
             roots = set(source_roots(src))
             mine = [r for r in records.values() if r.root in roots]
             documents, chunks = len(mine), sum(r.chunks for r in mine)
+            held = sum(1 for r in mine if r.readers == [NOBODY])
+        # Why, as the latest run of either kind found it (a permissions-only run reads them again).
+        latest = max((r for r in (last, permissions) if r is not None), key=lambda r: r.started, default=None)
         if next_runs is not None and src.name in next_runs:
             upcoming = next_runs[src.name]
         else:
             upcoming = next_due(src, last.started if last else None, zone)
-        sources.append({"name": src.name, "documents": documents, "chunks": chunks,
+        sources.append({"name": src.name, "documents": documents, "chunks": chunks, "held": held,
+                        "held_reasons": dict(latest.held) if latest is not None else {},
                         "last_run": last.to_dict() if last else None, "next_run": iso(upcoming),
                         "last_permissions_run": permissions.to_dict() if permissions else None})
     golden = None
@@ -89,6 +94,10 @@ def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
         if src["next_run"]:
             line += f"; next run {src['next_run'].replace('T', ' ').replace('Z', ' UTC')}"
         lines.append(line)
+        if src.get("held"):
+            lines.append(f"    {src['held']} documents held back (readable by nobody)"
+                         + (":" if src.get("held_reasons") else ""))
+            lines.extend(f"      {n}: {why}" for why, n in sorted(src.get("held_reasons", {}).items()))
         if src.get("last_permissions_run"):
             again = RunRecord.from_dict(src["last_permissions_run"])
             when = again.started_at.replace("T", " ").replace("Z", " UTC")

@@ -41,6 +41,8 @@ class FetchState:
     content_hash: str | None = None  # of the page's body (pages only)
     urls: list[str] = field(default_factory=list)  # the pages a sitemap listed (sitemaps only)
     sitemaps: list[str] = field(default_factory=list)  # the sitemaps a sitemap index listed
+    #: Where the page's redirects ended (pages only): the URL its ``acl`` readers are matched on.
+    final_url: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v}
@@ -49,7 +51,7 @@ class FetchState:
     def from_dict(cls, raw: dict[str, Any]) -> FetchState:
         return cls(etag=raw.get("etag"), last_modified=raw.get("last_modified"),
                    content_hash=raw.get("content_hash"), urls=list(raw.get("urls") or []),
-                   sitemaps=list(raw.get("sitemaps") or []))
+                   sitemaps=list(raw.get("sitemaps") or []), final_url=raw.get("final_url"))
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Fetched:
     content_type: str = ""
     etag: str | None = None
     last_modified: str | None = None
+    url: str = ""  # where the redirects ended: what was fetched
 
 
 def mb_text(n: int) -> str:
@@ -106,7 +109,9 @@ class Fetcher:
                     if response.has_redirect_location:
                         url = self._next_hop(url, response, hop_check)
                         continue
-                    return self._fetched(response, state, deadline)
+                    fetched = self._fetched(response, state, deadline)
+                    fetched.url = url
+                    return fetched
             raise FetchError("too many redirects")
         except FetchError:
             raise

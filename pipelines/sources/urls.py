@@ -66,8 +66,7 @@ class _UrlScan:
     def _item(self, url: str) -> SourceItem:
         src = self.source
         path = PurePosixPath(urlsplit(url).path)
-        item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page",
-                          readers=readers_for(src.acl, url) if src.acl else None)
+        item = SourceItem(doc_id=url, source=url, root=src.root, name=path.stem or urlsplit(url).hostname or "page")
         if src.robots is not None:
             host = src.robots.host(url)
             if host.unreachable:
@@ -94,16 +93,20 @@ class _UrlScan:
             log.exception("fetching %s failed", url)
             item.error = f"{type(exc).__name__}: {short_reason(exc)}"
             return item
+        # Who may read it follows from where its content came from: a listed /go/x redirected to /hr/x
+        # is an /hr/ page.
+        item.readers = readers_for(src.acl, got.url)
         if got.status == 304:
             item.not_modified = True
-            src.updated_states[url] = FetchState(got.etag, got.last_modified, state.content_hash if state else None)
+            src.updated_states[url] = FetchState(got.etag, got.last_modified, state.content_hash if state else None,
+                                                 final_url=got.url)
             return item
         suffix = page_suffix(url, got.content_type)
         if not suffix:
             item.error = f"unsupported content type {got.content_type or '(none)'}"
             return item
         item.suffix, item.data = suffix, got.body
-        src.updated_states[url] = FetchState(got.etag, got.last_modified, content_hash(got.body))
+        src.updated_states[url] = FetchState(got.etag, got.last_modified, content_hash(got.body), final_url=got.url)
         return item
 
     def __iter__(self) -> Iterator[SourceItem]:
@@ -133,7 +136,8 @@ class UrlSource:
                  concurrency: int = 4, max_urls: int = 10000, max_sitemaps: int = 100, robots: Robots | None = None,
                  acl: dict[str, list[str]] | None = None):
         self.name = name
-        #: URL prefix -> who may read its pages (``pipelines.acl``); none: public to the space.
+        #: URL prefix -> who may read its pages (``pipelines.acl``, matched on the URL a page's redirects
+        #: end at); a page no prefix covers is public to the space.
         self.acl = dict(acl or {})
         self.urls = [normalise_url(u) for u in urls]
         self.fetcher = fetcher

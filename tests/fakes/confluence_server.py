@@ -14,7 +14,8 @@ What ``pipelines.confluence`` uses, served the way Confluence serves it:
   with ``accountId`` and ``email``, groups with ``name``); ``expand=ancestors`` on a search or a page
   gives its ancestors root first (``parent`` of ``add_page``);
 - ``GET /rest/api/space/{key}?expand=permissions``: the space's permissions (``set_space_readers``;
-  unset: the ``confluence-users`` group may read), read on the space among others;
+  unset: the ``confluence-users`` group may read), read on the space among others; none for a space
+  in ``hidden_permissions`` (as Data Center answers, or Cloud to an API user without the right);
 - ``GET /rest/api/group/{name}/member``: a group's members (``groups``), paginated;
 - every request needs the credentials (Bearer token, or Basic e-mail:token on Cloud), else 401;
 - ``throttle(n, retry_after)`` answers the next ``n`` requests with 429 and ``Retry-After``.
@@ -114,6 +115,8 @@ class FakeConfluence(LocalServer):
         self.groups: dict[str, list[str]] = {}
         #: Space key -> (e-mail addresses, group names, anonymous) with read permission on it.
         self.space_readers: dict[str, tuple[list[str], list[str], bool]] = {}
+        #: Space keys whose permissions the API user is not shown.
+        self.hidden_permissions: set[str] = set()
         self._next_id = 1000
 
     # --- content ---------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class FakeConfluence(LocalServer):
         if not any(p.space == key for p in self.pages.values()) and key not in self.space_readers:
             return self._answer(request, 404, data={"message": "No space with key : " + key})
         data: dict[str, Any] = {"id": abs(hash(key)) % 100000, "key": key, "name": key, "type": "global"}
-        if "permissions" in request.query.get("expand", "").split(","):
+        if "permissions" in request.query.get("expand", "").split(",") and key not in self.hidden_permissions:
             users, groups, anonymous = self.space_readers.get(key, ([], ["confluence-users"], False))
             read = {"operation": "read", "targetType": "space"}
             permissions: list[dict[str, Any]] = [

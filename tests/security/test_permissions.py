@@ -117,9 +117,10 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             settings.refresh.fetch_timeout_s = 5
             settings.permissions.cache_s = 0  # members read afresh: a join counts at once here
             settings.permissions.principals = {"api:helpdesk": ["group:hr"], "telegram:42": ["user:alice@example.com"]}
+            # Everyone who reaches this kbbot has a Confluence account: the operator says so (issue 39).
             settings.sources = [SourceSettings(name="wiki", interval="1h", confluence=ConfluenceSettings(
                 url=confluence.base_url, spaces=["OPS"], token_env="KBBOT_TEST_CONFLUENCE_TOKEN",
-                user="ops@example.com"))]
+                user="ops@example.com", everyone_readers=["public"]))]
             runtime = build_runtime(settings)
             await runtime.start()
             client = AsyncWebClient(token=slack.token, base_url=slack.base_url)
@@ -415,9 +416,10 @@ def test_space_permissions_and_page_restrictions_are_intersected_with_groups_exp
             # Space: staff. Page: alice, dave, hr. Dave is not staff; Bob is not named by the page.
             assert perms.readers(entry(page)) == ["user:alice@example.com", "user:carol@example.com"]
             assert perms.readers(entry(plain)) == ["group:staff"]
-            assert perms.readers(entry(open_page)) is None  # anonymous access: public to its space
+            assert perms.readers(entry(open_page)) == ["public"]  # anonymous access: public to its space
             everyone = next(p for p in server.pages.values() if p.space == "ALL")
-            assert perms.readers(entry(everyone)) is None
+            # Every Confluence account, not everyone who reaches kbbot (issue 39).
+            assert perms.readers(entry(everyone)) == ["confluence:everyone"]
         finally:
             client.close()
 

@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 
+from pipelines.acl import readers_for
 from pipelines.indexing import SourceItem
 from pipelines.netguard import address_kind
 from pipelines.sources import Fetcher, Robots, UrlSource, sitemap_urls
@@ -170,3 +171,72 @@ async def test_sitemap_fan_out_is_bounded_in_requests():
     assert one_page == 2, "max_urls=1: the index and the first sitemap, then listing stops"
     assert capped == 20, "max_sitemaps=20 sitemap requests at most"
     assert any("refresh.max_sitemaps" in reason for _, reason in source.listing_failures)
+
+
+HR_PAGE = "<html><body><h1>Pay</h1><p>Technicians are paid on scale T9.</p></body></html>"
+
+
+async def test_the_acl_is_matched_on_the_url_a_redirect_ends_at():
+    """Issue 39, item 11: ``/go/pay`` redirecting to ``/hr/pay.html`` has the readers of ``/hr/``."""
+    async with Site() as site:
+        site.set("/hr/pay.html", HR_PAGE)
+        site.set("/go/pay", b"", status=302, headers={"Location": "/hr/pay.html"})
+        site.set("/hr/moved.html", b"", status=301, headers={"Location": "/manual.html"})
+        site.set("/manual.html", PUBLIC)
+        _, items = await asyncio.to_thread(scan, [site.url("/go/pay"), site.url("/hr/moved.html")],
+                                           allow_hosts=["127.0.0.1"], acl={site.url("/hr/"): ["group:hr"]})
+    got = by_source(items)
+    assert b"scale T9" in (got[site.url("/go/pay")].data or b"")
+    assert got[site.url("/go/pay")].principals == ["group:hr"]
+    assert got[site.url("/hr/moved.html")].principals == ["public"], "what it serves is the public page"
+
+
+async def test_acl_prefixes_match_any_case_of_scheme_and_host_whole_segments_and_normalised_paths():
+    async with Site() as site:
+        for name in ("a", "b", "c"):
+            site.set(f"/hr/{name}.html", HR_PAGE)
+        site.set("/hrm.html", PUBLIC)
+        port = site.base.rsplit(":", 1)[1]
+        listed = {"scheme": f"HTTP://127.0.0.1:{port}/hr/a.html",
+                  "dots": site.url("/manuals/../hr/b.html"),
+                  "encoded": site.url("/%68r/c.html"),
+                  "other segment": site.url("/hrm.html")}
+        acl = {f"http://127.0.0.1:{port}/hr": ["group:hr"]}  # no trailing slash: the segment hr
+        _, items = await asyncio.to_thread(scan, list(listed.values()), allow_hosts=["127.0.0.1"], acl=acl)
+    got = {item.source: item for item in items}
+    readers = {name: got[url].principals for name, url in listed.items() if got[url].data}
+    assert readers == {"scheme": ["group:hr"], "dots": ["group:hr"], "encoded": ["group:hr"],
+                       "other segment": ["public"]}
+    # Servers that resolve encoded dot segments, a default port, a trailing dot on the host:
+    hr = {"https://Intranet.Example.com./hr": ["group:hr"]}
+    for url in ("https://intranet.example.com/manuals/%2E%2e/hr/d.html", "HTTPS://INTRANET.example.com:443/hr",
+                "https://intranet.example.com/./hr/%2Fx"):
+        assert readers_for(hr, url) == ["group:hr"], url
+    for url in ("https://intranet.example.com/hrm", "https://intranet.example.com/HR/x",
+                "https://intranet.example.com:8443/hr/x", "http://intranet.example.com/hr/x"):
+        assert readers_for(hr, url) == ["public"], url
+
+
+async def test_a_permissions_only_refresh_keeps_the_readers_of_the_url_a_redirect_ended_at(tmp_path):
+    from bot.refresh import Refresher
+    from bot.runtime import build_runtime
+    from tests.conftest import make_settings
+    from tests.refresh_helpers import url_source
+
+    async with Site() as site:
+        site.set("/hr/pay.html", HR_PAGE)
+        site.set("/go/pay", b"", status=302, headers={"Location": "/hr/pay.html"})
+        settings = make_settings(tmp_path / "data")
+        settings.refresh.allow_hosts = ["127.0.0.1"]
+        settings.sources = [url_source("site", [site.url("/go/pay")], respect_robots=False,
+                                       acl={site.url("/hr/"): ["group:hr"]})]
+        runtime = build_runtime(settings)
+        await runtime.start()
+        try:
+            refresher = Refresher(settings, runtime.store, runtime.indexer)
+            for permissions_only in (False, True):
+                record = await refresher.run("site", permissions_only=permissions_only)
+                assert record is not None and record.ok, record
+                assert runtime.store.record(site.url("/go/pay")).readers == ["group:hr"], permissions_only
+        finally:
+            await runtime.close()
