@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,48 @@ from pipelines.topics import Topics
 
 class UserError(Exception):
     """A problem the person at the terminal can fix; printed as one line, exit status 2."""
+
+
+#: What to do instead of changing the embedded store beside ``kbbot serve``.
+THROUGH_THE_SERVER = (
+    "Refresh through the server instead: `/kbbot refresh [SOURCE]` in Slack, `/refresh [SOURCE]` in Telegram "
+    "(admins), or \"refresh now\" on the admin page (/admin/sources). A changed acl: in the settings file is read "
+    "when kbbot serve starts: stop it, run this command, then start it again. With Weaviate (WEAVIATE_URL) "
+    "both may run at once.")
+
+
+@contextlib.contextmanager
+def embedded_store_held(settings: Settings, command: str) -> Iterator[None]:
+    """Keeps ``kbbot refresh`` / ``index`` from changing the embedded store beside a live ``kbbot serve``.
+
+    The server keeps the store in memory: what another process saved would go unseen by it (a withdrawn
+    grant still in force), and its own next refresh would save its old copy over it. Having the server
+    read what others saved would still need a lock between the writers; refusing needs only the lock,
+    and the kernel drops a process's lock when it dies, so none is left behind. ``serve`` holds it shared
+    for its life, a change exclusively for its run; each is refused at once while the other holds it.
+    Taken before the store is read, so what a command reads is what it changes. Weaviate is shared by
+    every process: nothing to hold."""
+    if settings.store_kind == "weaviate":
+        yield
+        return
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = settings.data_dir / "store"
+    with open(settings.data_dir / "store.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, (fcntl.LOCK_SH if command == "serve" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if command == "serve":
+                raise UserError(f"kbbot refresh or index is changing the embedded store in {store}; start kbbot "
+                                "serve once it has finished") from None
+            try:  # a shared lock is still free only to servers: one of them holds it, not a refresh
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"another kbbot refresh or index is changing the embedded store in {store}; "
+                                "run this once it has finished") from None
+            raise UserError(f"kbbot serve is running on the embedded store in {store}; nothing was changed: "
+                            "the server keeps the store in memory, so it would not see what kbbot " + command +
+                            f" changed, and its next refresh would undo it. {THROUGH_THE_SERVER}") from None
+        yield
 
 
 def tqdm_progress(desc: str, unit: str | None = None):
@@ -370,6 +414,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_store_command(settings: Settings, args: argparse.Namespace) -> int:
+    """``index``, ``refresh`` and ``serve``: the commands that change the knowledge store."""
+    runtime = build_runtime(settings)
+    if args.command == "serve":
+        from adapters.server import run_serve  # Slack and Telegram SDKs: heavy, and only `serve` needs them
+
+        ensure_indexed(runtime)
+        return run_serve(runtime, port=args.port)
+    try:
+        if args.command == "index" and args.paths:
+            return run_index(runtime, args.paths, args.space)
+        return run_refresh(runtime, [args.source] if getattr(args, "source", None) else [],
+                           permissions_only=getattr(args, "permissions_only", False))
+    finally:
+        runtime.store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     verbose = args.verbose or args.command == "serve"
@@ -388,26 +449,16 @@ def main(argv: list[str] | None = None) -> int:
             return run_reindex(settings)
         if args.command == "status":
             return run_status(settings, args.json)
+        if args.command in ("index", "refresh", "serve"):
+            with embedded_store_held(settings, args.command):
+                return run_store_command(settings, args)
         runtime = build_runtime(settings)
-        if args.command in ("index", "refresh"):
-            try:
-                if args.command == "index" and args.paths:
-                    return run_index(runtime, args.paths, args.space)
-                return run_refresh(runtime, [args.source] if getattr(args, "source", None) else [],
-                                   permissions_only=getattr(args, "permissions_only", False))
-            finally:
-                runtime.store.close()
         if args.command == "ask":
             return run_ask(runtime, args.question, args.thread, args.json)
         if args.command == "chat":
             return run_chat(runtime, args.thread)
         if args.command == "report":
             return run_report(runtime, args.since, args.json)
-        if args.command == "serve":
-            from adapters.server import run_serve  # Slack and Telegram SDKs: heavy, and only `serve` needs them
-
-            ensure_indexed(runtime)
-            return run_serve(runtime, port=args.port)
     except (SettingsError, UserError) as exc:
         print(f"kbbot: {exc}", file=sys.stderr)
         return 2

@@ -119,7 +119,9 @@ def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
     if slack.enabled:
         slack.check_serving()
         adapter = SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix))
-        runtime.audiences.register("slack", SlackDirectory(adapter.client, cache_s=runtime.settings.permissions.cache_s))
+        permissions = runtime.settings.permissions
+        runtime.audiences.register("slack", SlackDirectory(adapter.client, cache_s=permissions.cache_s,
+                                                           groups=permissions.slack_groups))
         adapters.append(adapter)
     telegram = runtime.settings.telegram
     if telegram.enabled:

@@ -4,13 +4,19 @@
   account at the knowledge sources: ``user:<e-mail>``; a user without one (the scope missing, a bot)
   cannot be mapped;
 - their Slack user groups (``usergroups.list`` with ``include_users``, scope ``usergroups:read``) are
-  ``group:<handle>``: name a group at the source like its Slack handle (``hr``) to grant it;
+  ``slackgroup:<handle>``, and the source groups ``permissions.slack_groups`` maps a handle to: whoever
+  may create or edit Slack user groups must not be able to grant themselves a source group by its name;
 - a channel's members (``conversations.members``, scopes ``channels:read``, ``groups:read``,
-  ``im:read``, ``mpim:read``), bots and deactivated users left out: a thread's answer may use what all
-  of them may read.
+  ``im:read``, ``mpim:read``), bots and deactivated users left out, when they are its only readers:
+  ``conversations.info`` says it is private and shared with no other organisation, and no member is a
+  guest (``is_restricted``, ``is_ultra_restricted``). Anyone in the workspace may open a public channel
+  and read its history; another organisation's people read a Slack Connect channel; a guest's e-mail
+  says nothing of what they may read at the sources. Such a channel, or one Slack will not describe,
+  has no members here: a thread's answer there uses what the whole channel may read.
 
-``bot.permissions.Audiences`` caches what this returns; the user groups, read for every user at
-once, are cached here for the same time, and so are users.
+What Slack answered is remembered here, once, for ``cache_s``: users, the user groups (read for every
+user at once), each channel's description and member list. ``bot.permissions.Audiences`` keeps nothing
+of its own, so a change at Slack counts after ``cache_s`` at most.
 
 A channel with many members not yet known is read from ``users.list`` (Tier 2, 20 calls a minute, 200
 users a call) instead of ``users.info`` for each (Tier 4, 100 a minute: a channel of 300 would be three
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
@@ -44,15 +51,34 @@ def _slim(user: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     email = (user.get("profile") or {}).get("email")
     return {"id": user.get("id"), "is_bot": bool(user.get("is_bot")), "deleted": bool(user.get("deleted")),
+            "guest": bool(user.get("is_restricted") or user.get("is_ultra_restricted")),
             "profile": {"email": email} if email else {}}
 
 
+def members_only(channel: Mapping[str, Any] | None) -> bool:
+    """Whether conversations.info's ``channel`` can be read by its members only: private, and shared with
+    no other organisation (Slack Connect, or an invitation to it pending). Shared without saying it is
+    within the organisation (``is_shared`` without ``is_org_shared``) counts as shared outside it."""
+    if not channel or channel.get("is_private") is not True:
+        return False
+    if channel.get("is_ext_shared") or channel.get("is_pending_ext_shared"):
+        return False
+    return not channel.get("is_shared") or channel.get("is_org_shared") is True
+
+
 class SlackDirectory:
-    def __init__(self, client: AsyncWebClient, *, cache_s: float = 300):
+    """``groups``: a Slack user group's handle -> the source principals it stands for
+    (``permissions.slack_groups``)."""
+
+    def __init__(self, client: AsyncWebClient, *, cache_s: float = 300,
+                 groups: Mapping[str, Collection[str]] | None = None):
         self.client = client
         self.cache_s = cache_s
+        self.groups = {h.lower(): frozenset(p) for h, p in (groups or {}).items()}
         self._groups: tuple[float, dict[str, frozenset[str]]] | None = None
         self._users: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        #: channel -> (until, its member ids when only they can read it, else None)
+        self._channels: dict[str, tuple[float, list[str] | None]] = {}
         self._warned: set[str] = set()
 
     def _warn_once(self, what: str, exc: SlackApiError) -> None:
@@ -62,6 +88,8 @@ class SlackDirectory:
             log.warning("Slack refused %s (%s): %s", what, code,
                         "askers are matched without their user groups" if what == "usergroups.list"
                         else "users are looked up one by one" if what == "users.list"
+                        else "such channels read public documents and those granted to them"
+                        if what.startswith("conversations.")
                         else "that user reads public documents only")
 
     def _cached(self, user: str, now: float) -> tuple[float, dict[str, Any] | None] | None:
@@ -135,21 +163,41 @@ class SlackDirectory:
         email = str((found.get("profile") or {}).get("email") or "").strip().lower()
         if not email:
             return None
-        groups = (await self._user_groups()).get(user, frozenset())
-        return frozenset({f"user:{email}", *(f"group:{g}" for g in groups)})
+        handles = (await self._user_groups()).get(user, frozenset())
+        mapped = (p for h in handles for p in self.groups.get(h, ()))
+        return frozenset({f"user:{email}", *(f"slackgroup:{h}" for h in handles), *mapped})
 
-    async def members(self, tenant: str, channel: str) -> list[str] | None:
-        members: list[str] = []
-        cursor = None
+    async def _readers(self, channel: str) -> list[str] | None:
+        """The channel's member ids when only they can read it (``members_only``), else None."""
+        method = "conversations.info"
         try:
+            described = (await self.client.conversations_info(channel=channel)).get("channel")
+            if not members_only(described):
+                log.debug("Slack channel %s is readable beyond its members: what the channel may read", channel)
+                return None
+            method = "conversations.members"
+            members: list[str] = []
+            cursor = None
             while True:
                 answer = await self.client.conversations_members(channel=channel, limit=1000, cursor=cursor)
                 members += [str(m) for m in answer.get("members") or []]
                 cursor = (answer.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
-                    break
+                    return members
         except SlackApiError as exc:
-            self._warn_once("conversations.members", exc)
+            self._warn_once(method, exc)
+            return None
+
+    async def members(self, tenant: str, channel: str) -> list[str] | None:
+        now = time.monotonic()
+        hit = self._channels.get(channel)
+        if hit is None or hit[0] <= now:
+            if len(self._channels) > 20000:
+                self._channels = {k: v for k, v in self._channels.items() if v[0] > now}
+            hit = (now + self.cache_s, await self._readers(channel))
+            self._channels[channel] = hit
+        members = hit[1]
+        if members is None:
             return None
         unknown = self._unknown(members)
         if len(unknown) > PRIME_ABOVE and self.cache_s > 0:  # nothing is kept without a cache
@@ -160,5 +208,7 @@ class SlackDirectory:
             # The bot itself and other apps read nothing; a user Slack would not describe counts as a person.
             if found is not None and (found.get("is_bot") or found.get("deleted") or member == "USLACKBOT"):
                 continue
+            if found is not None and found.get("guest"):
+                return None  # a guest: the channel is no longer its members' alone
             people.append(member)
         return people

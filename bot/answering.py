@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from bot.limits import RateLimiter, refusal_message
 from bot.logs import turn_id as current_turn
 from bot.messages import say
 from bot.metrics import METRICS
-from bot.permissions import Audience, Audiences, UnmappedNotice, audience_meta, visible_history
+from bot.permissions import CITED_META, Audience, Audiences, UnmappedNotice, audience_meta, cited_in, visible_history
 from bot.preferences import Preferences, PreferenceStore, may_state_preferences, parse_learned
 from bot.state import LockNotAcquired, ThreadLocks
 from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
@@ -124,14 +124,27 @@ class Permissions:
     async def known_principals(self) -> frozenset[str] | None:
         return await asyncio.to_thread(self.known) if self.known is not None else None
 
+    async def readable(self, doc_ids: Collection[str], audience: Audience) -> dict[str, bool]:
+        """Whether ``audience`` may read each document, as its permissions are now (a revoked one: no)."""
+        if self.readers is None:
+            return dict.fromkeys(doc_ids, True)
+        readers = await asyncio.to_thread(lambda: {d: self.readers(d) for d in doc_ids})
+        return {d: r is not None and audience.admits({"readers": r}) for d, r in readers.items()}
+
     async def all_readable(self, answer: Answer, audience: Audience) -> bool:
         """Whether ``audience`` may read every document ``answer`` cites, as their permissions are now:
         an approved answer outlives a refresh that only changed who may read what, so a hit is checked
         again rather than trusted to the key it was kept under."""
-        if self.readers is None or not answer.citations:
-            return True
-        readers = await asyncio.to_thread(lambda: [self.readers(c.doc_id) for c in answer.citations])
-        return all(r is not None and audience.admits({"readers": r}) for r in readers)
+        return all((await self.readable({c.doc_id for c in answer.citations}, audience)).values())
+
+    async def history(self, messages: list[ChatMessage], audience: Audience) -> list[ChatMessage]:
+        """The thread's history this audience may be shown (``visible_history``): what it was written for,
+        and answers citing only what the audience may read now, so that a conversation does not bring
+        back a page a refresh has since withdrawn from its asker."""
+        if self.readers is None:
+            return visible_history(messages, audience)
+        readable = await self.readable(cited_in(messages), audience)
+        return visible_history(messages, audience, readable.__getitem__)
 
 
 class Answerer:
@@ -420,9 +433,9 @@ class Answerer:
         await reply.start()
         audience = await self.audience(inquiry)
         t = time.perf_counter()
-        # Only what was written for this same audience: an earlier answer for other readers may hold
-        # what this one may not read.
-        history = visible_history(await self.history.load(inquiry.thread_key), audience)
+        # Only what was written for this same audience, citing what it may still read: an earlier answer
+        # for other readers, or from a page withdrawn since, may hold what this one may not read.
+        history = await self.permissions.history(await self.history.load(inquiry.thread_key), audience)
         trace.stages["history"] = (time.perf_counter() - t) * 1000
         trace.history_turns = sum(1 for m in history if m.role.value == "user")
         # Only a thread's first question is standalone for sure: later ones may lean on history
@@ -502,7 +515,8 @@ class Answerer:
         t = time.perf_counter()
         await self.history.append(inquiry.thread_key, [
             ChatMessage.from_user(question, meta=audience_meta(audience)),
-            ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value, **audience_meta(audience)}),
+            ChatMessage.from_assistant(answer.text, meta={"outcome": answer.outcome.value, **audience_meta(audience),
+                                                          CITED_META: sorted({c.doc_id for c in answer.citations})}),
         ])
         trace.stages["history"] = trace.stages.get("history", 0.0) + (time.perf_counter() - t) * 1000
         trace.stages["total"] = (time.perf_counter() - started) * 1000

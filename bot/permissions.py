@@ -11,12 +11,16 @@ The rule:
 - seen only by the asker (a Slack DM or ephemeral reply, a Telegram private chat, an API caller,
   the console): documents the asker may read: public ones and those whose readers hold one of the
   asker's principals;
-- seen by others (a channel or group thread): documents every member may read: public ones, those
-  whose readers hold the channel, or those every current member may read (members are read through
-  the platform, cached briefly). A member kbbot cannot map limits the thread to public documents.
+- seen by others (a channel or group thread): public documents and those whose readers hold the
+  channel; and, where only its members can read the channel (``Directory.members``: a private Slack
+  channel shared with no other organisation and without guests), those every current member may
+  read. A public channel (anyone may open it and read its history), a Slack Connect channel, one
+  with a guest, one whose kind or members cannot be read, a Telegram group, or a member kbbot cannot
+  map limits the thread to public documents and those granted to the channel.
 
 An asker that cannot be mapped to an identity gets public documents only (``Audience.mapped`` False).
-Identities come from the platform (``Directory``: Slack's e-mail and user groups, in the adapter) and
+Identities come from the platform (``Directory``: Slack's e-mail, and its user groups as
+``slackgroup:<handle>``, source groups only as ``permissions.slack_groups`` maps them; in the adapter) and
 from the ``permissions.principals`` settings (``platform:user id`` -> principals, which add to the
 platform's; Telegram users and API callers have only these).
 """
@@ -27,9 +31,9 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from haystack import Document
@@ -41,6 +45,8 @@ log = logging.getLogger("kbbot.permissions")
 
 #: How the history and the answer cache mark what an audience saw.
 AUDIENCE_META = "audience"
+#: How the history marks the documents an answer cited (their ids).
+CITED_META = "cited"
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,13 @@ class Audience:
         return Audience(private=self.private, everyone=self.everyone & named, each=canonical, asker=self.asker,
                         channel=self.channel)
 
+    @cached_property
+    def _matches(self) -> Callable[[Document], bool]:
+        return compile_filter(self.filter())
+
     def admits(self, meta: dict[str, Any]) -> bool:
         """Whether a chunk (its meta) may be shown to this audience: the same rule as ``filter``."""
-        return compile_filter(self.filter())(Document(content="", meta=meta))
+        return self._matches(Document(content="", meta=meta))
 
     @property
     def key(self) -> str:
@@ -131,47 +141,30 @@ class Directory(Protocol):
     """What a platform tells of identities (``adapters``: Slack's users.info, user groups and members)."""
 
     async def principals(self, tenant: str, user: str) -> frozenset[str] | None:
-        """The user's principals (``user:<e-mail>``, ``group:<name>``); None: the user cannot be mapped."""
+        """The user's principals (``user:<e-mail>``, ``slackgroup:<handle>``, the source groups a Slack group
+        is mapped to); None: the user cannot be mapped."""
         ...
 
     async def members(self, tenant: str, channel: str) -> list[str] | None:
-        """The channel's current human members; None: the platform cannot list them."""
+        """The channel's current human members, when they are the only people who can read it (a private
+        channel shared with no other organisation, without guests); None otherwise, or when the platform
+        cannot tell: the channel then reads public documents and those granted to it."""
         ...
 
 
-@dataclass
-class _Cached:
-    value: Any
-    until: float
-
-
 class Audiences:
-    """Computes the ``Audience`` of an inquiry (see the module docstring); members and principals are
-    cached for ``cache_s`` (a member who left, or a group change, counts after at most that long)."""
+    """Computes the ``Audience`` of an inquiry (see the module docstring). Nothing is cached here: a
+    directory remembers what its platform told (Slack's for ``permissions.cache_s``), once, so a
+    change there (a member who left, a group change) counts after at most that long, not twice it."""
 
     def __init__(self, directories: Mapping[str, Directory] | None = None,
-                 principals: Mapping[str, Collection[str]] | None = None, *, cache_s: float = 300,
-                 max_members: int = 500):
+                 principals: Mapping[str, Collection[str]] | None = None, *, max_members: int = 500):
         self.directories = dict(directories or {})
         self.principals_map = {k: frozenset(v) for k, v in (principals or {}).items()}
-        self.cache_s = cache_s
         self.max_members = max_members
-        self._cache: dict[tuple[str, ...], _Cached] = {}
-        self._lock = asyncio.Lock()
 
     def register(self, platform: str, directory: Directory) -> None:
         self.directories[platform] = directory
-
-    async def _cached(self, key: tuple[str, ...], load: Any) -> Any:
-        hit = self._cache.get(key)
-        now = time.monotonic()
-        if hit is not None and hit.until > now:
-            return hit.value
-        value = await load()
-        if len(self._cache) > 10000:
-            self._cache = {k: c for k, c in self._cache.items() if c.until > now}
-        self._cache[key] = _Cached(value, now + self.cache_s)
-        return value
 
     async def principals_of(self, platform: str, tenant: str, user: str) -> frozenset[str] | None:
         """The user's principals: the platform's (if it has a directory) and the settings' map
@@ -181,8 +174,7 @@ class Audiences:
         found: frozenset[str] | None = None
         if directory is not None:
             try:
-                found = await self._cached(("principals", platform, tenant, user),
-                                           lambda: directory.principals(tenant, user))
+                found = await directory.principals(tenant, user)
             except Exception as exc:  # noqa: BLE001 - an unknown identity reads public documents only
                 log.warning("cannot read the identity of %s user %s (%s): public documents only", platform, user,
                             type(exc).__name__)
@@ -200,8 +192,7 @@ class Audiences:
         if directory is None:
             return None
         try:
-            return await self._cached(("members", inquiry.platform, inquiry.tenant, inquiry.channel),
-                                      lambda: directory.members(inquiry.tenant, inquiry.channel))
+            return await directory.members(inquiry.tenant, inquiry.channel)
         except Exception as exc:  # noqa: BLE001 - unknown members: the thread reads public documents only
             log.warning("cannot list the members of %s channel %s (%s): public documents only", inquiry.platform,
                         inquiry.channel, type(exc).__name__)
@@ -222,7 +213,8 @@ class Audiences:
             return Audience(private=False, everyone=everyone, each=(frozenset(),), asker=asker, channel=channel)
         members = await self._members(inquiry)
         if not members or len(members) > self.max_members:
-            # Unknown (or too many to check one by one): what the whole channel may read.
+            # Readable beyond its members, unknown, or too many to check one by one: what the whole
+            # channel may read.
             return Audience(private=False, everyone=everyone, each=(frozenset(),), asker=asker,
                             channel=channel)
         each = await asyncio.gather(*(self.principals_of(inquiry.platform, inquiry.tenant, m) for m in members))
@@ -234,13 +226,31 @@ def audience_meta(audience: Audience) -> dict[str, str]:
     return {AUDIENCE_META: audience.key}
 
 
-def visible_history(messages: Iterable[Any], audience: Audience) -> list[Any]:
-    """The thread's messages written for this same audience: an answer written for other readers (a
-    DM's, or a channel's before someone joined) may hold what this audience may not read."""
-    kept = [m for m in messages if (m.meta or {}).get(AUDIENCE_META) == audience.key]
-    while kept and kept[0].role.value != "user":  # an answer whose question was dropped
-        kept.pop(0)
-    return kept
+def cited_in(messages: Iterable[Any]) -> set[str]:
+    """The documents the answers among ``messages`` cite (``CITED_META``)."""
+    return {str(d) for m in messages for d in (m.meta or {}).get(CITED_META) or ()}
+
+
+def visible_history(messages: Iterable[Any], audience: Audience,
+                    readable: Callable[[str], bool] | None = None) -> list[Any]:
+    """The thread's turns written for this same audience: an answer written for other readers (a DM's,
+    or a channel's before someone joined) may hold what this audience may not read. With ``readable``
+    (whether the audience may read a document now), also only turns whose answer cites nothing it may no
+    longer read (a grant withdrawn since), nor leaves unsaid what it cited (written before that was kept)."""
+    turns: list[list[Any]] = []
+    for message in messages:
+        if (message.meta or {}).get(AUDIENCE_META) != audience.key:
+            continue
+        if message.role.value == "user":
+            turns.append([message])
+        elif turns:  # an answer whose question was dropped is dropped with it
+            turns[-1].append(message)
+
+    def still_readable(turn: list[Any]) -> bool:
+        answers = [m.meta or {} for m in turn if m.role.value != "user"]
+        return all(CITED_META in a and all(readable(str(d)) for d in a[CITED_META]) for a in answers)
+
+    return [m for turn in turns if readable is None or still_readable(turn) for m in turn]
 
 
 @dataclass

@@ -537,7 +537,7 @@ class Runtime:
     def audiences(self) -> Audiences:
         """Who sees each answer (``bot.permissions``); adapters register their platform's directory."""
         p = self.settings.permissions
-        return Audiences(principals=p.principals, cache_s=p.cache_s, max_members=p.max_members)
+        return Audiences(principals=p.principals, max_members=p.max_members)
 
     def retrieval_probe(self) -> Probe:
         """Retrieval alone under a filter, keeping chunks as similar as ``retrieval.min_similarity``:

@@ -230,6 +230,10 @@ class LimitsSettings(Section):
         return self
 
 
+#: A Slack user group's handle: lower-case letters, digits, dots, dashes and underscores.
+SLACK_HANDLE = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
+
+
 class PermissionsSettings(Section):
     """Who may read what (``bot/permissions.py``): identities beyond what the platforms tell."""
 
@@ -238,7 +242,13 @@ class PermissionsSettings(Section):
     #: (``api:helpdesk``), the console (``console:console``); for Slack users they add to the e-mail
     #: and user groups Slack gives.
     principals: dict[str, list[str]] = {}
-    #: How long a channel's members and a user's principals are remembered (seconds).
+    #: A Slack user group's handle -> the source groups (or users) it stands for: ``{finance:
+    #: [group:finance]}``. A Slack group is ``slackgroup:<handle>`` and grants nothing at the sources
+    #: unless named here: whoever may edit Slack user groups could otherwise make one named like a
+    #: restricted source group.
+    slack_groups: dict[str, list[str]] = {}
+    #: How long what Slack told is remembered (seconds): a user's e-mail, the user groups, a channel's
+    #: kind and members. A change there (a removal from a group, a member who left) counts after this.
     cache_s: float = Field(300, ge=0)
     #: A channel with more members than this reads only what the whole channel may (public documents
     #: and those granted to the channel): checking each member's access would cost too much.
@@ -258,6 +268,28 @@ class PermissionsSettings(Section):
                 checked[f"{platform.lower()}:{user}"] = [principal(p) for p in principals]
             except ValueError as exc:
                 raise ValueError(f"[{who!r}]: {exc}") from None
+        return checked
+
+    @field_validator("slack_groups")
+    @classmethod
+    def _slack_groups(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        checked = {}
+        for handle, principals in value.items():
+            name = str(handle).strip().removeprefix("@").lower()
+            if not SLACK_HANDLE.fullmatch(name):
+                raise ValueError(f"[{handle!r}]: a key is a Slack user group's handle (finance, hr-emea), "
+                                 "without spaces")
+            if isinstance(principals, str) or not principals:
+                raise ValueError(f"[{handle!r}] must be a non-empty list of principals, e.g. [group:{name}]")
+            try:
+                mapped = [principal(p) for p in principals]
+            except ValueError as exc:
+                raise ValueError(f"[{handle!r}]: {exc}") from None
+            # Not public or channel:: a group may stand for what its members hold at the sources, no more.
+            if wrong := [p for p in mapped if not p.startswith(("group:", "user:", "space:", "confluence:"))]:
+                raise ValueError(f"[{handle!r}]: {wrong[0]!r}: a Slack group stands for source groups or users "
+                                 "(group:<name>, user:<e-mail>, space:<key>, confluence:everyone)")
+            checked[name] = sorted({*checked.get(name, []), *mapped})  # @HR and hr are one group
         return checked
 
 

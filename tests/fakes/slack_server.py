@@ -189,6 +189,9 @@ class FakeSlack(LocalServer):
         self.usergroups: dict[str, list[str]] = {}
         #: channel id -> its members' ids (conversations.members, paginated by ``members_page``).
         self.channel_members: dict[str, list[str]] = {}
+        #: channel id -> the ``channel`` object conversations.info answers (``add_channel``); a channel
+        #: only in ``channel_members`` is described as a public one, as most are.
+        self.channels: dict[str, dict[str, Any]] = {}
         self.members_page = 100
         #: users.list's largest page (Slack recommends asking for 200 at most).
         self.users_page = 200
@@ -198,12 +201,34 @@ class FakeSlack(LocalServer):
 
     # ------------------------------------------------------------------ scripting
     def add_user(self, user_id: str, email: str | None = None, *, is_bot: bool = False, deleted: bool = False,
-                 name: str | None = None) -> None:
+                 name: str | None = None, guest: str | None = None) -> None:
+        """``guest``: ``"multi"`` (a multi-channel guest, ``is_restricted``) or ``"single"`` (a
+        single-channel guest, ``is_ultra_restricted`` too, as Slack sets both)."""
         profile: dict[str, Any] = {"real_name": name or user_id, "display_name": name or user_id}
         if email:
             profile["email"] = email
         self.users[user_id] = {"id": user_id, "team_id": self.team_id, "name": (name or user_id).lower(),
-                               "deleted": deleted, "is_bot": is_bot, "is_app_user": False, "profile": profile}
+                               "deleted": deleted, "is_bot": is_bot, "is_app_user": False, "is_admin": False,
+                               "is_owner": False, "is_restricted": guest is not None,
+                               "is_ultra_restricted": guest == "single", "profile": profile}
+
+    def add_channel(self, channel_id: str, members: list[str] | None = None, *, private: bool = False,
+                    ext_shared: bool = False, org_shared: bool = False, pending_ext_shared: bool = False,
+                    name: str | None = None) -> None:
+        """A channel as conversations.info describes it (and its members, for conversations.members):
+        ``ext_shared`` is Slack Connect (shared with another organisation), ``org_shared`` shared with
+        another workspace of the same Enterprise Grid organisation."""
+        if members is not None:
+            self.channel_members[channel_id] = list(members)
+        teams = [self.team_id] + (["T0OTHERORG"] if ext_shared else []) + (["T0SISTER"] if org_shared else [])
+        self.channels[channel_id] = {
+            "id": channel_id, "name": name or channel_id.lower(), "is_channel": not private, "is_group": private,
+            "is_im": False, "is_mpim": False, "is_private": private, "created": 1_700_000_000,
+            "is_archived": False, "is_general": False, "is_shared": ext_shared or org_shared,
+            "is_org_shared": org_shared, "is_ext_shared": ext_shared, "is_pending_ext_shared": pending_ext_shared,
+            "pending_shared": ["T0INVITED"] if pending_ext_shared else [], "context_team_id": self.team_id,
+            "shared_team_ids": teams, "is_member": True,
+            "topic": {"value": "", "creator": "", "last_set": 0}, "purpose": {"value": "", "creator": "", "last_set": 0}}
 
     def rate_limit(self, method: str, *, times: int = 1, retry_after: float = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After``."""
@@ -353,6 +378,7 @@ class FakeSlack(LocalServer):
             "usergroups.list": self._usergroups_list,
             "usergroups.users.list": self._usergroups_users,
             "conversations.members": self._conversation_members,
+            "conversations.info": self._conversation_info,
         }.get(method)
         if handler is None:
             raise SlackError("unknown_method")
@@ -564,7 +590,9 @@ class FakeSlack(LocalServer):
         if user is None:  # anyone not scripted with add_user: a person without an e-mail (U0BOB is Bob)
             name = user_id.removeprefix("U0").capitalize()
             user = {"id": user_id, "team_id": self.team_id, "name": name.lower(), "deleted": False,
-                    "is_bot": False, "is_app_user": False, "profile": {"display_name": name, "real_name": name}}
+                    "is_bot": False, "is_app_user": False, "is_admin": False, "is_owner": False,
+                    "is_restricted": False, "is_ultra_restricted": False,
+                    "profile": {"display_name": name, "real_name": name}}
         if "users:read.email" in self.missing_scopes:
             user = {**user, "profile": {k: v for k, v in user["profile"].items() if k != "email"}}
         return {"user": user}
@@ -614,6 +642,16 @@ class FakeSlack(LocalServer):
         following = start + limit
         cursor = f"dXNlcjo{following}" if following < len(members) else ""
         return {"members": members[start:following], "response_metadata": {"next_cursor": cursor}}
+
+    def _conversation_info(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        channel = str(args.get("channel") or "")
+        if channel not in self.channels and channel in self.channel_members:
+            self.add_channel(channel)
+        if channel not in self.channels:
+            raise SlackError("channel_not_found")
+        described = self.channels[channel]
+        self._need("groups:read" if described["is_private"] else "channels:read")
+        return {"channel": dict(described)}
 
     def _unreact(self, args: dict[str, Any], now: float) -> dict[str, Any]:
         key, name = self._reaction_target(args)

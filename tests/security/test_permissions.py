@@ -105,7 +105,8 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             slack.add_user(CAROL, "carol@example.com")
             slack.add_user(NOMAIL)
             slack.usergroups = {"hr": [CAROL]}
-            slack.channel_members = {"CALL": [ALICE, BOB, "UKBBOT"], "CHR": [ALICE, CAROL, "UKBBOT"]}
+            slack.add_channel("CALL", [ALICE, BOB, "UKBBOT"], private=True)
+            slack.add_channel("CHR", [ALICE, CAROL, "UKBBOT"], private=True)
 
             env = {"REDIS_URL": REDIS_URL or ""}
             if kind == "weaviate":
@@ -117,6 +118,7 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             settings.refresh.fetch_timeout_s = 5
             settings.permissions.cache_s = 0  # members read afresh: a join counts at once here
             settings.permissions.principals = {"api:helpdesk": ["group:hr"], "telegram:42": ["user:alice@example.com"]}
+            settings.permissions.slack_groups = {"hr": ["group:hr"]}
             # Everyone who reaches this kbbot has a Confluence account: the operator says so (issue 39).
             settings.sources = [SourceSettings(name="wiki", interval="1h", confluence=ConfluenceSettings(
                 url=confluence.base_url, spaces=["OPS"], token_env="KBBOT_TEST_CONFLUENCE_TOKEN",
@@ -124,7 +126,8 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             runtime = build_runtime(settings)
             await runtime.start()
             client = AsyncWebClient(token=slack.token, base_url=slack.base_url)
-            runtime.audiences.register("slack", SlackDirectory(client, cache_s=0))
+            runtime.audiences.register("slack", SlackDirectory(client, cache_s=0,
+                                                               groups=settings.permissions.slack_groups))
             refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
             try:
                 record = await refresher.run("wiki")
@@ -487,7 +490,7 @@ async def test_a_channels_members_are_looked_up_only_when_some_document_names_a_
             return ["UANN", "UBOB"]
 
     directory = Directory()
-    audiences = Audiences({"slack": directory}, cache_s=0)
+    audiences = Audiences({"slack": directory})
     inquiry = Inquiry("slack", "T1", "C1", "slack:T1:C1:1", "UANN", "q")
     unrestricted = frozenset({"public", "channel:c9"})
     skipped = await audiences.of(inquiry, unrestricted)
@@ -510,7 +513,8 @@ async def test_a_big_channels_members_are_read_from_users_list_not_one_by_one():
             slack.add_user(user, f"{user.lower()}@example.com")
         for i in range(300):  # the rest of the workspace
             slack.add_user(f"UOTHER{i:03d}", f"other{i}@example.com")
-        slack.channel_members = {"CBIG": [*members, "UKBBOT"], "CSMALL": [f"UOTHER{i:03d}" for i in range(5)]}
+        slack.add_channel("CBIG", [*members, "UKBBOT"], private=True)
+        slack.add_channel("CSMALL", [f"UOTHER{i:03d}" for i in range(5)], private=True)
         directory = SlackDirectory(AsyncWebClient(token=slack.token, base_url=slack.base_url), cache_s=300)
 
         assert await directory.members(TEAM, "CBIG") == members
@@ -529,7 +533,8 @@ async def test_users_list_is_read_no_longer_than_looking_members_up_would_take_a
         for i in range(2000):  # a big workspace whose directory does not hold the channel's 25 (guests)
             slack.add_user(f"UOTHER{i:04d}", f"other{i}@example.com")
         guests = [f"UGUEST{i:02d}" for i in range(25)]
-        slack.channel_members = {"CGUESTS": guests, "CLIMITED": [f"UOTHER{i:04d}" for i in range(30)]}
+        slack.add_channel("CGUESTS", guests, private=True)
+        slack.add_channel("CLIMITED", [f"UOTHER{i:04d}" for i in range(30)], private=True)
         client = AsyncWebClient(token=slack.token, base_url=slack.base_url)
 
         directory = SlackDirectory(client, cache_s=300)
@@ -542,3 +547,52 @@ async def test_users_list_is_read_no_longer_than_looking_members_up_would_take_a
         assert await refused.members(TEAM, "CLIMITED") == slack.channel_members["CLIMITED"]
         assert await refused.principals(TEAM, "UOTHER0007") == {"user:other7@example.com"}
         assert "Slack refused users.list (ratelimited): users are looked up one by one" in caplog.text
+
+
+async def test_a_public_shared_or_guest_channel_reads_what_the_channel_may_not_what_its_members_may(world):
+    """Issue 39, item 2. Alice and Carol may both read the claims page (by name, and through the hr
+    group), and are the only people in each channel below: only the private one, shared with no other
+    organisation and without guests, is answered from it. Anyone in the workspace may open a public
+    channel and read its history; another organisation reads a Slack Connect channel; a guest (here put
+    in the hr Slack group) is no reader of what the source restricts. Carol is offered a direct message."""
+    slack = world.slack
+    slack.add_user("UGUEST", "dan@partner.example", guest="multi")
+    slack.usergroups["hr"].append("UGUEST")
+    both = [ALICE, CAROL, "UKBBOT"]
+    slack.add_channel("CPUBLIC", both)
+    slack.add_channel("CCONNECT", both, private=True, ext_shared=True)
+    slack.add_channel("CGUESTS", [*both, "UGUEST"], private=True)
+    slack.add_channel("CDARK", both, private=True)
+    slack.add_channel("CPRIV", both, private=True)
+    for channel in ("CPUBLIC", "CCONNECT", "CGUESTS", "CDARK"):
+        if channel == "CDARK":  # a channel Slack will not describe: what the channel may read
+            slack.fail("conversations.info", error="internal_error")
+        answer = await world.ask(CAROL, CLAIMS_QUESTION, channel=channel)
+        assert leaked(answer, world, "claims", "escalation") == [], channel
+        assert answer.outcome is Outcome.NOT_FOUND and "direct message" in answer.text, (channel, answer.text)
+    private = await world.ask(CAROL, CLAIMS_QUESTION, channel="CPRIV")
+    assert private.outcome is Outcome.ANSWERED and world.doc("claims") in {c.doc_id for c in private.citations}
+
+
+async def test_a_conversation_does_not_bring_back_a_page_its_asker_may_no_longer_read(world):
+    """Issue 39, item 3. Carol read the claims page through the hr group in a conversation; the page is
+    then restricted to Alice and the permissions refreshed. Carol's next question in that conversation
+    is answered without the earlier answer (it cites the page), and a new conversation neither has it."""
+    first = await world.ask(CAROL, CLAIMS_QUESTION, channel="DCAROL", private=True, thread="c1")
+    assert first.outcome is Outcome.ANSWERED and world.doc("claims") in {c.doc_id for c in first.citations}
+    seals = await world.ask(BOB, SEALS_QUESTION, channel="DBOB", private=True, thread="b1")
+    assert seals.outcome is Outcome.ANSWERED and world.doc("claims") not in {c.doc_id for c in seals.citations}
+
+    world.confluence.restrict(world.pages["claims"], users=["alice@example.com"])
+    record = await world.refresher.run("wiki", permissions_only=True)
+    assert record is not None and record.ok, record
+
+    follow = await world.ask(CAROL, "And which amount is that limit exactly?", channel="DCAROL", private=True,
+                             thread="c1")
+    assert follow.trace.history_turns == 0, "the earlier answer cites a page Carol may no longer read"
+    assert leaked(follow, world, "claims", "escalation") == []
+    fresh = await world.ask(CAROL, CLAIMS_QUESTION, channel="DCAROL", private=True)
+    assert leaked(fresh, world, "claims", "escalation") == []
+    # A conversation whose answers cite only what its asker may still read goes on as before.
+    more = await world.ask(BOB, "And how long does that take?", channel="DBOB", private=True, thread="b1")
+    assert more.trace.history_turns == 1
