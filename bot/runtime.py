@@ -389,8 +389,8 @@ class Runtime:
         s = self.settings
         results = golden_results(self._redis, s.redis_prefix, s.data_dir)
         answerer = self.answerer
-        recheck = ApprovalRecheck(self._approved, answerer.rerun, desk, self.store.is_current) \
-            if self._approved is not None else None
+        recheck = ApprovalRecheck(self._approved, answerer.rerun, desk, self.store.is_current, audiences=self.audiences,
+                                  readers=self._readers_of) if self._approved is not None else None
         return KnowledgeLoop(answerer.rerun, results, recheck=recheck, golden_file=s.resolve(s.approvals.golden_file),
                              default_space=s.sources[0].space if s.sources else "default", desk=desk,
                              knowledge_version=lambda: self.store.knowledge_version)
