@@ -2,17 +2,22 @@
 reviewer says so.
 
 A thread is *open* once a turn in it ends ``not_found`` or its answer gets a 👎 (``after_turn``,
-``after_feedback``: its question, asker and spaces are kept in the ``ExpertStore``). A later reply there by
-someone other than the asker is *offered* (``offer``): kept under an id of its own, and offered to the
-approved-answer cache as the thread question's answer (an offer is what every approvable answer is: kept
-pending, served to nobody). The adapter then shows the platform's reviewers two buttons naming that id:
+``after_feedback``: its question, asker, spaces and kbbot's messages are kept in the ``ExpertStore``). The
+first later reply there by someone other than the asker (in a Telegram group, a reply to one of kbbot's
+messages of that turn) is *offered* (``offer``), and the thread closes: kept under an id of its own, its
+links removed (``kept_text``; at most ``MAX_REPLY_CHARS``, what reviewers are shown whole), and offered to
+the approved-answer cache as the thread question's answer (an offer is what every approvable answer is:
+kept pending, served to nobody). The adapter then shows the platform's reviewers the whole kept text and
+two buttons naming that id:
 
 - "Save as approved answer" (``approve``): the existing approval of an offered answer
   (``AnswerCache.approve``): the same question in the same spaces and workspace gets the reply,
-  labelled with its author, under the line saying which reviewer approved it;
+  labelled with its author, under the line saying which reviewer approved it, where the place it was
+  said in admits the asking audience (``place_readers``), for ``approvals.uncited_days``;
 - "Add to the knowledge base" (``capture``): a Markdown document (question, reply, author, date, link to
-  the thread) in the folder of the source ``insights.capture_source`` (indexed on its next refresh), or,
-  where that source is Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
+  the thread) in the folder of the source ``insights.capture_source``, under the place it was said in
+  (``bot.refresh.captured``: read by that place; indexed on its next refresh), or, where that source is
+  Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
 
 Nothing is kept without a reviewer's click; each click counts once (``ExpertStore.take``).
 """
