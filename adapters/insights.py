@@ -17,9 +17,11 @@ from adapters.telegram import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
 from bot.knowledge_loop.owners import owners_resolver
+from bot.permissions import Audience
 from bot.refresh import schedule_zone
 from bot.settings_base import reveal
 from bot.streaming import split_message
+from pipelines.filters import PUBLIC
 
 log = logging.getLogger("kbbot.insights")
 
@@ -69,11 +71,19 @@ def make_digest(runtime: Any, adapters: list[Any], post: Any) -> WeeklyDigest:
     async def build(since: float, until: float) -> dict[str, Any]:
         return await report_of(runtime, since=since, until=until)  # every gap: the owners get theirs
 
+    async def may_read(owner: str, readers: list[str]) -> bool:
+        """Whether ``owner`` (who gets the list in private) may read a document of ``readers``."""
+        platform = "telegram" if owner.isdigit() else "slack"
+        tenant = next((str(a.bot_id) for a in adapters if isinstance(a, TelegramAdapter)), "") \
+            if platform == "telegram" else ""
+        principals = await runtime.audiences.principals_of(platform, tenant, owner)
+        return Audience(private=True, everyone=frozenset({PUBLIC, *(principals or ())})).admits({"readers": readers})
+
     settings = runtime.settings
     owners = owners_resolver(settings.sources, settings.resolve) if any(s.owners for s in settings.sources) else None
     return WeeklyDigest(str(i.digest.cron or "0 9 * * mon"), schedule_zone(settings), build=build, post=post,
                         claim=runtime.idempotency.claim, top=i.digest.top, admin_url=i.admin_url, owners=owners,
-                        tell=owner_teller(adapters))
+                        tell=owner_teller(adapters), may_read=may_read)
 
 
 def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:

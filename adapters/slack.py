@@ -74,6 +74,7 @@ from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
+from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
@@ -321,10 +322,19 @@ class SlackAdapter:
         if not await self.conversations.is_expert_reply(key, user):
             return False
         text = str(event.get("text") or "")
+        if ExpertReplies.too_long(text):  # reviewers would not see it whole: its author is told, the thread stays open
+            self.delivery.background(asyncio.create_task(self._too_long(team, channel, thread_ts, user)))
+            return True
         link = f"https://app.slack.com/client/{team}/{channel}/thread/{channel}-{thread_ts}"
         self.delivery.background(asyncio.create_task(self._offer_expert_reply(team, channel, thread_ts, key, user,
                                                                               text, link)))
         return True
+
+    async def _too_long(self, team: str, channel: str, thread_ts: str, user: str) -> None:
+        language = await self.conversations.user_language("slack", team, user) or "en"
+        await self.rates.acquire(team, "chat.postEphemeral")
+        await self._ephemeral(self.client, channel, user,
+                              say("expert_too_long", language, limit=f"{MAX_REPLY_CHARS:,}"), thread_ts)
 
     async def _offer_expert_reply(self, team: str, channel: str, thread_ts: str, key: str, user: str, text: str,
                                   link: str) -> None:

@@ -137,6 +137,8 @@ def review_block(turn_id: str, *, approved: bool, language: str = "en") -> dict[
 EXPERT_APPROVE_ACTION = "kbbot_expert_approve"
 EXPERT_CAPTURE_ACTION = "kbbot_expert_capture"
 EXPERT_BLOCK = "kbbot_expert"
+#: What one section block's text may hold (Slack's limit).
+SECTION_CHARS = 3000
 
 
 def expert_blocks(reply: dict[str, Any], *, capture: bool, approve: bool, language: str = "en") -> list[dict[str, Any]]:
@@ -144,7 +146,21 @@ def expert_blocks(reply: dict[str, Any], *, capture: bool, approve: bool, langua
     anyone wrote it), and "Save as approved answer" / "Add to the knowledge base" naming the reply's id."""
     head = say("expert_offer", language, author=f"<@{reply['author']}>",
                question=mrkdwn_escape(neutralise(" ".join(reply["question"].split())[:300])))
-    quoted = "\n".join("> " + line for line in mrkdwn_escape(neutralise(reply["text"][:1500])).splitlines())
+    # The whole reply, as it is kept (``ExpertReplies.kept_text``, at most ``MAX_REPLY_CHARS``): escaped it may
+    # outgrow one section's 3,000 characters, so it takes as many as it needs.
+    quoted = ["> " + line for line in mrkdwn_escape(neutralise(reply["text"])).splitlines()]
+    sections = [head]
+    for line in quoted:
+        while len(line) > SECTION_CHARS:
+            cut = SECTION_CHARS
+            amp = line.rfind("&", cut - 5, cut)  # not inside an escape (&amp; &lt; &gt;)
+            cut = amp if amp > 0 and ";" not in line[amp:cut] else cut
+            sections.append(line[:cut])
+            line = "> " + line[cut:]
+        if len(sections[-1]) + 1 + len(line) > SECTION_CHARS:
+            sections.append(line)
+        else:
+            sections[-1] += "\n" + line
     buttons = []
     if approve:
         buttons.append({"type": "button", "action_id": EXPERT_APPROVE_ACTION, "value": reply["id"], "style": "primary",
@@ -152,7 +168,7 @@ def expert_blocks(reply: dict[str, Any], *, capture: bool, approve: bool, langua
     if capture:
         buttons.append({"type": "button", "action_id": EXPERT_CAPTURE_ACTION, "value": reply["id"],
                         "text": {"type": "plain_text", "text": say("expert_capture", language), "emoji": True}})
-    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": f"{head}\n{quoted}"}}]
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in sections]
     if buttons:
         blocks.append({"type": "actions", "block_id": EXPERT_BLOCK, "elements": buttons})
     return blocks

@@ -82,6 +82,7 @@ from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
+from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
@@ -382,9 +383,14 @@ class TelegramAdapter:
             return
         where = self._where(message)
         user = message.from_user
-        if not where.private and await self.conversations.is_expert_reply(where.key, str(where.user_id)):
+        # A group is one conversation: only a reply to kbbot's answer there can be an expert's reply to it.
+        replied = message.reply_to_message
+        replying_to = str(replied.message_id) if replied is not None and replied.from_user is not None \
+            and replied.from_user.id == self.bot_id else ""
+        if not where.private and await self.conversations.is_expert_reply(where.key, str(where.user_id),
+                                                                          replying_to=replying_to):
             # Someone else answered in a group after kbbot could not: offered to the reviewers, not a question.
-            self.delivery.background(asyncio.create_task(self._offer_expert_reply(message, where)))
+            self.delivery.background(asyncio.create_task(self._offer_expert_reply(message, where, replying_to)))
             return
         question = self._question(message)
         language = user_language(user.language_code if user else None, question)
@@ -425,30 +431,41 @@ class TelegramAdapter:
             return f"https://t.me/c/{str(chat.id)[4:]}/{message.message_id}"
         return f"telegram chat {chat.id}, message {message.message_id}"
 
-    async def _offer_expert_reply(self, message: Message, where: TelegramChat) -> None:
+    async def _offer_expert_reply(self, message: Message, where: TelegramChat, replying_to: str) -> None:
         """The reply kept, and a private message with the two buttons to each reviewer (``telegram.reviewers``:
         Telegram has no message only some members of a group see)."""
         if not self.settings.reviewers:
             log.info("chat %s: a reply by %s could be kept, but telegram.reviewers names nobody", where.chat_id,
                      where.user_id)
             return
+        text = self._question(message)
+        if ExpertReplies.too_long(text):  # reviewers would not see it whole: its author is told, the offer stays
+            user = message.from_user
+            await self._say(message, say("expert_too_long", user_language(user.language_code if user else None, text),
+                                         limit=f"{MAX_REPLY_CHARS:,}"))
+            return
         author = message.from_user.full_name if message.from_user else str(where.user_id)
         reply = await self.conversations.expert_reply(where.key, author=str(where.user_id), author_name=author,
-                                                      text=self._question(message), link=self._link(message))
+                                                      text=text, link=self._link(message), replying_to=replying_to)
         if reply is None:
             return
         approve = self.conversations.kept.approved is not None
         capture = self.conversations.expert is not None and self.conversations.expert.capture_to is not None
         for reviewer in sorted(self.settings.reviewers):
             language = await self.conversations.user_language("telegram", str(self.bot_id), reviewer) or "en"
-            text = (say("expert_offer", language, author=author, question=" ".join(reply["question"].split())[:300])
-                    + "\n\n" + reply["text"][:3000])
+            # The whole reply as kept (``ExpertReplies.kept_text``), in as many messages as it takes; the
+            # buttons under the last.
+            parts = plain_parts(say("expert_offer", language, author=author,
+                                    question=" ".join(reply["question"].split())[:300]) + "\n\n" + reply["text"],
+                                self.settings.max_message_units)
             try:
-                await self.rates.acquire(reviewer, "send")
-                await self.rates.acquire("bot", BOT_SEND)
-                await self.bot.send_message(chat_id=int(reviewer), text=text, disable_web_page_preview=True,
-                                            reply_markup=expert_markup(reply["id"], approve=approve, capture=capture,
-                                                                       language=language))
+                for i, part in enumerate(parts, 1):
+                    await self.rates.acquire(reviewer, "send")
+                    await self.rates.acquire("bot", BOT_SEND)
+                    markup = expert_markup(reply["id"], approve=approve, capture=capture, language=language) \
+                        if i == len(parts) else None
+                    await self.bot.send_message(chat_id=int(reviewer), text=part, disable_web_page_preview=True,
+                                                reply_markup=markup)
             except (TelegramAPIError, ValueError) as exc:  # never started the bot, say: the others may still see it
                 log.warning("chat %s: reviewer %s cannot get the expert reply note (%s)", where.chat_id, reviewer, exc)
 

@@ -14,7 +14,7 @@ from typing import Any
 from haystack import Document, Pipeline
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
-from bot.cache import AnswerCache, CacheKey, cached_label, tenant_of, wants_fresh
+from bot.cache import AnswerCache, ApprovedAnswer, CacheKey, audience_record, cached_label, tenant_of, wants_fresh
 from bot.capacity import TurnGate, process_cores
 from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
@@ -32,7 +32,7 @@ from pipelines.components.turn import TurnBudget
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
 from pipelines.filters import and_filters, space_filter
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
-from pipelines.text import detect_language, link_host
+from pipelines.text import detect_language, link_host, restrict_links
 from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
 
@@ -101,6 +101,9 @@ class Approvals:
     cache: AnswerCache | None = None
     identity: tuple[str, str] = ("extractive", "1")  # (model, policy version)
     knowledge_version: Callable[[], int] | None = None
+    #: How long an approval citing no document (an expert's reply) is served: nothing it cites can change,
+    #: so no refresh re-checks it (``approvals.uncited_days``).
+    uncited_s: float = 30 * 86400
 
 
 #: Retrieval alone for a question under a filter: the chunks relevant enough to answer from.
@@ -380,7 +383,29 @@ class Answerer:
         """What answers kept for ``audience`` (approved ones) go under: its key narrowed to the principals
         some document names (``Audience.projected``); the knowledge version beside it in a ``CacheKey``
         retires it when those change."""
-        return audience.projected(await self.permissions.known_principals()).key
+        return (await self.projected(audience)).key
+
+    async def projected(self, audience: Audience) -> Audience:
+        known = await self.permissions.known_principals()
+        return audience.projected(known) if known is not None else audience
+
+    async def _servable(self, hit: ApprovedAnswer, audience: Audience, turn_id: str) -> bool:
+        """Whether an approved answer may be served to ``audience`` now; why not is logged."""
+        answer = hit.to_answer()
+        if await self._stale(answer):
+            # A cited document changed since the approval: never served in its old form (the
+            # re-check after the refresh asks a reviewer; meanwhile the question is answered afresh).
+            why = "cites changed documents"
+        elif not await self.permissions.all_readable(answer, audience):
+            why = "cites documents this audience may no longer read"
+        elif hit.readers is not None and not audience.admits({"readers": hit.readers}):
+            why = "was said where this audience is not"
+        elif not hit.citations and time.time() - hit.approved_at > self.approvals.uncited_s:
+            why = "cites nothing and is older than approvals.uncited_days"
+        else:
+            return True
+        log.info("turn %s: the approved answer of turn %s %s; answering afresh", turn_id, hit.turn_id, why)
+        return False
 
     async def _elsewhere(self, inquiry: Inquiry, question: str, audience: Audience) -> bool:
         """For a question not found where others see the answer: whether the asker's own access (a direct
@@ -443,19 +468,14 @@ class Answerer:
         key = await self._cache_key(inquiry, question, audience) if not history else None
         if key is not None and not fresh:
             hit = await self.approvals.cache.lookup(key)
-            if hit is not None and await self._stale(hit.to_answer()):
-                # A cited document changed since the approval: never served in its old form (the
-                # re-check after the refresh asks a reviewer; meanwhile the question is answered afresh).
-                log.info("turn %s: the approved answer of turn %s cites changed documents; answering afresh",
-                         trace.turn_id, hit.turn_id)
-                hit = None
-            if hit is not None and not await self.permissions.all_readable(hit.to_answer(), audience):
-                log.info("turn %s: the approved answer of turn %s cites documents this audience may no longer "
-                         "read; answering afresh", trace.turn_id, hit.turn_id)
-                hit = None
-            if hit is not None:
+            if hit is not None and await self._servable(hit, audience, trace.turn_id):
                 answer = hit.to_answer()
                 answer.trace = trace
+                # The link filter of a written answer: only links to its sources' hosts (none for an
+                # expert's reply), whatever was approved.
+                answer.text, _ = restrict_links(answer.text, {
+                    h for c in answer.citations if c.source.startswith(("http://", "https://"))
+                    and (h := link_host(c.source))})
                 answer.text = f"{cached_label(answer, detect_language(question))}\n\n{answer.text}"
                 return await self._conclude(inquiry, question, answer, reply, started, audience)
 
@@ -502,7 +522,8 @@ class Answerer:
         trace.model_calls = calls
         # An answer shaped by one user's preferences is not everyone's answer: it is not offered.
         if key is not None and answer.outcome is Outcome.ANSWERED and not trace.regenerated and not note:
-            await self.approvals.cache.offer(trace.turn_id, key, answer, question)  # a reviewer may approve it
+            await self.approvals.cache.offer(trace.turn_id, key, answer, question,  # a reviewer may approve it
+                                             audience=audience_record(await self.projected(audience)))
             answer.approvable = True
         self._learn_later(inquiry, question, prefs)
         await self._permission_notes(inquiry, question, answer, audience)

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from bot.messages import say
+from bot.permissions import Audience
 from bot.types import Answer, Citation, Inquiry, Outcome, Trace
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,20 @@ class ApprovedAnswer:
     #: A re-check after its sources changed, waiting for a reviewer: {"text", "citations", "outcome",
     #: "knowledge_version", "at"}. While held the answer is not served.
     held: dict[str, Any] | None = None
+    #: Who it was written for (``audience_record``): what a re-check answers it for again. None (approvals
+    #: kept before it was stored): the public.
+    audience: dict[str, Any] | None = None
+    #: Who may read its own text, beyond what it cites: an expert's reply is read where it was said
+    #: (``bot.knowledge_loop.expert``). None: what it cites decides.
+    readers: list[str] | None = None
+
+    def written_for(self) -> Audience:
+        """The audience it was approved for; the public's when not kept."""
+        a = self.audience
+        if not a:
+            return Audience.public(private=False)
+        return Audience(private=bool(a.get("private")), everyone=frozenset(a.get("everyone") or ()),
+                        each=tuple(frozenset(m) for m in a.get("each") or ()), channel=str(a.get("channel") or ""))
 
     def to_answer(self) -> Answer:
         return Answer(text=self.text, outcome=Outcome.CACHED, citations=[Citation(**c) for c in self.citations],
@@ -117,9 +132,11 @@ class ApprovedAnswer:
 
 
 class AnswerCache(Protocol):
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "", *,
+                    audience: dict[str, Any] | None = None, readers: list[str] | None = None) -> None:
         """Keep ``answer`` so that a reviewer may approve turn ``turn_id`` later (``asked``: the question
-        as it was written, which a re-check asks again and shows its reviewer)."""
+        as it was written, which a re-check asks again and shows its reviewer; ``audience``: who it was
+        written for, ``audience_record``; ``readers``: see ``ApprovedAnswer.readers``)."""
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:
@@ -148,13 +165,20 @@ class AnswerCache(Protocol):
         decision already taken stands)."""
 
 
+def audience_record(audience: Audience) -> dict[str, Any]:
+    """``audience`` as an approval keeps it (JSON): what it may read, not who asked."""
+    return {"private": audience.private, "everyone": sorted(audience.everyone),
+            "each": sorted(sorted(m) for m in set(audience.each)), "channel": audience.channel}
+
+
 def _kept(entry: ApprovedAnswer, reviewer: str, name: str) -> ApprovedAnswer | None:
     held = entry.held
     if held is None or held.get("outcome") != "answered":
         return None
     return ApprovedAnswer(text=held["text"], citations=held["citations"], question=entry.question,
                           knowledge_version=held["knowledge_version"], turn_id=entry.turn_id, approved_by=reviewer,
-                          approver_name=name, spaces=entry.spaces, tenant=entry.tenant, asked=entry.asked)
+                          approver_name=name, spaces=entry.spaces, tenant=entry.tenant, asked=entry.asked,
+                          audience=entry.audience, readers=entry.readers)
 
 
 def _key(held: dict[str, Any]) -> CacheKey:
@@ -172,11 +196,12 @@ async def _approvable(key: CacheKey, tenant: str | None, knowledge_version: Call
     return True
 
 
-def _entry(turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> dict[str, Any]:
+def _entry(turn_id: str, key: CacheKey, answer: Answer, asked: str, audience: dict[str, Any] | None,
+           readers: list[str] | None) -> dict[str, Any]:
     return {"key": asdict(key), "answer": {"text": answer.text, "citations": [c.to_dict() for c in answer.citations],
                                            "question": key.question, "knowledge_version": key.knowledge_version,
                                            "turn_id": turn_id, "spaces": list(key.spaces), "tenant": key.tenant,
-                                           "asked": asked}}
+                                           "asked": asked, "audience": audience, "readers": readers}}
 
 
 class MemoryAnswerCache:
@@ -189,10 +214,11 @@ class MemoryAnswerCache:
         self._approved: dict[str, ApprovedAnswer] = {}
         self._by_turn: dict[str, str] = {}
 
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "", *,
+                    audience: dict[str, Any] | None = None, readers: list[str] | None = None) -> None:
         now = time.monotonic()
         self._pending = {t: v for t, v in self._pending.items() if v[0] > now}
-        self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer, asked))
+        self._pending[turn_id] = (now + self.pending_ttl_s, _entry(turn_id, key, answer, asked, audience, readers))
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:
@@ -268,9 +294,10 @@ return 0
     def _k(self, *parts: object) -> str:
         return self.prefix + "answers:" + ":".join(str(p) for p in parts)
 
-    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "") -> None:
-        await self.redis.set(self._k("pending", turn_id),
-                             json.dumps(_entry(turn_id, key, answer, asked), ensure_ascii=False), ex=self.pending_ttl_s)
+    async def offer(self, turn_id: str, key: CacheKey, answer: Answer, asked: str = "", *,
+                    audience: dict[str, Any] | None = None, readers: list[str] | None = None) -> None:
+        entry = _entry(turn_id, key, answer, asked, audience, readers)
+        await self.redis.set(self._k("pending", turn_id), json.dumps(entry, ensure_ascii=False), ex=self.pending_ttl_s)
 
     async def approve(self, turn_id: str, reviewer: str, name: str = "", tenant: str | None = None
                       ) -> ApprovedAnswer | None:

@@ -279,7 +279,8 @@ class Conversations:
         if answer is not None:
             _log_outcome(inquiry, event_id, kind, answer)
             if self.expert is not None:
-                await self.expert.after_turn(inquiry, answer)
+                await self.expert.after_turn(inquiry, answer,
+                                             reply.message_ids() if isinstance(reply, PostsMessages) else None)
         if self.on_turn is not None:
             self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
@@ -436,24 +437,27 @@ class Conversations:
         return True
 
     async def expert_reply(self, thread_key: str, *, author: str, author_name: str, text: str,
-                           link: str = "") -> dict[str, Any] | None:
+                           link: str = "", replying_to: str | None = None) -> dict[str, Any] | None:
         """A message by ``author`` in a thread kbbot could not answer (or whose answer got a 👎), kept for
         the reviewers to save (``keep_expert_reply``); None when it is not such a reply (no open thread,
-        the asker's own message, expert replies off) or could not be kept (logged)."""
+        the asker's own message, not a reply to kbbot's message where ``replying_to`` is given, another
+        reply first, expert replies off, too long) or could not be kept (logged)."""
         if self.expert is None:
             return None
         try:
-            return await self.expert.offer(thread_key, author=author, author_name=author_name, text=text, link=link)
+            return await self.expert.offer(thread_key, author=author, author_name=author_name, text=text, link=link,
+                                           replying_to=replying_to)
         except Exception:
             log.exception("%s: could not keep the reply of %s for the reviewers", thread_key, author)
             return None
 
-    async def is_expert_reply(self, thread_key: str, author: str) -> bool:
-        """Whether ``author``'s message in the thread is a reply to keep rather than a question to answer."""
+    async def is_expert_reply(self, thread_key: str, author: str, *, replying_to: str | None = None) -> bool:
+        """Whether ``author``'s message in the thread is a reply to keep rather than a question to answer
+        (``ExpertReplies.is_open_for``)."""
         if self.expert is None:
             return False
         try:
-            return await self.expert.is_open_for(thread_key, author)
+            return await self.expert.is_open_for(thread_key, author, replying_to=replying_to)
         except Exception:  # noqa: BLE001 - treated as it was before: a follow-up question
             log.exception("%s: could not tell whether a message is an expert reply", thread_key)
             return False

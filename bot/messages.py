@@ -247,6 +247,13 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "💬 {author} replied after kbbot could not answer “{question}”. Keep the reply?",
         "zh": "💬 {author} 在 kbbot 未能回答“{question}”之后做了回复。是否保留这条回复？",
     },
+    "expert_too_long": {
+        "en": "Your reply is longer than {limit} characters, so it cannot be offered to the reviewers as the answer "
+              "(they would not see all of it). Please reply again more briefly, or ask an editor to add it to the "
+              "knowledge base.",
+        "zh": "你的回复超过 {limit} 个字符，无法作为答案提交给审核人（他们无法看到全文）。请更简短地再回复一次，"
+              "或请编辑将其加入知识库。",
+    },
     "expert_approve": {"en": "Save as approved answer", "zh": "保存为已批准回答"},
     "expert_capture": {"en": "Add to the knowledge base", "zh": "加入知识库"},
     "expert_done_approve": {

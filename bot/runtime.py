@@ -44,7 +44,6 @@ from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
 from bot.settings_base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
-from bot.types import Inquiry
 from pipelines.components.converter import OcrOptions
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
@@ -390,8 +389,8 @@ class Runtime:
         s = self.settings
         results = golden_results(self._redis, s.redis_prefix, s.data_dir)
         answerer = self.answerer
-        recheck = ApprovalRecheck(self._approved, answerer.rerun, desk, self.store.is_current) \
-            if self._approved is not None else None
+        recheck = ApprovalRecheck(self._approved, answerer.rerun, desk, self.store.is_current, audiences=self.audiences,
+                                  readers=self._readers_of) if self._approved is not None else None
         return KnowledgeLoop(answerer.rerun, results, recheck=recheck, golden_file=s.resolve(s.approvals.golden_file),
                              default_space=s.sources[0].space if s.sources else "default", desk=desk,
                              knowledge_version=lambda: self.store.knowledge_version)
@@ -427,14 +426,11 @@ class Runtime:
         return ExpertReplies(store, cache=self._approved, identity=self.answerer.approvals.identity,
                              knowledge_version=self._knowledge_version,
                              turns=self._turns.log if self._turns is not None else None, capture=self._capture(),
-                             readers=self._readers_key)
+                             audience=self.audiences.of, projected=self.answerer.projected)
 
     def _readers_of(self, doc_id: str) -> list[str] | None:
         record = self.store.record(doc_id)
         return list(record.readers) if record is not None else None
-
-    async def _readers_key(self, inquiry: Inquiry) -> str:
-        return await self.answerer.readers_key(await self.answerer.audience(inquiry))
 
     def _capture(self) -> Capture | None:
         name = self.settings.insights.capture_source
@@ -526,7 +522,7 @@ class Runtime:
                         admission=Admission(self._limiter, TurnGate(s.limits.max_turns_in_flight,
                                                                     s.limits.max_queued_turns), self._thread_locks),
                         approvals=Approvals(self._approved, (model_name, s.approvals.policy_version),
-                                            lambda: self.store.knowledge_version),
+                                            lambda: self.store.knowledge_version, s.approvals.uncited_days * 86400),
                         preferences=self._preferences, learner=learner if helper is not None else None,
                         turns=self._turns,
                         permissions=Permissions(self.audiences, UnmappedNotice(self.idempotency.claim),

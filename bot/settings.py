@@ -301,6 +301,9 @@ class ApprovalsSettings(Section):
     policy_version: Text = "1"
     #: How long an answer stays approvable after it was sent.
     pending_days: Positive = 7
+    #: How long an approved answer that cites no document (an expert's reply) is served after its approval:
+    #: no refresh can show it stale.
+    uncited_days: Positive = 30
     #: A Slack channel id where approved answers re-checked after a refresh go (with "Keep approved" /
     #: "Retire") and golden set failures; empty: to the reviewer who approved it (``bot/knowledge_loop``).
     reviewers_channel: str = ""

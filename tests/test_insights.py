@@ -267,7 +267,9 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
     assert posted.args["channel"] == "C0ADMINS" and posted.text_sent == text
     [message] = tg_fake.chat(-1001234)
     assert message.text == text
-    assert "asked 3× (+1 similar)" in text and "How often should the bearings be greased? (2 👎)" in text
+    # The paraphrase was asked in a Telegram private chat: counted, not shown in the channel.
+    assert "asked 3× in slack:C0HELP, slack:C0SUPPORT" in text and PASSWORD_AGAIN not in text
+    assert "How often should the bearings be greased? (2 👎)" in text
     assert "https://kbbot.example.com/admin/gaps?days=7" in text and "14 questions" in text
     assert nxt.weekday() == 0 and (nxt.hour, nxt.minute) == (9, 0) and nxt.timestamp() > now
 

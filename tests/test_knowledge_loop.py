@@ -215,17 +215,16 @@ async def test_an_expert_reply_is_kept_both_ways_by_a_reviewer_and_cited_on_the_
             added = await expert_click(slack, note, "kbbot_expert_capture", RITA)
             assert added.startswith("Added to the knowledge base:") and "expert-answers" in added
             assert (await expert_click(slack, note, "kbbot_expert_capture", RITA)).startswith("Already done by rita")
-            [doc] = (tmp_path / "docs" / "expert-answers").glob("*.md")
+            [doc] = (tmp_path / "docs" / "expert-answers" / "slack-C0SUPPORT").glob("*.md")  # the place it was said in
             text = doc.read_text(encoding="utf-8")
             assert text.startswith(f"# {QUESTION}\n\n{EXPERT_REPLY}") and "Answered by Bob on" in text
             assert f"/C0SUPPORT/thread/C0SUPPORT-{asked['ts']}" in text and "by rita" in text
 
             run = await stack.refresher.run("docs")  # the source's next refresh indexes it
             assert run is not None and run.added == 1
-            # The approval cites no document, so it is still served (approvals live while what they cite is
-            # current); asked past it, the answer comes from the document the reply became.
-            assert (await slack.send(Slack.mention(QUESTION, user="U0FRED"))) and \
-                slack.turns[-1].answer.outcome is Outcome.CACHED
+            # The captured document is the first to name a reader (the channel it was said in), so the channel's
+            # approvals are kept under another key from now on; asked again, the answer comes from the document
+            # the reply became.
             eve = (await slack.send(Slack.mention(f"!fresh {QUESTION}", user="U0EVE")))["event"]
             answer = slack.turns[-1].answer
             assert answer.outcome is Outcome.ANSWERED and "SK-2040" in answer.text
@@ -280,12 +279,16 @@ async def test_a_telegram_group_reply_is_offered_to_reviewers_and_kept_as_a_conf
 
                 await tg.send(callback_update(data[0], message=note, from_user=user(reviewer, first_name="Rita")))
                 assert fake_tg.chat(reviewer)[-1].text.startswith("Saved: “What is the part number")
-                # Kept for the group's readers (bot.permissions); with no document restricted anywhere, a
-                # private chat's reader reads the same documents, so Carol gets it there.
-                await tg.send(message_update(QUESTION, chat_id=7003, from_user=user(7003, first_name="Carol")))
+                # Kept for the group's readers: Carol gets it there, not in her private chat (it was said in
+                # the group, whatever the documents' permissions).
+                await tg.send(message_update("/new", chat_id=GROUP, chat_type="supergroup",
+                                             entities=[{"type": "bot_command", "offset": 0, "length": 4}]))
+                await tg.send(mention(QUESTION, from_user=user(7003, first_name="Carol")))
                 cached = tg.turns[-1].answer
                 assert cached.outcome is Outcome.CACHED and "Answer by Bob" in cached.text
-                assert "approved by Rita" in fake_tg.chat(7003)[-1].text
+                assert "approved by Rita" in fake_tg.chat(GROUP)[-1].text
+                await tg.send(message_update(QUESTION, chat_id=7003, from_user=user(7003, first_name="Carol")))
+                assert tg.turns[-1].answer.outcome is Outcome.NOT_FOUND
 
 
 def test_the_capture_source_must_be_one_kbbot_can_write_to(tmp_path: Path):

@@ -31,21 +31,30 @@ def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None =
     lines = [f"kbbot weekly digest ({report['since'][:10]} – {report['until'][:10]})",
              f"{report['turns']} questions, {'–' if rate is None else f'{rate * 100:.0f}%'} answered, "
              f"{fb['up']} 👍 / {fb['down']} 👎.", ""]
-    gaps = report["gaps"][:top]
+    # A channel's readers see only what was asked where others saw it: a group asked only in direct
+    # messages is counted, and its words are not shown (nor the direct messages it came from).
+    shown = [g for g in report["gaps"] if g.get("shared_questions")]
+    private = len(report["gaps"]) - len(shown)
+    gaps = shown[:top]
     sent = report.get("gaps_to_owners") or 0
     lines.append("Top unanswered questions:" if gaps else
-                 "No other unanswered questions." if sent else "Every question this week was answered.")
+                 "No other unanswered questions." if sent or private else "Every question this week was answered.")
     for i, gap in enumerate(gaps, 1):
-        others = len(gap["questions"]) - 1
+        questions = gap["shared_questions"]
+        first = gap["representative"] if gap["representative"] in questions else questions[0]
+        others = len(questions) - 1
         more = f" (+{others} similar)" if others > 0 else ""
-        lines.append(f"{i}. {gap['representative']} — asked {gap['count']}×{more} in {', '.join(gap['channels'])}")
+        lines.append(f"{i}. {first} — asked {gap['count']}×{more} in {', '.join(gap['shared_channels'])}")
+    if private:
+        lines.append(f"({private} more group{'s' if private != 1 else ''} of unanswered questions asked in direct "
+                     "messages, not shown here.)")
     if sent:
         lines.append(f"({sent} more groups went to the owners of their nearest documents.)")
     closed = (report.get("gaps_closed") or {}).get("count") or 0
     if closed:
         lines.append(f"{closed} earlier question{'s' if closed != 1 else ''} answered where asked once a refresh "
                      "brought the answer (gaps closed).")
-    disliked = report["disliked"][:top]
+    disliked = [d for d in report["disliked"] if not d.get("private", True)][:top]
     if disliked:
         lines += ["", "👎 answers:"]
         for item in disliked:
@@ -68,12 +77,29 @@ class WeeklyDigest:
     def __init__(self, cron: str, zone: Any, *, build: Callable[[float, float], Awaitable[dict[str, Any]]],
                  post: Callable[[str], Awaitable[None]], claim: Callable[[str, float], Awaitable[bool]] | None = None,
                  top: int = 5, admin_url: str | None = None, clock: Callable[[], float] = time.time,
-                 owners: Owners | None = None, tell: Callable[[str, str], Awaitable[bool]] | None = None):
+                 owners: Owners | None = None, tell: Callable[[str, str], Awaitable[bool]] | None = None,
+                 may_read: Callable[[str, list[str]], Awaitable[bool]] | None = None):
         self.trigger = CronTrigger.from_crontab(cron, timezone=zone)
         self.scheduler = AsyncIOScheduler(timezone=zone)
         self.build, self.post, self.claim = build, post, claim
         self.top, self.admin_url, self.clock = top, admin_url, clock
         self.owners, self.tell = owners, tell
+        #: Whether an owner may read a document of these readers (their principals, ``bot.permissions``):
+        #: a restricted one they may not read is named in their list by neither title nor source. None:
+        #: no restricted document is named.
+        self.may_read = may_read
+
+    async def _readable(self, owner: str, gaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``gaps`` with the nearest passages ``owner`` may not read withheld."""
+        out = []
+        for gap in gaps:
+            nearest = []
+            for chunk in gap.get("nearest") or []:
+                readers = chunk.get("readers")  # only a restricted passage's record keeps them
+                hidden = readers is not None and (self.may_read is None or not await self.may_read(owner, readers))
+                nearest.append({"withheld": True} if hidden else chunk)
+            out.append({**gap, "nearest": nearest})
+        return out
 
     async def _to_owners(self, report: dict[str, Any]) -> dict[str, Any]:
         """Sends each owner their gaps; the report with the gaps left for the digest."""
@@ -82,7 +108,7 @@ class WeeklyDigest:
         mine, left = split_by_owner(report["gaps"], self.owners)
         undelivered: list[dict[str, Any]] = []
         for owner, gaps in mine.items():
-            text = owner_text(gaps, since=report["since"], until=report["until"])
+            text = owner_text(await self._readable(owner, gaps), since=report["since"], until=report["until"])
             try:
                 delivered = await self.tell(owner, text)
             except Exception:  # noqa: BLE001 - their gaps stay in the digest

@@ -78,6 +78,19 @@ class TurnRecord:
     reply_to: dict[str, Any] | None = None
     #: The gap's follow-up once a refresh answered it (``bot.knowledge_loop.followups``): {"state", "at", ...}.
     follow_up: dict[str, Any] | None = None
+    #: Whether only the asker saw it (a direct message; API and console turns); None in records kept before
+    #: it was: ``in_private`` tells it from the channel.
+    private: bool | None = None
+
+    @property
+    def in_private(self) -> bool:
+        if self.private is not None:
+            return self.private
+        if self.platform == "slack":
+            return self.channel.startswith("D")
+        if self.platform == "telegram":
+            return not self.channel.startswith("-")  # groups have negative ids, private chats the user's
+        return True
 
     @classmethod
     def of_turn(cls, inquiry: Inquiry, answer: Answer, *, hash_key: str | None = None) -> TurnRecord:
@@ -93,7 +106,7 @@ class TurnRecord:
             steps=list(trace.steps), stages={k: round(v, 1) for k, v in trace.stages.items()},
             first_text_ms=None if first is None else round(first, 1), model_calls=trace.model_calls,
             left_out=trace.left_out, approvable=answer.approvable, spaces=list(inquiry.spaces),
-            reply_to=None if hash_key else inquiry.reply_to,
+            reply_to=None if hash_key else inquiry.reply_to, private=inquiry.private,
         )
 
     @property

@@ -39,7 +39,11 @@ class Gap:
 
     def to_dict(self) -> dict[str, Any]:
         questions = list(dict.fromkeys(r.question for r in self.records))
+        shared = [r for r in self.records if not r.in_private]
         return {"representative": self.representative, "count": len(self.records), "questions": questions,
+                # What may be shown where others read (the digest's channel): not what was asked in private.
+                "shared_questions": list(dict.fromkeys(r.question for r in shared)),
+                "shared_channels": sorted({f"{r.platform}:{r.channel}" for r in shared}),
                 "outcomes": dict(Counter(r.outcome for r in self.records)),
                 "channels": sorted({f"{r.platform}:{r.channel}" for r in self.records}),
                 "last_at": max(r.at for r in self.records), "turn_ids": [r.turn_id for r in self.records],
@@ -160,7 +164,7 @@ def build_report(records: list[TurnRecord], *, since: float, until: float, embed
         "gaps": gaps[:top] if top else gaps,
         "disliked": [{"turn_id": r.turn_id, "at": r.at, "platform": r.platform, "channel": r.channel,
                       "question": r.question, "answer": r.answer, "citations": r.citations, "up": r.ups,
-                      "down": r.downs} for r in (disliked[:top] if top else disliked)],
+                      "down": r.downs, "private": r.in_private} for r in (disliked[:top] if top else disliked)],
         "sources": sources or [],
         "gaps_closed": {"count": len(closed), "items": closed[:top] if top else closed},
     }

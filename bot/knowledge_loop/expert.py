@@ -2,17 +2,22 @@
 reviewer says so.
 
 A thread is *open* once a turn in it ends ``not_found`` or its answer gets a 👎 (``after_turn``,
-``after_feedback``: its question, asker and spaces are kept in the ``ExpertStore``). A later reply there by
-someone other than the asker is *offered* (``offer``): kept under an id of its own, and offered to the
-approved-answer cache as the thread question's answer (an offer is what every approvable answer is: kept
-pending, served to nobody). The adapter then shows the platform's reviewers two buttons naming that id:
+``after_feedback``: its question, asker, spaces and kbbot's messages are kept in the ``ExpertStore``). The
+first later reply there by someone other than the asker (in a Telegram group, a reply to one of kbbot's
+messages of that turn) is *offered* (``offer``), and the thread closes: kept under an id of its own, its
+links removed (``kept_text``; at most ``MAX_REPLY_CHARS``, what reviewers are shown whole), and offered to
+the approved-answer cache as the thread question's answer (an offer is what every approvable answer is:
+kept pending, served to nobody). The adapter then shows the platform's reviewers the whole kept text and
+two buttons naming that id:
 
 - "Save as approved answer" (``approve``): the existing approval of an offered answer
   (``AnswerCache.approve``): the same question in the same spaces and workspace gets the reply,
-  labelled with its author, under the line saying which reviewer approved it;
+  labelled with its author, under the line saying which reviewer approved it, where the place it was
+  said in admits the asking audience (``place_readers``), for ``approvals.uncited_days``;
 - "Add to the knowledge base" (``capture``): a Markdown document (question, reply, author, date, link to
-  the thread) in the folder of the source ``insights.capture_source`` (indexed on its next refresh), or,
-  where that source is Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
+  the thread) in the folder of the source ``insights.capture_source``, under the place it was said in
+  (``bot.refresh.captured``: read by that place; indexed on its next refresh), or, where that source is
+  Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
 
 Nothing is kept without a reviewer's click; each click counts once (``ExpertStore.take``).
 """
@@ -34,16 +39,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from bot.cache import AnswerCache, CacheKey
+from bot.cache import AnswerCache, CacheKey, audience_record
 from bot.feedback import Feedback
 from bot.insights.store import TurnLog
 from bot.knowledge_loop.expert_store import ExpertStore
 from bot.messages import say
 from bot.permissions import Audience
+from bot.refresh.captured import place_folder
 from bot.types import Answer, Inquiry, Outcome, Trace
-from pipelines.text import detect_language
+from pipelines.text import detect_language, restrict_links
 
 log = logging.getLogger("kbbot.expert")
+
+#: The longest reply offered (after its links are removed): what reviewers are shown whole, on every platform.
+MAX_REPLY_CHARS = 3000
 
 
 class ExpertStatus(str, enum.Enum):
@@ -81,6 +90,15 @@ def _date(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
 
 
+def place_readers(place: Audience) -> list[str]:
+    """Who may read what was said in a place: the place itself (``channel:<id>``, read by whoever is there
+    later too) and each member known by name (``user:`` principals); never ``public``, and nobody when the
+    place has neither."""
+    people = (place.asker or frozenset(),) if place.private else place.each
+    readers = {p for member in people for p in member if p.startswith("user:")}
+    return sorted(readers | ({place.channel} if place.channel else set()))
+
+
 def markdown_of(reply: dict[str, Any], reviewer: str) -> str:
     """The document a kept reply becomes: the question as its title, the reply, and where it came from."""
     link = reply.get("link") or reply.get("thread_key") or ""
@@ -90,15 +108,17 @@ def markdown_of(reply: dict[str, Any], reviewer: str) -> str:
 
 
 class FolderCapture:
-    """A Markdown file per kept reply in ``folder`` (a folder source's, under ``expert-answers/``)."""
+    """A Markdown file per kept reply in ``folder`` (a folder source's, under ``expert-answers/<place>/``:
+    ``bot.refresh.captured``)."""
 
     def __init__(self, folder: str | Path):
-        self.folder = Path(folder) / "expert-answers"
+        self.folder = Path(folder)
 
-    def _write(self, name: str, text: str) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.folder / name
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".capture-")
+    def _write(self, place: str, name: str, text: str) -> Path:
+        folder = self.folder / place
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / name
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".capture-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
@@ -110,7 +130,9 @@ class FolderCapture:
 
     async def write(self, reply: dict[str, Any], reviewer: str) -> str:
         name = f"{_date(reply['at'])}-{_slug(reply['question'])}-{reply['id'][:8]}.md"
-        path = await asyncio.to_thread(self._write, name, markdown_of(reply, reviewer))
+        # In the folder of the place it was said in, which gives it that place's readers when indexed.
+        place = place_folder(reply["platform"], reply["channel"])
+        path = await asyncio.to_thread(self._write, place, name, markdown_of(reply, reviewer))
         return str(path)
 
 
@@ -147,13 +169,15 @@ class ExpertReplies:
     def __init__(self, store: ExpertStore, *, cache: AnswerCache | None = None, identity: tuple[str, str] = ("", ""),
                  knowledge_version: Callable[[], int] | None = None, turns: TurnLog | None = None,
                  capture: Capture | None = None, clock: Callable[[], float] = time.time,
-                 readers: Callable[[Inquiry], Awaitable[str]] | None = None):
+                 audience: Callable[[Inquiry], Awaitable[Audience]] | None = None,
+                 projected: Callable[[Audience], Awaitable[Audience]] | None = None):
         self.store = store
         self.cache = cache
-        #: The key of the thread's readers (``Answerer.readers_key`` of its audience): an expert's answer is
-        #: kept for those readers only, as a turn's approved answer is (``bot.permissions``); None: the
-        #: public's.
-        self.readers = readers
+        #: Who is where a reply was said (``Audiences.of`` of its thread, members looked up): its answer is
+        #: served only to audiences that place admits (``place_readers``); None: public documents' readers.
+        self.audience = audience
+        #: The audience narrowed to what documents name (``Answerer.projected``): the approval's key.
+        self.projected = projected
         self.identity = identity
         self.knowledge_version = knowledge_version
         self.turns = turns
@@ -161,14 +185,16 @@ class ExpertReplies:
         self.clock = clock
 
     # --- threads kbbot could not answer ------------------------------------------------------------
-    async def after_turn(self, inquiry: Inquiry, answer: Answer) -> None:
+    async def after_turn(self, inquiry: Inquiry, answer: Answer, messages: list[str] | None = None) -> None:
+        """``messages``: the ids of kbbot's messages of the answer (``PostsMessages``): where the platform's
+        conversation is the whole chat (a Telegram group), only a reply to one of them is an expert's."""
         if answer.outcome is not Outcome.NOT_FOUND:
             return
         await self._open(inquiry.thread_key, {
             "question": inquiry.text.strip(), "asker": inquiry.user_id, "spaces": list(inquiry.spaces),
             "platform": inquiry.platform, "tenant": inquiry.tenant, "channel": inquiry.channel,
             "turn_id": answer.trace.turn_id, "at": inquiry.received_at, "why": "not_found",
-            "private": inquiry.private})
+            "private": inquiry.private, "messages": list(messages or [])})
 
     async def after_feedback(self, item: Feedback) -> None:
         if item.rating != "down" or self.turns is None:
@@ -179,7 +205,8 @@ class ExpertReplies:
         await self._open(record.thread_key, {
             "question": record.question, "asker": record.user, "spaces": list(record.spaces),
             "platform": record.platform, "tenant": record.tenant, "channel": record.channel,
-            "turn_id": record.turn_id, "at": record.at, "why": "disliked"})
+            "turn_id": record.turn_id, "at": record.at, "why": "disliked", "private": record.in_private,
+            "messages": [item.message_id]})
 
     async def _open(self, thread_key: str, gap: dict[str, Any]) -> None:
         try:
@@ -187,25 +214,49 @@ class ExpertReplies:
         except Exception:  # noqa: BLE001 - only the offer of a later expert reply is lost
             log.exception("could not keep %s as a thread kbbot could not answer", thread_key)
 
-    async def is_open_for(self, thread_key: str, author: str) -> bool:
-        """Whether a message by ``author`` in the thread is an expert's reply (the thread is open, and
-        ``author`` is not the asker, whose messages stay questions)."""
-        gap = await self.store.gap(thread_key)
-        return gap is not None and str(gap.get("asker")) != author
+    @staticmethod
+    def _answers(gap: dict[str, Any] | None, author: str, replying_to: str | None) -> bool:
+        if gap is None or str(gap.get("asker")) == author:
+            return False
+        return replying_to is None or replying_to in gap.get("messages", [])
+
+    async def is_open_for(self, thread_key: str, author: str, *, replying_to: str | None = None) -> bool:
+        """Whether a message by ``author`` in the thread is an expert's reply: the thread is open, ``author`` is
+        not the asker (whose messages stay questions), and where the conversation is the whole chat (a
+        Telegram group) the message replies to kbbot's answer there (``replying_to``: the id of the message
+        it replies to, "" for none; None where the thread is the question's own, as on Slack)."""
+        return self._answers(await self.store.gap(thread_key), author, replying_to)
+
+    @staticmethod
+    def kept_text(text: str) -> str:
+        """What is kept of a reply, shown to reviewers and served: no links (an answer links only to its
+        sources' hosts, and a reply has none)."""
+        return restrict_links(text.strip(), set())[0]
+
+    @classmethod
+    def too_long(cls, text: str) -> bool:
+        """Whether a reply is longer than reviewers are shown whole (``MAX_REPLY_CHARS``): not offered."""
+        return len(cls.kept_text(text)) > MAX_REPLY_CHARS
 
     # --- a reply offered ---------------------------------------------------------------------------
-    async def offer(self, thread_key: str, *, author: str, author_name: str, text: str,
-                    link: str = "") -> dict[str, Any] | None:
+    async def offer(self, thread_key: str, *, author: str, author_name: str, text: str, link: str = "",
+                    replying_to: str | None = None) -> dict[str, Any] | None:
         """The reply of ``author`` kept for the reviewers (with its ``id``, which their buttons name), or
-        None when the thread is not open or ``author`` asked its question."""
-        gap = await self.store.gap(thread_key)
-        if gap is None or str(gap.get("asker")) == author or not text.strip():
+        None when it is not an expert's reply (``is_open_for``), is empty or too long, or another reply took
+        the thread first: a thread takes one reply."""
+        kept = self.kept_text(text)
+        if not kept or len(kept) > MAX_REPLY_CHARS:
+            return None
+        if not self._answers(await self.store.gap(thread_key), author, replying_to):
+            return None
+        gap = await self.store.take_gap(thread_key)
+        if gap is None:
             return None
         reply = {"id": uuid.uuid4().hex, "thread_key": thread_key, "question": gap["question"],
                  "asker": gap.get("asker"), "private": bool(gap.get("private")),
                  "spaces": gap["spaces"], "platform": gap["platform"], "tenant": gap["tenant"],
                  "channel": gap["channel"], "asked_at": gap["at"], "author": author,
-                 "author_name": author_name or author, "text": text.strip(), "link": link, "at": self.clock()}
+                 "author_name": author_name or author, "text": kept, "link": link, "at": self.clock()}
         await self.store.keep_reply(reply["id"], reply)
         await self._offer_as_answer(reply)
         log.info("thread %s: a reply by %s is offered to the reviewers (%s)", thread_key, author, reply["id"])
@@ -221,13 +272,15 @@ class ExpertReplies:
         asked = Inquiry(reply["platform"], reply["tenant"], reply["channel"], reply["thread_key"],
                         str(reply.get("asker") or ""), reply["question"], spaces=tuple(reply["spaces"]),
                         private=bool(reply.get("private")))
-        readers = await self.readers(asked) if self.readers is not None else Audience.public(private=asked.private).key
+        place = await self.audience(asked) if self.audience is not None else Audience.public(private=asked.private)
+        projected = await self.projected(place) if self.projected is not None else place
         key = CacheKey.of(reply["question"], reply["spaces"], version, *self.identity, tenant=self._tenant(reply),
-                          audience=readers)
+                          audience=projected.key)
         language = detect_language(reply["question"])
         text = say("expert_answer", language, author=_one_line(reply["author_name"]), date=_date(reply["at"]),
                    text=reply["text"])
-        await self.cache.offer(reply["id"], key, Answer(text=text, outcome=Outcome.ANSWERED, trace=Trace()))
+        await self.cache.offer(reply["id"], key, Answer(text=text, outcome=Outcome.ANSWERED, trace=Trace()),
+                               audience=audience_record(projected), readers=place_readers(place))
 
     # --- reviewers' clicks -------------------------------------------------------------------------
     async def _taken(self, reply_id: str, action: str, *, reviewer: str, name: str, is_reviewer: bool,

@@ -1,11 +1,12 @@
 """Where expert replies wait for a reviewer: the threads whose question kbbot could not answer (or that
 got a 👎), and each reply offered to the reviewers, with which of its two clicks were already made.
 
-``MemoryExpertStore`` for one process; ``RedisExpertStore`` shared by replicas (keys after ``redis_prefix``):
+A thread takes one reply: its first takes the open question (``take_gap``). ``MemoryExpertStore`` for one
+process; ``RedisExpertStore`` shared by replicas (keys after ``redis_prefix``):
 
 | key | holds | expiry |
 | --- | --- | --- |
-| ``{prefix}expert:gap:{thread_key}`` | JSON: the open question of the thread (question, asker, spaces, turn) | ``ttl_s`` |
+| ``{prefix}expert:gap:{thread_key}`` | JSON: the thread's open question (question, asker, spaces, turn, kbbot's messages) | ``ttl_s`` |
 | ``{prefix}expert:reply:{id}`` | JSON: a reply offered to reviewers (text, author, question, link) | ``ttl_s`` |
 | ``{prefix}expert:done:{id}:{action}`` | who made that click first (``approve`` / ``capture``) | ``ttl_s`` |
 """
@@ -21,6 +22,10 @@ class ExpertStore(Protocol):
     async def open_gap(self, thread_key: str, gap: dict[str, Any]) -> None: ...
 
     async def gap(self, thread_key: str) -> dict[str, Any] | None: ...
+
+    async def take_gap(self, thread_key: str) -> dict[str, Any] | None:
+        """The open question of the thread, which is no longer open; None if it was not (or another reply
+        took it first)."""
 
     async def keep_reply(self, reply_id: str, reply: dict[str, Any]) -> None: ...
 
@@ -52,6 +57,11 @@ class MemoryExpertStore:
 
     async def gap(self, thread_key: str) -> dict[str, Any] | None:
         return self._get(f"gap:{thread_key}")
+
+    async def take_gap(self, thread_key: str) -> dict[str, Any] | None:
+        gap = self._get(f"gap:{thread_key}")
+        self._data.pop(f"gap:{thread_key}", None)
+        return gap
 
     async def keep_reply(self, reply_id: str, reply: dict[str, Any]) -> None:
         self._set(f"reply:{reply_id}", dict(reply))
@@ -89,6 +99,10 @@ class RedisExpertStore:
 
     async def gap(self, thread_key: str) -> dict[str, Any] | None:
         return await self._json(self._k("gap", thread_key))
+
+    async def take_gap(self, thread_key: str) -> dict[str, Any] | None:
+        raw = await self.redis.getdel(self._k("gap", thread_key))  # one reply takes it, whichever replica
+        return json.loads(raw) if raw else None
 
     async def keep_reply(self, reply_id: str, reply: dict[str, Any]) -> None:
         await self.redis.set(self._k("reply", reply_id), json.dumps(reply, ensure_ascii=False), ex=self.ttl_s)

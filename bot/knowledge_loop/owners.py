@@ -77,6 +77,9 @@ def owner_text(gaps: list[dict[str, Any]], *, since: str, until: str, questions:
         lines += ["", f"{i}. {gap['representative']} — asked {gap['count']}×"]
         lines += [f"   · {q}" for q in gap["questions"][1:questions]]
         for chunk in gap.get("nearest") or []:
+            if chunk.get("withheld"):
+                lines.append("   closest: a document you may not read (withheld)")
+                continue
             excerpt = " ".join(str(chunk.get("excerpt") or "").split())[:200]
             lines.append(f"   closest: {chunk.get('title') or chunk.get('source')} ({chunk.get('source')}): {excerpt}")
     return "\n".join(lines)

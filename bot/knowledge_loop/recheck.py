@@ -7,6 +7,11 @@ reviewer (``approvals.reviewers_channel`` on Slack when set, else the reviewer w
 Telegram that reviewer, or every ``telegram.reviewers`` id) gets the old and the new answer with
 "Keep approved" (the new answer becomes the approved one, of the new knowledge version) and "Retire".
 Nothing is served as approved until one of them is clicked.
+
+Both answers hold what their audience may read: the new one is answered for the audience the approval
+was written for (``ApprovedAnswer.audience``), and the request goes only where every reader may read every
+document either cites (``RecheckRequest.may_post``: the same ``Audiences`` rule as a turn's), else to the
+approver privately.
 """
 
 from __future__ import annotations
@@ -14,17 +19,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from bot.cache import AnswerCache, ApprovedAnswer
-from bot.knowledge_loop.golden import Rerun
+from bot.permissions import Audience, Audiences
 from bot.refresh import RefreshChanges
 from bot.types import Answer, Citation, Inquiry
 
 log = logging.getLogger("kbbot.loop")
 
+#: ``Answerer.rerun``: a question answered again, unseen, for an audience.
+Rerun = Callable[[str, Inquiry, Audience], Awaitable[Answer]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,13 @@ class RecheckRequest:
     old_citations: list[Citation]
     new: Answer
     knowledge_version: int = 0
+    #: Whether a place may be shown both answers (``ApprovalRecheck``: every reader there may read every
+    #: document either cites); None: no place but the approver's own chat.
+    readable_in: Callable[[Inquiry], Awaitable[bool]] | None = None
+
+    async def may_post(self, where: Inquiry) -> bool:
+        """Whether the request may be posted ``where`` (an inquiry standing for that place and its readers)."""
+        return self.readable_in is not None and await self.readable_in(where)
 
     @property
     def platform(self) -> str:
@@ -72,11 +86,35 @@ class ApprovalRecheck:
     """``run(changes)``: re-answer and hold the approvals a refresh touched, and ask their reviewers."""
 
     def __init__(self, cache: AnswerCache, rerun: Rerun, desk: ReviewerDesk | None,
-                 is_current: Callable[[str, int], bool] | None = None):
+                 is_current: Callable[[str, int], bool] | None = None, *, audiences: Audiences | None = None,
+                 readers: Callable[[str], list[str] | None] | None = None):
         self.cache = cache
         self.rerun = rerun
         self.desk = desk
         self.is_current = is_current
+        #: Who is in a place (``bot.permissions``) and who may read a document now (its record's readers;
+        #: None: no such document): where a re-check may be posted. Without ``readers``, nowhere but the
+        #: approver's own chat.
+        self.audiences = audiences
+        self.readers = readers
+
+    def _readable_in(self, entry: ApprovedAnswer, new: Answer) -> Callable[[Inquiry], Awaitable[bool]] | None:
+        if self.readers is None:
+            return None
+        readers_of = self.readers
+        cited = sorted({c["doc_id"] for c in entry.citations} | {c.doc_id for c in new.citations})
+
+        async def readable_in(where: Inquiry) -> bool:
+            found = await asyncio.to_thread(lambda: [readers_of(doc_id) for doc_id in cited])
+            if entry.readers is not None:
+                found.append(entry.readers)
+            if any(r is None for r in found):  # a document gone: who could read it is unknown
+                return False
+            audience = await self.audiences.of(where) if self.audiences is not None \
+                else Audience.public(private=where.private)
+            return all(audience.admits({"readers": r}) for r in found)
+
+        return readable_in
 
     async def _touched(self, entry: ApprovedAnswer, changes: RefreshChanges) -> bool:
         if entry.held is not None and entry.held.get("knowledge_version", 0) >= changes.knowledge_version:
@@ -96,7 +134,7 @@ class ApprovalRecheck:
             if not await self._touched(entry, changes):
                 continue
             try:
-                new = await self.rerun(entry.asked or entry.question, inquiry_of(entry))
+                new = await self.rerun(entry.asked or entry.question, inquiry_of(entry), entry.written_for())
             except Exception as exc:  # noqa: BLE001 - the approval stays unserved; the next refresh tries again
                 log.warning("re-check of approved turn %s failed (%s); it is not served until a re-check works",
                             entry.turn_id, type(exc).__name__)
@@ -107,7 +145,7 @@ class ApprovalRecheck:
                 continue  # withdrawn meanwhile
             request = RecheckRequest(entry.turn_id, entry.asked or entry.question, entry.tenant, entry.approved_by,
                                      entry.approver_name, entry.text, [Citation(**c) for c in entry.citations], new,
-                                     changes.knowledge_version)
+                                     changes.knowledge_version, self._readable_in(entry, new))
             delivered = self.desk is not None and await self.desk.ask_recheck(request)
             log.info("approved turn %s re-checked after a refresh (%s); reviewer %s", entry.turn_id,
                      new.outcome.value, "asked" if delivered else "NOT reached: no platform for " + entry.tenant)

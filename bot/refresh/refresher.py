@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.redis_state import RedisLock
+from bot.refresh.captured import place_readers
 from bot.refresh.orphans import Orphans, source_roots
 from bot.refresh.runs import RunLog, RunRecord, log_run, run_log
 from bot.refresh.schedule import is_due, permissions_run_name, schedule_zone, utcnow
@@ -67,6 +68,12 @@ class RefreshChanges:
 
 #: A hook run after a refresh that changed documents (re-answering gaps, re-checking approved answers).
 AfterChange = Callable[[RefreshChanges], Awaitable[Any]]
+
+
+def folder_readers(src: SourceSettings, key: str) -> list[str]:
+    """Who may read a folder source's file (``key``: its path relative to the folder): an expert's reply
+    captured there is read by the place it was said in (``bot.refresh.captured``), the rest as ``acl:`` says."""
+    return place_readers(key) or readers_for(src.acl, key)
 
 
 class Refresher:
@@ -127,7 +134,7 @@ class Refresher:
         if permissions_only:  # the settings' acl is all there is to read: nothing is listed or fetched
             roots = source_roots(src)
             if src.path:
-                return AclOnlySource(roots, lambda r: readers_for(src.acl, folder_key(r.doc_id, r.root)))
+                return AclOnlySource(roots, lambda r: folder_readers(src, folder_key(r.doc_id, r.root)))
             known = states or {}
 
             def page_readers(record: DocRecord) -> list[str] | None:
@@ -141,7 +148,7 @@ class Refresher:
         if src.path:
             return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
                                 exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb,
-                                readers=lambda path, root: readers_for(src.acl, folder_key(path, root)))
+                                readers=lambda path, root: folder_readers(src, folder_key(path, root)))
         fetcher = self._fetcher()
         return UrlSource(src.name, src.urls, fetcher, states=states or {},
                          concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
