@@ -5,14 +5,19 @@ whole text shown so far; and URLs in every attribute a browser loads or follows 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipelines.grounding import SentenceGate, SupportCheck
 from pipelines.text import restrict_links
 from tests.fakes.anthropic_server import Script
+from tests.fakes.telegram_server import message_update
 from tests.security.test_link_rendering import markdown_it_links, telegram_links
 from tests.test_grounding import SCHEDULE, tokens
 from tests.test_http_api import TOKEN, api_server, with_token
+from tests.test_slack import fake_slack, slack_app  # noqa: F401 - fake_slack is a fixture
+from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fake_tg is a fixture
 
 ALLOWED = {"docs.example.com"}
 # Words of the maintenance schedule (SCHEDULE, and source 1 of QUESTION), so that every sentence is shown.
@@ -121,3 +126,18 @@ async def test_no_delta_or_final_text_of_the_api_carries_a_split_link(claude):
         assert "evil.example" not in text, text
         assert links_in(text) == []
         assert "grease nipple" in text and "parts desk" in text  # the rest of the answer is there
+
+
+async def test_slack_and_telegram_never_show_a_split_link(claude, fake_slack, fake_tg):
+    model, runtime = claude
+    model.responder = lambda req: Script(PLANTED, tokens_per_second=300)
+    async with slack_app(runtime, fake_slack) as slack:
+        mention = (await slack.send(slack.mention(QUESTION)))["event"]
+    assert "evil.example" not in " ".join(c.text_sent for c in fake_slack.calls)
+    [message] = slack.thread(mention)
+    assert "grease nipple" in message.body and "parts desk" in message.body
+    async with telegram_bot(runtime, fake_tg) as tg:
+        await tg.send(message_update(QUESTION))
+        tg.only_turn()
+    for call in fake_tg.calls:
+        assert "evil.example" not in json.dumps(call.args)
