@@ -328,7 +328,7 @@ class SentenceGate:
             return len(buffer) if final and buffer else None
         line_end = buffer.find("\n", start)
         for _ in range(_JOINED_LINES):
-            if line_end < 0 or not _OPEN_LINK.search(buffer, start, line_end):
+            if line_end < 0 or not _OPEN_LINK.search(buffer[start:line_end]):
                 break
             following = buffer.find("\n", line_end + 1)
             if following >= 0 and not buffer[line_end + 1:following].strip():
@@ -338,7 +338,7 @@ class SentenceGate:
         # A table row is one unit, in a list item too: its cells are not sentences of their own.
         sentences = [line] if line.count("|") >= 2 else split_sentences(line.replace("\n", " "))
         first = start + line.replace("\n", " ").find(sentences[0]) + len(sentences[0]) if sentences else start
-        if len(sentences) > 1 and not _OPEN_LINK.search(buffer, start, first):
+        if len(sentences) > 1 and not _OPEN_LINK.search(buffer[start:first]):
             end = first
         elif line_end >= 0:
             end = line_end
