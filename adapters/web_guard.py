@@ -3,8 +3,10 @@
 Every route is open to the network, several of them before authentication (Slack's events, the
 Telegram webhook, the admin login), so the server itself bounds what a stranger can hold or break:
 
-- **connections**: one client address holds at most ``server.max_connections_per_client`` open
-  connections (more are answered 429 and closed), and a new connection must have sent its first
+- **connections**: one client (an IPv4 address; an IPv6 /64, ``server.ipv6_client_prefix``, as a host
+  may use any address of its /64) holds at most ``server.max_connections_per_client`` open connections
+  (more are answered 429 and closed), all clients together at most ``server.max_connections`` (more
+  are answered 503 and closed), and a new connection must have sent its first
   request's line and headers within ``server.header_timeout_s`` (else 408 and closed). aiohttp has
   no such bound of its own; its keep-alive timer (``server.keepalive_timeout_s``) closes a connection
   that idles, or sends its next request slowly, after a response. A trusted proxy's connections are
@@ -65,33 +67,53 @@ class RefusalLog:
 
 
 # --- connections ----------------------------------------------------------------------------------
-def _response(status: str) -> bytes:
-    return f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+def _response(status: str, text: str = "") -> bytes:
+    body = text.encode()
+    return (f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+_PER_CLIENT = ("429 Too Many Requests",
+               "Too many open connections from your network (server.max_connections_per_client).\n")
+_ALL = ("503 Service Unavailable", "The server holds all the connections it takes (server.max_connections); "
+        "try again shortly.\n")
 
 
 class ClientConnections:
-    """The open connections of each client address, across the server's sites."""
+    """The open connections of each client (``ServerSettings.client``) and of all, across the server's sites."""
 
     def __init__(self, settings: ServerSettings, refusals: RefusalLog | None = None):
         self.settings = settings
         self.refusals = refusals or RefusalLog()
         self.open: Counter[str] = Counter()
+        self.total = 0
 
-    def admit(self, address: str) -> bool:
-        if self.settings.trusts(address):
-            return True
-        if self.open[address] >= self.settings.max_connections_per_client:
-            self.refusals.warn("connections", address, "server: refused a connection from %s: it holds %d already "
-                               "(server.max_connections_per_client)", address, self.open[address])
-            return False
-        self.open[address] += 1
-        return True
+    def admit(self, address: str) -> tuple[str, str] | None:
+        """None when a new connection from ``address`` is admitted (``release`` it when it closes), else the
+        status and text it is refused with."""
+        if self.total >= self.settings.max_connections:
+            self.refusals.warn("all connections", "", "server: refused a connection from %s: %d open, as many as "
+                               "all clients may hold (server.max_connections)", address, self.total)
+            return _ALL
+        if not self.settings.trusts(address):
+            client = self.settings.client(address)
+            if self.open[client] >= self.settings.max_connections_per_client:
+                self.refusals.warn("connections", client, "server: refused a connection from %s: %s holds %d "
+                                   "already (server.max_connections_per_client)", address, client, self.open[client])
+                return _PER_CLIENT
+            self.open[client] += 1
+        self.total += 1
+        return None
 
     def release(self, address: str) -> None:
-        if self.open[address] > 0:
-            self.open[address] -= 1
-            if not self.open[address]:
-                del self.open[address]
+        self.total = max(0, self.total - 1)
+        if self.settings.trusts(address):
+            return
+        client = self.settings.client(address)
+        if self.open[client] > 0:
+            self.open[client] -= 1
+            if not self.open[client]:
+                del self.open[client]
 
 
 class _GuardedConnection(asyncio.Protocol):
@@ -111,8 +133,9 @@ class _GuardedConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if peer else ""
-        if not self.connections.admit(address):
-            transport.write(_response("429 Too Many Requests"))
+        refused = self.connections.admit(address)
+        if refused is not None:
+            transport.write(_response(*refused))
             transport.close()
             return
         self.address = address

@@ -44,7 +44,7 @@ from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
 from bot.settings_base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
-from pipelines.components.converter import OcrOptions
+from pipelines.components.converter import FileLimits, OcrOptions
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
 from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
@@ -225,6 +225,8 @@ class Runtime:
         return build_indexing_pipeline(self.store, embedder, chunk_chars=i.chunk_chars,
                                        overlap_sentences=i.chunk_overlap_sentences, max_file_mb=i.max_file_mb,
                                        ocr=OcrOptions(i.ocr.enabled, i.ocr.dpi, i.ocr.max_pages),
+                                       limits=FileLimits(i.max_inflated_mb, i.max_zip_ratio, i.max_document_chars,
+                                                         i.max_document_chunks),
                                        from_documents=from_documents)
 
     def retrieval_pipeline(self, *, mode: str | None = None, candidates: int | None = None) -> Any:

@@ -119,6 +119,12 @@ class IndexingSettings(Section):
     extensions: Texts = [".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".csv",
                          ".docx", ".xlsx", ".pptx", ".eml", ".msg", ".epub"]
     max_file_mb: Positive = 20
+    #: A Word, Excel, PowerPoint or EPUB file (a zip) inflating past this, or past this many times its own
+    #: size, is refused before it is parsed; a document with more characters or chunks is refused whole.
+    max_inflated_mb: Positive = 100
+    max_zip_ratio: Positive = 100
+    max_document_chars: int = Field(10_000_000, ge=1)
+    max_document_chunks: int = Field(20_000, ge=1)
     ocr: OcrSettings = Field(default_factory=OcrSettings)
 
 

@@ -252,6 +252,11 @@ class GateStats:
 _MARKERISH = re.compile(r"\s*(?:[\[【［]\s*\d{1,3}(?:\s*[,，、;；]\s*\d{1,3})*\s*[\]】］]\s*)*")
 _OPEN_MARKER = re.compile(r"[\[【［]\s*(?:\d{1,3}(?:\s*[,，、;；]\s*\d{0,3})*)?\s*$")
 _LEAD = re.compile(r"\s*")
+# A link still open where a line ends: its label, its address (``[shop](`` with the address on the next line),
+# a reference definition's label, or a tag's attributes (``<a href="https:``). A unit goes on past such a line
+# end, so that the link is judged whole; up to a blank line, which ends it in every renderer.
+_OPEN_LINK = re.compile(r"(?:\[[^\]]*|\]\([^)]*|<[A-Za-z][^<>]*|(?:^|\n)[ ]{0,3}\[[^\]]+\]:\s*)$")
+_JOINED_LINES = 4
 
 
 class SentenceGate:
@@ -304,10 +309,11 @@ class SentenceGate:
         return text
 
     def _release(self, final: bool) -> str:
-        out = []
+        out: list[str] = []
         while (cut := self._complete_unit(final)) is not None:
             unit, self._buffer = self._buffer[:cut], self._buffer[cut:]
-            out.append(self._judge(unit))
+            if shown := self._judge(unit):
+                out.append(self._as_rendered(self.text + "".join(out), shown))
         text = "".join(out)
         if text:
             self._shown.append(text)
@@ -321,11 +327,19 @@ class SentenceGate:
         if start == len(buffer):
             return len(buffer) if final and buffer else None
         line_end = buffer.find("\n", start)
+        for _ in range(_JOINED_LINES):
+            if line_end < 0 or not _OPEN_LINK.search(buffer[start:line_end]):
+                break
+            following = buffer.find("\n", line_end + 1)
+            if following >= 0 and not buffer[line_end + 1:following].strip():
+                break
+            line_end = following
         line = buffer[start:] if line_end < 0 else buffer[start:line_end]
         # A table row is one unit, in a list item too: its cells are not sentences of their own.
-        sentences = [line] if line.count("|") >= 2 else split_sentences(line)
-        if len(sentences) > 1:
-            end = buffer.find(sentences[0], start) + len(sentences[0])
+        sentences = [line] if line.count("|") >= 2 else split_sentences(line.replace("\n", " "))
+        first = start + line.replace("\n", " ").find(sentences[0]) + len(sentences[0]) if sentences else start
+        if len(sentences) > 1 and not _OPEN_LINK.search(buffer[start:first]):
+            end = first
         elif line_end >= 0:
             end = line_end
         else:
@@ -337,6 +351,20 @@ class SentenceGate:
             return len(buffer) if final else None
         trailing = len(rest) - len(after)
         return end + trailing + re.match(r"[ \t]*\n?", after).end()
+
+    def _as_rendered(self, before: str, text: str) -> str:
+        """``text``, judged as a renderer reads it: after ``before``, all that was shown. A link can begin in
+        one unit and end in the next (a reference definition after its uses, a label left open): what was
+        shown cannot be taken back, so ``text`` loses its part of such a link, or goes whole."""
+        whole, removed = restrict_links(before + text, self.allowed_hosts)
+        if not removed:
+            return text
+        self.stats.links_removed += removed
+        if whole.startswith(before):
+            return whole[len(before):]
+        self.stats.shown -= 1
+        self.stats.left_out += 1
+        return ""
 
     def _judge(self, unit: str) -> str:
         """What of ``unit`` is shown now (cleaned; with what was held before it), or ""."""

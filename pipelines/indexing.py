@@ -26,7 +26,7 @@ from haystack import Pipeline
 from haystack.components.preprocessors import DocumentCleaner
 from haystack.dataclasses import ByteStream
 
-from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileToDocument, OcrOptions
+from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileLimits, FileToDocument, OcrOptions
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
 from pipelines.errors import ServiceUnavailable, root_cause
@@ -45,11 +45,14 @@ def build_indexing_pipeline(
     max_file_mb: float = 20,
     from_documents: bool = False,
     ocr: OcrOptions | None = None,
+    limits: FileLimits | None = None,
 ) -> Pipeline:
-    """Files or ByteStreams in at ``convert.sources``; with ``from_documents``, Documents in at ``clean.documents``."""
+    """Files or ByteStreams in at ``convert.sources``; with ``from_documents``, Documents in at ``clean.documents``.
+    ``limits``: what one file may inflate to, and the characters and chunks one document may have."""
+    limits = limits or FileLimits()
     pipe = Pipeline()
     if not from_documents:
-        pipe.add_component("convert", FileToDocument(max_file_mb=max_file_mb, ocr=ocr))
+        pipe.add_component("convert", FileToDocument(max_file_mb=max_file_mb, ocr=ocr, limits=limits))
     pipe.add_component(
         "clean",
         DocumentCleaner(
@@ -59,7 +62,8 @@ def build_indexing_pipeline(
             replace_regexes={r"[ \t\u00a0\u3000]+\n": "\n", r"\n{3,}": "\n\n", r"[\x00-\x08\x0b\x0c\x0e-\x1f]": ""},
         ),
     )
-    pipe.add_component("split", SectionSplitter(chunk_chars=chunk_chars, overlap_sentences=overlap_sentences))
+    pipe.add_component("split", SectionSplitter(chunk_chars=chunk_chars, overlap_sentences=overlap_sentences,
+                                                max_chunks=limits.max_chunks))
     pipe.add_component("embed", document_embedder)
     pipe.add_component("write", KnowledgeWriter(store))
     if not from_documents:
@@ -549,7 +553,7 @@ class Indexer:
             report.count_format(item.suffix).failed += 1
             report.failed.append(Failure(item.source, f"indexing failed ({type(cause).__name__}: {cause})"))
             return
-        failures = result["convert"]["failures"]
+        failures = result["convert"]["failures"] + result.get("split", {}).get("failures", [])
         counts = report.count_format(item.suffix)
         if failures:
             counts.failed += 1

@@ -10,9 +10,11 @@ Telegram's renderer (``telegramify_markdown``, CommonMark too) makes ``text_link
 So the links are found by parsing (markdown-it's own link, image and autolink rules, recording
 where each sits in the text), judged on the destination the parser decoded, and removed at that
 spot; a link written as a bare URL (Telegram and most chat clients link those) is judged on the text
-as rendered, with character references and escapes decoded. What still renders as a forbidden link
-after that (a construct whose spot could not be found) costs its block: the lines are replaced by
-``[link removed]``.
+as rendered, with character references and escapes decoded; raw HTML on the URLs its tags lead to or
+load (every URL-carrying attribute: ``href``, ``src``, ``srcset``, ``data``, ``poster``, ``action``,
+``formaction``, ``background``, ``xlink:href``, a meta refresh, CSS ``url()``, …): an inline tag goes,
+its text stays. What still renders as a forbidden link after that (a construct whose spot could not be
+found, an HTML block) costs its block: the lines are replaced by ``[link removed]``.
 
 A link is allowed only when it is an absolute ``http``/``https`` URL whose host is one of the
 allowed hosts, read the way a browser reads it: other schemes (``javascript:``, ``data:``,
@@ -26,6 +28,7 @@ import html
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,7 +51,17 @@ _AUTHORITY_END = re.compile(r"[/?#]")
 _HIDDEN_HOST = re.compile(r"[@\\%\s\x00-\x1f\x7f]")
 # ``- ``, ``1. ``, ``> `` before a line's text: kept when the line is replaced, so the list or quote stays.
 _CONTAINER_PREFIX = re.compile(r"^(?:[ \t]*(?:>[ \t]?|[-+*][ \t]+|\d{1,9}[.)][ \t]+))*")
-_HTML_LINK = re.compile(r"""(?:href|src|action|formaction|srcset)\s*=\s*["']?([^"'\s>]+)""", re.I)
+# Attributes a browser loads or follows as a URL (HTML, SVG, MathML); the lists of them (``srcset``); and an
+# animation's values, which set another attribute (``<set attributeName="href" to="…">``).
+_URL_ATTRIBUTES = frozenset({
+    "href", "src", "action", "formaction", "data", "poster", "background", "cite", "codebase", "longdesc",
+    "lowsrc", "dynsrc", "usemap", "manifest", "icon", "ping", "profile", "classid", "archive", "itemtype",
+    "xlink:href", "xml:base"})
+_URL_LIST_ATTRIBUTES = frozenset({"srcset", "imagesrcset"})
+_ANIMATION_VALUES = ("from", "to", "values", "by")
+# ``<meta http-equiv="refresh" content="0; url=…">``; CSS's ``url(…)`` in a style attribute or element.
+_REFRESH_URL = re.compile(r"""url\s*=\s*['"]?([^'"\s;]*)""", re.I)
+_CSS_URL = re.compile(r"""url\(\s*['"]?([^'")\s]*)""", re.I)
 # Nothing here can make a link or hide one: the common case skips the parser.
 _LINK_SIGNS = ("](", "]:", "<", "://", "&", "\\", "www.")
 
@@ -170,17 +183,41 @@ def _inline_findings(block: Token, allowed: set[str]) -> Iterator[_Finding]:
                 url = match.group(0).rstrip(_TRAILING)
                 if not _bare_url_allowed(url, allowed):
                     yield _Finding(url, lines, source=url)  # found as written, or its block goes
-        elif child.type == "html_inline":
-            yield from _html_findings(child.content, lines, allowed)
+        elif child.type == "html_inline":  # one tag: it goes, the text around it stays
+            yield from _html_findings(child.content, lines, allowed, source=child.content)
 
 
-def _html_findings(markup: str, lines: tuple[int, int], allowed: set[str]) -> Iterator[_Finding]:
+class _Tags(HTMLParser):
+    """The URLs the tags of a piece of HTML lead to or load, as a browser reads them (values decoded)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {name: value or "" for name, value in attrs}
+        animation = values.get("attributename", "").lower() in _URL_ATTRIBUTES
+        for name, value in values.items():
+            if name in _URL_ATTRIBUTES:
+                self.urls.append(value)
+            elif name in _URL_LIST_ATTRIBUTES:
+                self.urls += [c.split()[0] for c in value.split(",") if c.strip()]
+            elif animation and name in _ANIMATION_VALUES:
+                self.urls += value.split(";")
+            elif name == "content" and tag == "meta":
+                self.urls += _REFRESH_URL.findall(value)
+
+
+def _html_findings(markup: str, lines: tuple[int, int], allowed: set[str],
+                   source: str | None = None) -> Iterator[_Finding]:
+    tags = _Tags()
+    tags.feed(markup)
+    tags.close()
     decoded = html.unescape(markup)
-    urls = [m.group(1) for m in _HTML_LINK.finditer(decoded)]
-    urls += [m.group(0).rstrip(_TRAILING) for m in _BARE_URL.finditer(decoded)]
+    urls = [u for u in tags.urls + _CSS_URL.findall(decoded) if not link_allowed(u, allowed)]  # style too
+    urls += [u for m in _BARE_URL.finditer(decoded) if not _bare_url_allowed(u := m.group(0).rstrip(_TRAILING), allowed)]
     for url in urls:
-        if not _bare_url_allowed(url, allowed):
-            yield _Finding(url, lines)
+        yield _Finding(url, lines, source, replacement="")
 
 
 def _findings(text: str, allowed: set[str]) -> list[_Finding]:

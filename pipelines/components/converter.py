@@ -37,11 +37,13 @@ HTML_SUFFIXES = {".html", ".htm"}
 PDF_SUFFIXES = {".pdf"}
 CSV_SUFFIXES = {".csv"}
 OFFICE_SUFFIXES = {".docx", ".xlsx", ".pptx", ".eml", ".msg", ".epub"}
+#: Zip containers (checked for what they inflate to before their parser opens them), by their reasons' name.
+ZIP_KINDS = {".docx": "Word (.docx)", ".xlsx": "Excel (.xlsx)", ".pptx": "PowerPoint (.pptx)", ".epub": "EPUB"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | CSV_SUFFIXES | OFFICE_SUFFIXES
 #: A PDF page with fewer characters in its text layer than this is taken for a scan.
 MIN_PAGE_CHARS = 20
 
-__all__ = ["ConversionError", "Converted", "Failure", "FileToDocument", "OcrOptions", "SUPPORTED_SUFFIXES",
+__all__ = ["ConversionError", "Converted", "Failure", "FileToDocument", "FileLimits", "OcrOptions", "SUPPORTED_SUFFIXES",
            "convert_bytes"]
 
 
@@ -97,6 +99,18 @@ class OcrOptions:
     enabled: bool = True
     dpi: int = 200
     max_pages: int = 300
+
+
+@dataclass(frozen=True)
+class FileLimits:
+    """What one file may cost: a zip container's inflated size (``max_inflated_mb``) and ratio to its own
+    size (``max_zip_ratio``), checked before parsing; the characters its text may have (``max_chars``) and
+    the chunks it may make (``max_chunks``, checked by the splitter)."""
+
+    max_inflated_mb: float = 100
+    max_zip_ratio: float = 100
+    max_chars: int = 10_000_000
+    max_chunks: int = 20_000
 
 
 def convert_pdf(data: bytes, ocr: OcrOptions) -> Converted:
@@ -176,7 +190,7 @@ class Converted:
         return sum(1 for p in self.parts if p.meta.get("ocr"))
 
 
-def _mail(data: bytes, suffix: str, ocr: OcrOptions, depth: int) -> Converted:
+def _mail(data: bytes, suffix: str, ocr: OcrOptions, limits: FileLimits, depth: int) -> Converted:
     if suffix == ".eml":
         text, subject, attachments = office.read_eml(data, convert_html)
     else:
@@ -187,7 +201,7 @@ def _mail(data: bytes, suffix: str, ocr: OcrOptions, depth: int) -> Converted:
         if att_suffix not in SUPPORTED_SUFFIXES:
             continue  # pictures, signatures, calendar invites: nothing to answer from
         try:
-            inner = convert_bytes(attachment.data, att_suffix, ocr=ocr, depth=depth + 1)
+            inner = convert_bytes(attachment.data, att_suffix, ocr=ocr, limits=limits, depth=depth + 1)
         except ConversionError as exc:
             converted.skipped.append((attachment.name, str(exc)))
             continue
@@ -199,11 +213,24 @@ def _mail(data: bytes, suffix: str, ocr: OcrOptions, depth: int) -> Converted:
     return converted
 
 
-def convert_bytes(data: bytes, suffix: str, *, ocr: OcrOptions = OcrOptions(), depth: int = 0) -> Converted:
+def convert_bytes(data: bytes, suffix: str, *, ocr: OcrOptions = OcrOptions(), limits: FileLimits = FileLimits(),
+                  depth: int = 0) -> Converted:
     """A file's bytes as text; raises ``ConversionError`` with the reason."""
     suffix = suffix.lower()
     if not data.strip():
         raise ConversionError("the file is empty")
+    if suffix in ZIP_KINDS:
+        office.check_zip(data, ZIP_KINDS[suffix], max_inflated=int(limits.max_inflated_mb * 1024 * 1024),
+                         max_ratio=limits.max_zip_ratio)
+    converted = _convert(data, suffix, ocr, limits, depth)
+    chars = sum(len(part.text) for part in converted.parts)
+    if chars > limits.max_chars:
+        raise ConversionError(f"refused: its text has {chars:,} characters, over the {limits.max_chars:,} limit "
+                              "(indexing.max_document_chars)")
+    return converted
+
+
+def _convert(data: bytes, suffix: str, ocr: OcrOptions, limits: FileLimits, depth: int) -> Converted:
     if suffix in TEXT_SUFFIXES:
         text = decode_text(data)
         if not text.strip():
@@ -228,7 +255,7 @@ def convert_bytes(data: bytes, suffix: str, *, ocr: OcrOptions = OcrOptions(), d
     if suffix in (".eml", ".msg"):
         if depth > 2:
             raise ConversionError("e-mails nested more than 2 deep")
-        return _mail(data, suffix, ocr, depth)
+        return _mail(data, suffix, ocr, limits, depth)
     raise ConversionError(f"unsupported file type {suffix or '(none)'}")
 
 
@@ -241,9 +268,10 @@ class FileToDocument:
     """Converts files to Documents (several per file: pages, sheets, slides, attachments); failures
     come back with reasons."""
 
-    def __init__(self, max_file_mb: float = 20, ocr: OcrOptions | None = None):
+    def __init__(self, max_file_mb: float = 20, ocr: OcrOptions | None = None, limits: FileLimits | None = None):
         self.max_bytes = int(max_file_mb * 1024 * 1024)
         self.ocr = ocr or OcrOptions()
+        self.limits = limits or FileLimits()
 
     @component.output_types(documents=list[Document], failures=list[Failure])
     def run(self, sources: list[str | Path | ByteStream], meta: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -266,7 +294,8 @@ class FileToDocument:
                 size = len(data) if data is not None else path.stat().st_size
                 if size > self.max_bytes:
                     raise ConversionError(f"file too large ({size / 1e6:.1f} MB > {self.max_bytes / 1e6:.0f} MB limit)")
-                converted = convert_bytes(data if data is not None else path.read_bytes(), suffix, ocr=self.ocr)
+                converted = convert_bytes(data if data is not None else path.read_bytes(), suffix, ocr=self.ocr,
+                                          limits=self.limits)
             except ConversionError as exc:
                 failures.append(Failure(str(source), str(exc)))
                 continue

@@ -17,7 +17,7 @@ from typing import Any
 
 from haystack import Document, component
 
-from pipelines.components.converter import MARKDOWN_FORMATS
+from pipelines.components.converter import MARKDOWN_FORMATS, Failure
 from pipelines.text import breadcrumb, detect_language, split_sentences
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
@@ -113,18 +113,26 @@ class SectionSplitter:
     parent document's meta; positions are assigned when the chunks are published.
     """
 
-    def __init__(self, chunk_chars: int = 700, overlap_sentences: int = 1):
+    def __init__(self, chunk_chars: int = 700, overlap_sentences: int = 1, max_chunks: int | None = None):
         if chunk_chars < 100:
             raise ValueError("chunk_chars must be at least 100")
         self.chunk_chars = chunk_chars
         self.overlap_sentences = overlap_sentences
+        self.max_chunks = max_chunks
 
-    @component.output_types(documents=list[Document])
+    @component.output_types(documents=list[Document], failures=list[Failure])
     def run(self, documents: list[Document]) -> dict[str, Any]:
-        chunks: list[Document] = []
+        """``failures``: the documents (by ``meta.doc_id``, all their parts) with more than ``max_chunks``
+        chunks, left out whole: each chunk costs an embedding, and one file must not hold a refresh."""
+        chunks: dict[str, list[Document]] = {}
         for doc in documents:
-            chunks.extend(self.split(doc))
-        return {"documents": chunks}
+            chunks.setdefault(str((doc.meta or {}).get("doc_id", id(doc))), []).extend(self.split(doc))
+        failures = [Failure(str(parts[0].meta.get("source") or key),
+                            f"refused: it makes {len(parts):,} chunks, over the {self.max_chunks:,} limit "
+                            "(indexing.max_document_chunks)")
+                    for key, parts in chunks.items() if self.max_chunks is not None and len(parts) > self.max_chunks]
+        kept = [c for parts in chunks.values() if self.max_chunks is None or len(parts) <= self.max_chunks for c in parts]
+        return {"documents": kept, "failures": failures}
 
     def split(self, doc: Document) -> list[Document]:
         text = doc.content or ""

@@ -39,7 +39,7 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def served(kb_data_dir: Path, tmp_path: Path, *, sources: list[SourceSettings] | None = None,
-                 **server: Any) -> AsyncIterator[Served]:
+                 host: str = "127.0.0.1", **server: Any) -> AsyncIterator[Served]:
     async with FakeSlack() as slack, FakeTelegram() as telegram:
         env = {"SLACK_BOT_TOKEN": slack.token, "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_URL": slack.base_url,
                "TELEGRAM_BOT_TOKEN": telegram.token, "TELEGRAM_API_URL": telegram.base_url,
@@ -52,7 +52,7 @@ async def served(kb_data_dir: Path, tmp_path: Path, *, sources: list[SourceSetti
         runtime = build_runtime(settings)
         runtime.settings.data_dir = tmp_path  # run records and history of this test's own
         stop, ports = asyncio.Event(), []
-        task = asyncio.create_task(serve(runtime, env={}, host="127.0.0.1", port=0, stop=stop, drain_s=5,
+        task = asyncio.create_task(serve(runtime, env={}, host=host, port=0, stop=stop, drain_s=5,
                                          schedule=bool(sources), on_listening=ports.append))
         try:
             for _ in range(600):
@@ -60,7 +60,7 @@ async def served(kb_data_dir: Path, tmp_path: Path, *, sources: list[SourceSetti
                     break
                 await asyncio.sleep(0.05)
             assert ports, task
-            yield Served(f"http://127.0.0.1:{ports[0]}", ports[0], runtime)
+            yield Served(f"http://{f'[{host}]' if ':' in host else host}:{ports[0]}", ports[0], runtime)
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
