@@ -229,3 +229,35 @@ async def test_a_run_that_loses_its_lock_stops_before_its_next_document(replicas
     assert (record.error or "").startswith("stopped after "), record.error
     assert 1 <= record.added < 10, "it stopped mid-run, keeping what it had published"
     assert len(stack.runtime.store.records()) == record.added
+
+
+async def test_stopping_lets_a_running_turn_stop_and_starts_none_after(replicas: list[Stack],
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    refresher = replicas[0].refresher
+    assert refresher is not None
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def run(name: str, **options: object) -> None:
+        started.set()
+        try:
+            while not refresher.stopping:  # as a real run: it stops before its next document
+                await asyncio.sleep(0.05)
+            await refresher.last_run(name)  # and still reads Redis on its way out
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        outcome.append("stopped")
+
+    monkeypatch.setattr(refresher, "run", run)
+    scheduler = RefreshScheduler(refresher)
+    await scheduler.start()
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+    finally:
+        await scheduler.stop()
+    assert outcome == ["stopped"], "stop() lets the run stop rather than cancel it"
+    assert not scheduler._running
+    # A turn the scheduler handed over just before stop() but that starts after it does nothing.
+    await scheduler._job("docs")
+    assert outcome == ["stopped"]
