@@ -8,11 +8,13 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 
 from bot.refresh import RunRecord, is_due, next_due, utcnow
 from bot.scheduler import RefreshScheduler
@@ -53,15 +55,26 @@ async def replicas(tmp_path: Path, names: dict[str, str]) -> AsyncIterator[list[
     await drop_prefix(REDIS_URL, names["prefix"])
 
 
+def turns_ended(scheduler: RefreshScheduler) -> Counter[str]:
+    """How many turns of each job of ``scheduler`` have ended (counted from now on)."""
+    ended: Counter[str] = Counter()
+    scheduler.scheduler.add_listener(lambda event: ended.update([event.job_id]), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+    return ended
+
+
 async def settled(*schedulers: RefreshScheduler, timeout_s: float = 120) -> None:
-    """Until every job ran its turn: nothing running and every next run at least half an hour away."""
+    """Until every job ran its turn: each job's turn ended on every replica, nothing running and every
+    next run at least half an hour away. Not the next runs alone: APScheduler moves a job's next run
+    on when it hands the job over, before the job's task starts (and is seen running)."""
+    ended = [turns_ended(s) for s in schedulers]
     deadline = time.monotonic() + timeout_s
     while True:
         await asyncio.sleep(0.2)
         later = utcnow() + timedelta(minutes=30)
+        done = all(counts[job] >= 1 for s, counts in zip(schedulers, ended, strict=True) for job in s.next_runs())
         busy = any(s._running for s in schedulers)
         upcoming = [t for s in schedulers for t in s.next_runs().values()]
-        if not busy and all(t is not None and t > later for t in upcoming):
+        if done and not busy and all(t is not None and t > later for t in upcoming):
             return
         assert time.monotonic() < deadline, "the scheduled runs did not finish"
 
