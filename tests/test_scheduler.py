@@ -106,21 +106,40 @@ async def test_a_dead_replicas_lock_expires_and_the_previous_knowledge_stays_ser
     assert live.refresher is not None and (await live.refresher.run("docs")).added == 2  # type: ignore[union-attr]
     (tmp_path / "docs" / "grease.txt").write_text(DOCS["grease.txt"].replace("20 g", "45 g"), encoding="utf-8")
 
-    # A replica took the lock and died mid-run: its lock is never renewed or released.
-    dead = replicas[1].runtime.redis
+    # Another replica took the lock and renews it (as a running refresh does) until the question below
+    # is answered; then it dies mid-run: its lock is never renewed or released again. (Not dead from
+    # the start: on a loaded machine the question can take longer than the lock's TTL, and the live
+    # replica then refreshed before it was answered.)
+    other = replicas[1].runtime.redis
     lock_key = f"{replicas[1].settings.redis_prefix}lock:refresh"
     ttl_s = replicas[1].settings.refresh.lock_ttl_s
-    assert await dead.set(lock_key, "token-of-a-dead-replica", nx=True, px=int(ttl_s * 1000))
-    taken_at = time.monotonic()
+    token = b"token-of-a-replica-about-to-die"
+    assert await other.set(lock_key, token, nx=True, px=int(ttl_s * 1000))
+    renewed_at = [time.monotonic()]
+    renewals: list[bool] = []
 
-    run = asyncio.create_task(live.refresher.run("docs", trigger="schedule"))
-    await asyncio.sleep(1)
-    assert not run.done(), "the live replica waits for the lock"
-    answer = await live.ask("How much grease do the HL-M300 bearings need?")
+    async def renewing() -> None:
+        while True:
+            await asyncio.sleep(ttl_s / 4)
+            held = await other.get(lock_key) == token and bool(await other.pexpire(lock_key, int(ttl_s * 1000)))
+            renewals.append(held)
+            renewed_at.append(time.monotonic())
+
+    alive = asyncio.create_task(renewing())
+    try:
+        run = asyncio.create_task(live.refresher.run("docs", trigger="schedule"))
+        await asyncio.sleep(1)
+        assert not run.done(), "the live replica waits for the lock"
+        answer = await live.ask("How much grease do the HL-M300 bearings need?")
+    finally:
+        alive.cancel()
+        await asyncio.gather(alive, return_exceptions=True)
+    assert all(renewals), "the other replica held its lock until it died"
+    assert not run.done(), "the live replica waited for the lock while the question was answered"
     assert "20 g" in answer.text, "the previous knowledge is served meanwhile"
     record = await asyncio.wait_for(run, 30)
     assert record is not None and record.changed == 1
-    assert time.monotonic() - taken_at >= ttl_s - 0.5, "it ran only once the dead replica's lock expired"
+    assert time.monotonic() - renewed_at[-1] >= ttl_s - 0.5, "it ran only once the dead replica's lock expired"
     answer = await live.ask("How much grease do the HL-M300 bearings need?")
     assert "45 g" in answer.text
 
