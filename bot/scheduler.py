@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -50,6 +51,7 @@ class RefreshScheduler:
         self.scheduler = AsyncIOScheduler(timezone=self.zone)
         self.runs: list[RunRecord] = []  # the runs this process made (tests, health)
         self._running: set[asyncio.Task[Any]] = set()
+        self._stopping = False
 
     def _trigger(self, source: SourceSettings, permissions: bool = False) -> Any:
         if permissions:
@@ -86,6 +88,8 @@ class RefreshScheduler:
         self.scheduler.start()
 
     async def _job(self, name: str, permissions: bool = False) -> None:
+        if self._stopping:  # handed over by a wakeup before stop() but started after it: touch nothing
+            return
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
@@ -99,15 +103,18 @@ class RefreshScheduler:
         except Exception:  # noqa: BLE001 - one source's failure never stops the scheduler
             log.exception("refresh source=%s trigger=schedule crashed; next turn retries", name)
         finally:
-            if task is not None:
-                self._running.discard(task)
-            await self._reschedule(name, permissions)
-            if not permissions:  # a refresh read the permissions too: their next run moves with it
-                await self._reschedule(name, True)
+            try:
+                await self._reschedule(name, permissions)
+                if not permissions:  # a refresh read the permissions too: their next run moves with it
+                    await self._reschedule(name, True)
+            finally:
+                # Only now: stop() waits for the tasks in here, and rescheduling reads Redis.
+                if task is not None:
+                    self._running.discard(task)
 
     async def _reschedule(self, name: str, permissions: bool = False) -> None:
         source = self.refresher.sources.get(name)
-        if source is None or not self.scheduler.running:
+        if source is None or self._stopping or not self.scheduler.running:
             return
         job = self.scheduler.get_job(permissions_run_name(name) if permissions else name)
         if job is not None:
@@ -120,12 +127,25 @@ class RefreshScheduler:
         return out
 
     async def stop(self, timeout_s: float = 30.0) -> None:
-        """No new runs; a run in progress stops before its next document (waits up to ``timeout_s``)."""
+        """No new runs; a run in progress stops before its next document (waits up to ``timeout_s``).
+
+        Once this returns no job of this scheduler uses Redis or the store, so they can be closed:
+        ``AsyncIOScheduler.shutdown`` only takes effect on a later turn of the event loop (a wakeup
+        already queued still hands jobs over until then) and cancels the jobs it ran, a run in its
+        worker thread included, instead of letting them stop. So the scheduler is paused at once (a
+        queued wakeup hands nothing over), a job started from now on returns at once, the jobs running
+        are waited for, and only then is the scheduler shut down (cancelling what outlived ``timeout_s``).
+        """
+        self._stopping = True
+        self.refresher.stopping = True
+        if self.scheduler.state == STATE_RUNNING:
+            self.scheduler.pause()
+        if self._running:
+            _, late = await asyncio.wait(set(self._running), timeout=timeout_s)
+            if late:
+                log.warning("%d scheduled refresh(es) still running after %g s; cancelling them", len(late), timeout_s)
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        self.refresher.stopping = True
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=timeout_s)
 
 
 class KnowledgeAdmin:

@@ -8,11 +8,13 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 
 from bot.refresh import RunRecord, is_due, next_due, utcnow
 from bot.scheduler import RefreshScheduler
@@ -53,15 +55,26 @@ async def replicas(tmp_path: Path, names: dict[str, str]) -> AsyncIterator[list[
     await drop_prefix(REDIS_URL, names["prefix"])
 
 
+def turns_ended(scheduler: RefreshScheduler) -> Counter[str]:
+    """How many turns of each job of ``scheduler`` have ended (counted from now on)."""
+    ended: Counter[str] = Counter()
+    scheduler.scheduler.add_listener(lambda event: ended.update([event.job_id]), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+    return ended
+
+
 async def settled(*schedulers: RefreshScheduler, timeout_s: float = 120) -> None:
-    """Until every job ran its turn: nothing running and every next run at least half an hour away."""
+    """Until every job ran its turn: each job's turn ended on every replica, nothing running and every
+    next run at least half an hour away. Not the next runs alone: APScheduler moves a job's next run
+    on when it hands the job over, before the job's task starts (and is seen running)."""
+    ended = [turns_ended(s) for s in schedulers]
     deadline = time.monotonic() + timeout_s
     while True:
         await asyncio.sleep(0.2)
         later = utcnow() + timedelta(minutes=30)
+        done = all(counts[job] >= 1 for s, counts in zip(schedulers, ended, strict=True) for job in s.next_runs())
         busy = any(s._running for s in schedulers)
         upcoming = [t for s in schedulers for t in s.next_runs().values()]
-        if not busy and all(t is not None and t > later for t in upcoming):
+        if done and not busy and all(t is not None and t > later for t in upcoming):
             return
         assert time.monotonic() < deadline, "the scheduled runs did not finish"
 
@@ -93,21 +106,40 @@ async def test_a_dead_replicas_lock_expires_and_the_previous_knowledge_stays_ser
     assert live.refresher is not None and (await live.refresher.run("docs")).added == 2  # type: ignore[union-attr]
     (tmp_path / "docs" / "grease.txt").write_text(DOCS["grease.txt"].replace("20 g", "45 g"), encoding="utf-8")
 
-    # A replica took the lock and died mid-run: its lock is never renewed or released.
-    dead = replicas[1].runtime.redis
+    # Another replica took the lock and renews it (as a running refresh does) until the question below
+    # is answered; then it dies mid-run: its lock is never renewed or released again. (Not dead from
+    # the start: on a loaded machine the question can take longer than the lock's TTL, and the live
+    # replica then refreshed before it was answered.)
+    other = replicas[1].runtime.redis
     lock_key = f"{replicas[1].settings.redis_prefix}lock:refresh"
     ttl_s = replicas[1].settings.refresh.lock_ttl_s
-    assert await dead.set(lock_key, "token-of-a-dead-replica", nx=True, px=int(ttl_s * 1000))
-    taken_at = time.monotonic()
+    token = b"token-of-a-replica-about-to-die"
+    assert await other.set(lock_key, token, nx=True, px=int(ttl_s * 1000))
+    renewed_at = [time.monotonic()]
+    renewals: list[bool] = []
 
-    run = asyncio.create_task(live.refresher.run("docs", trigger="schedule"))
-    await asyncio.sleep(1)
-    assert not run.done(), "the live replica waits for the lock"
-    answer = await live.ask("How much grease do the HL-M300 bearings need?")
+    async def renewing() -> None:
+        while True:
+            await asyncio.sleep(ttl_s / 4)
+            held = await other.get(lock_key) == token and bool(await other.pexpire(lock_key, int(ttl_s * 1000)))
+            renewals.append(held)
+            renewed_at.append(time.monotonic())
+
+    alive = asyncio.create_task(renewing())
+    try:
+        run = asyncio.create_task(live.refresher.run("docs", trigger="schedule"))
+        await asyncio.sleep(1)
+        assert not run.done(), "the live replica waits for the lock"
+        answer = await live.ask("How much grease do the HL-M300 bearings need?")
+    finally:
+        alive.cancel()
+        await asyncio.gather(alive, return_exceptions=True)
+    assert all(renewals), "the other replica held its lock until it died"
+    assert not run.done(), "the live replica waited for the lock while the question was answered"
     assert "20 g" in answer.text, "the previous knowledge is served meanwhile"
     record = await asyncio.wait_for(run, 30)
     assert record is not None and record.changed == 1
-    assert time.monotonic() - taken_at >= ttl_s - 0.5, "it ran only once the dead replica's lock expired"
+    assert time.monotonic() - renewed_at[-1] >= ttl_s - 0.5, "it ran only once the dead replica's lock expired"
     answer = await live.ask("How much grease do the HL-M300 bearings need?")
     assert "45 g" in answer.text
 
@@ -229,3 +261,35 @@ async def test_a_run_that_loses_its_lock_stops_before_its_next_document(replicas
     assert (record.error or "").startswith("stopped after "), record.error
     assert 1 <= record.added < 10, "it stopped mid-run, keeping what it had published"
     assert len(stack.runtime.store.records()) == record.added
+
+
+async def test_stopping_lets_a_running_turn_stop_and_starts_none_after(replicas: list[Stack],
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    refresher = replicas[0].refresher
+    assert refresher is not None
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def run(name: str, **options: object) -> None:
+        started.set()
+        try:
+            while not refresher.stopping:  # as a real run: it stops before its next document
+                await asyncio.sleep(0.05)
+            await refresher.last_run(name)  # and still reads Redis on its way out
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        outcome.append("stopped")
+
+    monkeypatch.setattr(refresher, "run", run)
+    scheduler = RefreshScheduler(refresher)
+    await scheduler.start()
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+    finally:
+        await scheduler.stop()
+    assert outcome == ["stopped"], "stop() lets the run stop rather than cancel it"
+    assert not scheduler._running
+    # A turn the scheduler handed over just before stop() but that starts after it does nothing.
+    await scheduler._job("docs")
+    assert outcome == ["stopped"]
