@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 import httpx
 from slack_sdk.signature import SignatureVerifier
 
+from examples.knowledge_loop import free_port, settle
 from tests.fakes.confluence_server import FakeConfluence
 from tests.fakes.slack_server import FakeSlack
 
@@ -96,12 +96,6 @@ insights:
 """
 TOKENS = {"finance-desk": "probe-finance-token", "helpdesk": "probe-helpdesk-token"}
 _ts = itertools.count(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Probe:
@@ -215,17 +209,6 @@ class Probe:
         sent = " ".join(c.text_sent for c in self.slack.calls[before:] if c.args.get("channel") == channel)
         shown = " ".join(m.body for m in self.slack.thread(channel, ts))
         self.record(f"Slack {label}", "alice (finance)", question, f"{sent} {shown}", allowed)
-
-
-def settle(fake: FakeSlack, quiet_s: float = 1.5, timeout_s: float = 120) -> None:
-    """Until the fake Slack saw no call for ``quiet_s``."""
-    deadline, seen, since = time.time() + timeout_s, -1, time.time()
-    while time.time() < deadline:
-        if len(fake.calls) != seen:
-            seen, since = len(fake.calls), time.time()
-        elif time.time() - since >= quiet_s:
-            return
-        time.sleep(0.1)
 
 
 def held_back(status: str) -> str:
