@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
 SERVICES := scripts/services.sh
 
-.PHONY: demo demo-local test test-local test-cluster install install-local lint services services-stop browser bench eval eval-answers clean
+.PHONY: demo demo-local test test-local test-cluster docs install install-local lint services services-stop browser bench eval eval-answers clean
 
 # Installs uv (from PyPI) when missing, then the locked dependencies.
 install:
@@ -27,9 +27,10 @@ install-local: install
 test-local: install-local
 	@$(UV) run --no-sync pytest -q -m slow $(PYTEST_ARGS)
 
-# Starts Redis and Weaviate when needed (building Weaviate once), installs Chromium for the admin
-# page's browser tests and the CJK font the scanned-PDF tests draw with, then runs the tests.
-test: install lint services browser
+# Builds the docs, lints, starts Redis and Weaviate when needed (building Weaviate once), installs
+# Chromium for the admin page's browser tests and the CJK font the scanned-PDF tests draw with, then
+# runs the tests.
+test: install docs lint services browser
 	@bash scripts/test_fonts.sh
 	@set -a; source <($(SERVICES) env); set +a; KBBOT_CHROMIUM="$$(bash scripts/browser.sh)" \
 		$(UV) run pytest -q $(PYTEST_ARGS)
@@ -43,6 +44,11 @@ test-cluster: install services
 
 browser:
 	@bash scripts/browser.sh >/dev/null
+
+# The documentation site (docs/, the README its front page; mkdocs.yml) built strictly: a link to a
+# missing page or anchor fails it (part of `make test`).
+docs: install
+	@NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --site-dir .kbbot/site
 
 # ruff, configured in pyproject.toml (part of `make test`).
 lint: install
