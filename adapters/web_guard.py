@@ -10,7 +10,7 @@ Telegram webhook, the admin login), so the server itself bounds what a stranger 
   request's line and headers within ``server.header_timeout_s`` (else 408 and closed). aiohttp has
   no such bound of its own; its keep-alive timer (``server.keepalive_timeout_s``) closes a connection
   that idles, or sends its next request slowly, after a response. A trusted proxy's connections are
-  not counted per address: they carry many clients, whom the proxy limits (README, "Deploy").
+  not counted per address: they carry many clients, whom the proxy limits (docs/deploy.md).
 - **bodies**: a request's body must arrive within ``server.body_timeout_s`` (else 408); it is read
   once here, so Bolt, aiogram and the API handlers read it from memory. Its size is aiohttp's
   ``client_max_size`` (1 MiB, or ``api.max_body_kb`` when larger).

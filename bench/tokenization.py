@@ -11,10 +11,11 @@ the ``gse_ch`` variants need ``ENABLE_TOKENIZER_GSE_CH=true`` on that server)::
     uv run python bench/tokenization.py settle         # publishes racing queries, per settle_s
 
 Each prints a table and then one line of JSON; the results and the choices made from them are in
-the README ("How the Weaviate schema and fusion were chosen", "The Weaviate store"). The datasets are ../shared/eval/{cmrc2018,clapnq}
-(format in their README): passages are indexed whole, one chunk per passage, and a query is a hit
-at k when one of its gold passages is in the first k results. Data: CMRC 2018 (CC BY-SA 4.0) and
-CLAPNQ (Apache-2.0, text CC BY-SA), see SOURCE.txt in each folder.
+docs/evaluation.md ("How the Weaviate schema and fusion were chosen") and docs/benchmarks.md ("The
+Weaviate store"). The datasets are ../shared/eval/{cmrc2018,clapnq} (format in their README):
+passages are indexed whole, one chunk per passage, and a query is a hit at k when one of its gold
+passages is in the first k results. Data: CMRC 2018 (CC BY-SA 4.0) and CLAPNQ (Apache-2.0, text
+CC BY-SA), see SOURCE.txt in each folder.
 """
 
 from __future__ import annotations

@@ -358,7 +358,7 @@ class Answerer:
         turns run than the process has cores to use (its affinity mask and container quota, not the
         host's count). Beyond that the turns wait for CPU, not for the model, and side by side they only
         contend: at 50 questions together the overlap made first texts later
-        (README, "The guard beside retrieval"), while alone it saves a question the guard's round trip."""
+        (docs/benchmarks.md, "The guard beside retrieval"), while alone it saves a question the guard's round trip."""
         gate = self.admission.gate
         return gate is None or gate.running <= process_cores()
 

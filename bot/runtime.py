@@ -277,7 +277,7 @@ class Runtime:
         """Pays a process's first turn's one-time costs before anyone waits on them (``kbbot serve`` calls
         it before it listens): the model clients made, the helper's too (it is no component of the
         pipeline), and ``Answerer.warm_up``: the first question after a start reached its answer's first
-        token 0.6-0.8 s later than the next, 0.4-0.55 s with it (README, "Benchmarks"; what remains is the
+        token 0.6-0.8 s later than the next, 0.4-0.55 s with it (docs/benchmarks.md, "The first question after a start"; what remains is the
         model SDK building its response types on its first call). A store that is down or slow leaves the
         process to start cold, never unstarted: False, with a warning. Call after ``start``."""
         try:

@@ -80,7 +80,7 @@ class StoreSettings(Section):
 
 
 class WeaviateSettings(Section):
-    """How the collections are replicated over a Weaviate cluster (see the README's "Deploy")."""
+    """How the collections are replicated over a Weaviate cluster (see docs/deploy.md)."""
 
     #: Copies of every object, set when a collection is created (1: no replication). At most the
     #: number of nodes; a collection keeps the factor it was created with.
@@ -178,7 +178,7 @@ class LocalModelSettings(Section):
     turn_timeout_s: Positive = 300            # replaces answering.turn_timeout_s
     #: The model's P(yes) that the sources answer the question, below which the turn ends not_found
     #: (pipelines/components/judge.py; 0: no judgement). One extra request sharing the answer's prompt.
-    judge_threshold: Fraction = 0  # off: the default 1.5B model's judgement did not separate (README, "Answers")
+    judge_threshold: Fraction = 0  # off: the default 1.5B model's judgement did not separate (docs/evaluation-answers.md)
 
 
 class GeneratorSettings(Section):
@@ -189,7 +189,7 @@ class GeneratorSettings(Section):
     max_retries: int = Field(2, ge=0)
     base_url: str | None = None
     temperature: float = Field(0.2, ge=0, le=2)
-    model_path: str | None = None  # kind local: a GGUF file; null: the default model (README)
+    model_path: str | None = None  # kind local: a GGUF file; null: the default model (docs/local-model.md)
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
 
 

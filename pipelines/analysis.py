@@ -2,7 +2,7 @@
 
 BM25 is only as good as its terms. Whitespace or trigram tokens make "charging", "charge" and
 "charger" three unrelated words, and let "how", "can" and "my" outweigh the one word that names a
-feature (see the emanual error analysis in the README). So chunks and queries are analysed here,
+feature (see the emanual error analysis in docs/evaluation.md). So chunks and queries are analysed here,
 once, in Python: English words are lower-cased, stripped of stop words and Snowball-stemmed
 (PyStemmer); Chinese becomes overlapping character bigrams (a lone character stays a unigram);
 codes such as ``E-004`` and ``HL-M200`` stay whole. The in-memory store scores these terms with
@@ -24,7 +24,7 @@ from pipelines.text import breadcrumb
 ANALYSIS_VERSION = 1
 # BM25 saturation and length normalisation, in both stores. Short support sections and long
 # manual pages mix in one index: a gentle length penalty (b 0.4, not 0.75) and early saturation
-# (k1 0.9, not 1.2) measured best on emanual (0.654 vs 0.613 hit@1; README, Evaluation).
+# (k1 0.9, not 1.2) measured best on emanual (0.654 vs 0.613 hit@1; docs/evaluation.md).
 BM25_K1 = 0.9
 BM25_B = 0.4
 

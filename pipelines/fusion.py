@@ -2,7 +2,7 @@
 
 Relative score fusion by default: each list's scores scaled to 0..1 over its candidates, then
 weighted, ``alpha`` for the vectors (Weaviate's ``relativeScore`` hybrid, so both stores rank alike;
-distribution-based and reciprocal rank fusion were measured against it in the README). ``alpha``
+distribution-based and reciprocal rank fusion were measured against it in docs/evaluation.md). ``alpha``
 "auto" (the default) sets that weight per question from how clearly the vectors separate their
 best candidates (``adaptive_alpha``). The multilingual e5 model scores any same-language passage
 above the right passage in the other language, so the vector side is asked once per language
@@ -32,11 +32,11 @@ LANGUAGES = ("zh", "en")
 MODES = ("hybrid", "bm25", "vector")
 FUSIONS = {"relative_score": None, "dbsf": "distribution_based_rank_fusion", "rrf": "reciprocal_rank_fusion"}
 # The vector list's weight in relative score fusion: a number from 0 (keywords only) to 1 (vectors
-# only), or "auto": per question, by ``adaptive_alpha`` (emanual, clapnq, cmrc2018: README, Evaluation).
+# only), or "auto": per question, by ``adaptive_alpha`` (emanual, clapnq, cmrc2018: docs/evaluation.md).
 AUTO_ALPHA = "auto"
 DEFAULT_ALPHA: float | str = AUTO_ALPHA
 # adaptive_alpha: weight = SLOPE x (best cosine - fifth best cosine), kept within RANGE. Chosen on
-# the development halves of the three evaluation sets (README, "What each idea measured").
+# the development halves of the three evaluation sets (docs/evaluation.md, "What each idea measured").
 ADAPTIVE_SLOPE = 18.0
 ADAPTIVE_OVER = 5
 ADAPTIVE_RANGE = (0.2, 0.8)

@@ -1,4 +1,4 @@
-"""The query pipeline, declared in one place so it reads like the diagram in the README's Architecture:
+"""The query pipeline, declared in one place so it reads like the diagram in docs/architecture.md:
 
     rewrite -> guard -+-> off_topic (the scope, no answer; with a core to spare decided at grade, retrieval beside it)
                       +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> answerable -+

@@ -1,4 +1,4 @@
-"""What keeps a turn's CPU down (README, "Turn cost"), each kept honest: retrieved chunks are
+"""What keeps a turn's CPU down (docs/benchmarks.md, "Turn cost"), each kept honest: retrieved chunks are
 Passages that Haystack's input copies share instead of copying, and the prompt's templates are
 compiled once. Each test fails if the saving is undone or changes what a turn produces."""
 

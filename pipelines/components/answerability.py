@@ -2,7 +2,7 @@
 retrieval already measured, with no model call.
 
 A question the knowledge base does not answer still finds passages about its topic, so two things
-must hold for it to be answered (README, Evaluation, "Abstention", has each one's figures alone
+must hold for it to be answered (docs/evaluation-abstention.md has each one's figures alone
 and together, on Wikipedia questions, device manuals, Chinese and the sample knowledge base):
 
 - the closest chunk is close in meaning: its cosine with the question (multilingual-e5-small);

@@ -8,7 +8,7 @@ The judgement is the answer prompt itself with one instruction appended to its l
 two requests share their whole prefix (system prompt, sources, history, question) and llama.cpp's
 prompt cache makes the judgement cost the instruction's few dozen tokens and one generated token;
 the answer that follows re-reads only the last message's end (``cache_n`` in the server's timings:
-README, "Answers").
+docs/evaluation-answers.md).
 """
 
 from __future__ import annotations

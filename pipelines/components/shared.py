@@ -3,7 +3,7 @@
 Haystack deep-copies every input of every component and every output it reports, a list element by
 element with a ``typing`` runtime-protocol check on each element (~15 µs on Python 3.11): the
 retrieved chunks, their vector candidates and the fact lines of one turn were most of its CPU
-outside the model and the stores (``bench.turn``; README, "Turn cost"). Haystack's own rule for
+outside the model and the stores (``bench.turn``; docs/benchmarks.md, "Turn cost"). Haystack's own rule for
 components is never to change an input in place (``dataclasses.replace`` makes a changed Document;
 it warns on assignment), so values that keep that rule can be shared.
 """

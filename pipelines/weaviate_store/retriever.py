@@ -1,7 +1,7 @@
 """``WeaviateHybridRetriever``: BM25, vector or hybrid retrieval on the chunk collection, fused by Weaviate.
 
-Why relative-score fusion, and the hit rates of each choice: README, "How the Weaviate schema and
-fusion were chosen".
+Why relative-score fusion, and the hit rates of each choice: docs/evaluation.md, "How the Weaviate
+schema and fusion were chosen".
 """
 
 from __future__ import annotations

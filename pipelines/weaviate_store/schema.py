@@ -3,7 +3,7 @@
 Chunks: no vectorizer, cosine distance; ``content``, ``title`` and ``header`` tokenized as
 ``DEFAULT_TOKENIZATION`` and not filterable; BM25 runs over ``search_text`` (``QUERY_PROPERTIES``); the
 keyword properties as ``field``; ``version`` and ``position`` as int; other meta fields come in by
-auto-schema. Why trigram and no stop words: README, "How the Weaviate schema and fusion were chosen".
+auto-schema. Why trigram and no stop words: docs/evaluation.md, "How the Weaviate schema and fusion were chosen".
 
 A collection records which ``pipelines.analysis.ANALYSIS_VERSION`` its ``search_text`` was written
 with; one written by another version is refused (``StoreOutdated``) until ``kbbot reindex`` rewrites it.
@@ -32,7 +32,7 @@ KEYWORD_PROPERTIES = ("doc_id", "space", "language", "source", "content_hash", "
 SEARCHABLE_PROPERTIES = ("content", "title", "header")
 # BM25 runs over the chunk's analysed terms (``pipelines.analysis``: stemmed, stop words out, CJK
 # bigrams, heading path weighted), stored pre-tokenized and split on whitespace by Weaviate, so the
-# server ranks with exactly the terms the embedded store uses. emanual dev hit@1 0.48 -> see README.
+# server ranks with exactly the terms the embedded store uses. emanual dev hit@1 0.48 -> see docs/evaluation.md.
 QUERY_PROPERTIES = ("search_text",)
 SEARCH_TEXT_PROPERTY = {"name": "search_text", "dataType": ["text"], "tokenization": "whitespace",
                         "indexFilterable": False}

@@ -14,7 +14,7 @@ deletes the chunks; versions keep growing across a revocation.
 nothing changed and reads only the documents changed since the last call otherwise; it is never
 served from a timer, since the old chunks are gone right after a switch. Writers are expected to be
 serialized (the scheduler's Redis lock); a full read every ``FULL_REFRESH_S`` repairs the cache of a
-reader should two writers ever race for a sequence number. Measured costs: README, "The Weaviate store".
+reader should two writers ever race for a sequence number. Measured costs: docs/benchmarks.md, "The Weaviate store".
 """
 
 from __future__ import annotations
