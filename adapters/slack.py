@@ -529,7 +529,8 @@ class SlackAdapter:
                                                                                                  language)))
 
         result = await self.conversations.admin_command(verb, rest.strip() or None, user=user,
-                                                        is_admin=user in self.settings.admins, started=started)
+                                                        is_admin=user in self.settings.admins, started=started,
+                                                        language=language)
         if result.status in (AdminStatus.NOT_ADMIN, AdminStatus.UNAVAILABLE, AdminStatus.REFUSED):
             await ack(text=result.text if result.status is AdminStatus.REFUSED else
                       say(f"admin_{result.status.value}", language, **NAMES))

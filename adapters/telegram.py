@@ -367,7 +367,7 @@ class TelegramAdapter:
 
             result = await self.conversations.admin_command(
                 command.command, (command.args or "").strip() or None, user=str(user.id),
-                is_admin=str(user.id) in self.settings.admins, started=started)
+                is_admin=str(user.id) in self.settings.admins, started=started, language=language)
             text = result.text if result.status in (AdminStatus.DONE, AdminStatus.REFUSED) else say(
                 f"admin_{result.status.value}", language, **NAMES)
             for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *

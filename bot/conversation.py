@@ -524,25 +524,26 @@ class Conversations:
 
     # --- commands -----------------------------------------------------------------------------------
     async def admin_command(self, verb: str, source: str | None, *, user: str, is_admin: bool,
-                            started: Callable[[str | None], Awaitable[Any]]) -> AdminResult:
+                            started: Callable[[str | None], Awaitable[Any]], language: str = "en") -> AdminResult:
         """``status`` or ``refresh [source]``; ``started(source)`` is awaited once the command is
-        accepted and before its work runs (a refresh takes a while: the adapter says so first)."""
+        accepted and before its work runs (a refresh takes a while: the adapter says so first). The
+        result's text is in ``language`` (the admin's)."""
         if not is_admin:
             log.info("refused %s from %s: not an admin", verb, user)
             return AdminResult(AdminStatus.NOT_ADMIN)
         if self.admin is None:
             return AdminResult(AdminStatus.UNAVAILABLE)
         if verb == "refresh":
-            problem = self.admin.check(source)
+            problem = self.admin.check(source, language)
             if problem:
                 return AdminResult(AdminStatus.REFUSED, problem)
         await started(source)
         try:
             if verb == "status":
-                text = await self.admin.status_text()
+                text = await self.admin.status_text(language)
             else:
                 log.info("refresh %s by %s", source or "(all)", user)
-                text = await self.admin.refresh_text(source)
+                text = await self.admin.refresh_text(source, language=language)
         except Exception:
             log.exception("the %s command failed", verb)
             return AdminResult(AdminStatus.FAILED)
