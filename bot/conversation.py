@@ -38,6 +38,7 @@ from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.knowledge_loop.expert import ExpertReplies, ExpertStatus
 from bot.knowledge_loop.expert import Result as ExpertResult
+from bot.messages import say
 from bot.pending import (
     LeasedReply,
     PendingTurn,
@@ -64,7 +65,8 @@ def _log_outcome(inquiry: Inquiry, event_id: str, kind: str, answer: Answer, *, 
     log.info("%s %s %s in %s -> turn %s%s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
              answer.trace.turn_id, " (its recorded final shown again)" if shown_again else "", answer.outcome.value)
 
-CRASHED = "Something went wrong while answering. Please try again."
+#: What a turn that failed shows when its adapter gives no words of the asker's language.
+CRASHED = say("crashed", "en")
 
 
 @dataclass
