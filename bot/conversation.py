@@ -70,7 +70,7 @@ CRASHED = say("crashed", "en")
 
 
 @dataclass
-class TurnRecord:
+class HandledTurn:
     """What one handled event produced (for ``on_turn`` observers: tests, metrics)."""
 
     event_id: str  # the platform's id of the event: Slack event id, Telegram update id, HTTP request id
@@ -158,7 +158,7 @@ class Conversations:
     thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
     kept: Kept = field(default_factory=Kept)
     admin: KnowledgeAdmin | None = None
-    on_turn: Callable[[TurnRecord], None] | None = None
+    on_turn: Callable[[HandledTurn], None] | None = None
     #: None: turns are not recorded as pending (nothing is taken over).
     takeover: TakeOver | None = None
     #: The platform accounts whose turns this process takes over (``serve``).
@@ -284,7 +284,7 @@ class Conversations:
                 await self.expert.after_turn(inquiry, answer,
                                              reply.message_ids() if isinstance(reply, PostsMessages) else None)
         if self.on_turn is not None:
-            self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
+            self.on_turn(HandledTurn(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
 
     async def _withdraw(self, lease: TurnLease, reply: Reply) -> None:
@@ -401,7 +401,7 @@ class Conversations:
             await t.pending.remove(turn, turn.owner)
         _log_outcome(turn.inquiry, turn.event_id, turn.kind, answer, shown_again=True)
         if self.on_turn is not None:
-            self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
+            self.on_turn(HandledTurn(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
                                     reply=reply))
         return answer
 
