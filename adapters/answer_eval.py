@@ -13,7 +13,7 @@ from haystack import Document
 
 from bot.runtime import Runtime, make_generators
 from bot.settings import Settings
-from pipelines.answer_eval import TurnRecord, evaluate_answers, load_cases
+from pipelines.answer_eval import EvalTurn, evaluate_answers, load_cases
 from pipelines.components.turn import TurnBudget
 from pipelines.topics import Topics
 
@@ -41,7 +41,7 @@ def run_answer_eval(settings: Settings, runtime: Runtime, dataset: Path, *, limi
     out = open(turns_path, "a", encoding="utf-8") if turns_path else None  # noqa: SIM115 - closed below
     done = 0
 
-    def on_turn(record: TurnRecord) -> None:
+    def on_turn(record: EvalTurn) -> None:
         nonlocal done
         done += 1
         print(f"[{done}/{len(cases)}] {record.set} {record.outcome} {record.seconds:.1f}s", file=sys.stderr)

@@ -8,8 +8,8 @@ each question becomes an ``Inquiry`` for the conversation service (``bot/convers
 clicks, commands) with a ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final
 message with sources and 👍/👎, the rate tiers) that renders the answer in the thread; the text and
 blocks are built in ``adapters/slack_text.py``, the words come from ``bot/messages.py``. A workspace
-that refuses streaming is remembered for an hour (``Delivery.refusals``), so its later answers edit
-directly.
+that refuses streaming is remembered for an hour (``Delivery.refused_capabilities``), so its later
+answers edit directly.
 
 Slack redelivers events it believes were not acknowledged; a claim on the event id (and on the
 message itself) makes sure one question gets one answer.
@@ -529,7 +529,8 @@ class SlackAdapter:
                                                                                                  language)))
 
         result = await self.conversations.admin_command(verb, rest.strip() or None, user=user,
-                                                        is_admin=user in self.settings.admins, started=started)
+                                                        is_admin=user in self.settings.admins, started=started,
+                                                        language=language)
         if result.status in (AdminStatus.NOT_ADMIN, AdminStatus.UNAVAILABLE, AdminStatus.REFUSED):
             await ack(text=result.text if result.status is AdminStatus.REFUSED else
                       say(f"admin_{result.status.value}", language, **NAMES))
@@ -558,13 +559,13 @@ class SlackAdapter:
         self._threads[thread_key] = now + self.settings.thread_memory_s
 
     def _streaming_allowed(self, team: str) -> bool:
-        return self.settings.stream_mode == "native" and not self.delivery.refusals.refused(f"stream:{team}")
+        return self.settings.stream_mode == "native" and not self.delivery.refused_capabilities.refused(f"stream:{team}")
 
     def _stream_refused(self, team: str, code: str) -> None:
         if code in WORKSPACE_STREAM_REFUSALS:
             log.warning("workspace %s refuses streaming (%s); answering with chat.update for %.0f min",
-                        team, code, self.delivery.refusals.memory_s / 60)
-            self.delivery.refusals.refuse(f"stream:{team}")
+                        team, code, self.delivery.refused_capabilities.retry_s / 60)
+            self.delivery.refused_capabilities.refuse(f"stream:{team}")
 
     async def _accept(self, body: dict[str, Any], event: dict[str, Any], context: Any, *, thread_ts: str, kind: str,
                       is_dm: bool) -> Question | None:

@@ -62,6 +62,6 @@ def decided_blocks(current: list[dict[str, Any]], note: str) -> list[dict[str, A
     return [*[b for b in current if b.get("block_id") != RECHECK_BLOCK], review_note(note)]
 
 
-def recheck_text(request: RecheckRequest) -> str:
+def recheck_text(request: RecheckRequest, language: str = "en") -> str:
     """The notification's plain text (what a push notification shows)."""
-    return f"Re-check an approved answer: {neutralise(request.question)[:200]}"
+    return say("recheck_notice", language, question=neutralise(request.question)[:200])

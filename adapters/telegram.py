@@ -9,7 +9,7 @@ sources and 👍/👎, the rate tiers); texts, entities and buttons are built in
 ``adapters/telegram_text.py``, the words come from ``bot/messages.py``. Every handler passes the
 delivery layer's gate first (``bot/delivery.py``: tracking, the access checks this adapter registers
 once, claims, take-over). A Bot API server without ``sendMessageDraft`` is remembered for an hour
-(``Delivery.refusals``), so later answers edit directly.
+(``Delivery.refused_capabilities``), so later answers edit directly.
 
 An update is acknowledged (the webhook's 200, the next polling offset) once its handler returned: a
 question's handler returns as soon as the question is accepted (recorded as pending, then claimed) and
@@ -96,8 +96,12 @@ from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
 
-#: How long a stranger's refusal is remembered (they are told once).
-REFUSAL_MEMORY_S = 30 * 86400.0
+#: A stranger (not in ``telegram.allowed_users``) is told they are refused once per this: 30 days, kept
+#: in Redis for every replica (an idempotency claim). Each message they send would otherwise get the
+#: same refusal back, a reply kbbot sends to someone it does not serve; once a month reminds whoever
+#: still writes. Not ``bot.delivery.CAPABILITY_RETRY_S`` (an hour), which is how long a capability the
+#: platform refused is left untried.
+STRANGER_TOLD_EVERY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
 #: How the catalogue's words name this platform's commands and settings.
 NAMES = {"commands": "/status and /refresh", "admins": "telegram.admins", "reviewers": "telegram.reviewers"}
@@ -312,7 +316,8 @@ class TelegramAdapter:
         assert user is not None
         log.info("user %s is not in telegram.allowed_users", user.id)
         try:
-            first = await self.conversations.idempotency.claim(f"telegram:refused:{self.bot_id}:{user.id}", REFUSAL_MEMORY_S)
+            first = await self.conversations.idempotency.claim(f"telegram:refused:{self.bot_id}:{user.id}",
+                                                                  STRANGER_TOLD_EVERY_S)
         except Exception:
             log.exception("the idempotency store failed; not repeating the refusal")
             return
@@ -367,7 +372,7 @@ class TelegramAdapter:
 
             result = await self.conversations.admin_command(
                 command.command, (command.args or "").strip() or None, user=str(user.id),
-                is_admin=str(user.id) in self.settings.admins, started=started)
+                is_admin=str(user.id) in self.settings.admins, started=started, language=language)
             text = result.text if result.status in (AdminStatus.DONE, AdminStatus.REFUSED) else say(
                 f"admin_{result.status.value}", language, **NAMES)
             for part in plain_parts(text, self.settings.max_message_units):  # plain: file names keep their _ and *
@@ -414,7 +419,7 @@ class TelegramAdapter:
         self.delivery.background(asyncio.create_task(turn, name=f"turn {event_id}"))  # after the acknowledgement
 
     def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
-        draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refusals.refused("drafts")
+        draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refused_capabilities.refused("drafts")
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
         review = self.conversations.kept.approved is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
@@ -510,8 +515,8 @@ class TelegramAdapter:
 
     def _drafts_unavailable(self) -> None:
         log.warning("this Bot API server has no sendMessageDraft; editing messages for %.0f min",
-                    self.delivery.refusals.memory_s / 60)
-        self.delivery.refusals.refuse("drafts")
+                    self.delivery.refused_capabilities.retry_s / 60)
+        self.delivery.refused_capabilities.refuse("drafts")
 
     def _admit_click(self, query: CallbackQuery, turn_id: str) -> bool:
         message = query.message

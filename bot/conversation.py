@@ -38,6 +38,7 @@ from bot.history import HistoryStore
 from bot.insights.recorder import TurnRecorder
 from bot.knowledge_loop.expert import ExpertReplies, ExpertStatus
 from bot.knowledge_loop.expert import Result as ExpertResult
+from bot.messages import say
 from bot.pending import (
     LeasedReply,
     PendingTurn,
@@ -64,11 +65,12 @@ def _log_outcome(inquiry: Inquiry, event_id: str, kind: str, answer: Answer, *, 
     log.info("%s %s %s in %s -> turn %s%s %s", inquiry.platform, event_id, kind, inquiry.thread_key,
              answer.trace.turn_id, " (its recorded final shown again)" if shown_again else "", answer.outcome.value)
 
-CRASHED = "Something went wrong while answering. Please try again."
+#: What a turn that failed shows when its adapter gives no words of the asker's language.
+CRASHED = say("crashed", "en")
 
 
 @dataclass
-class TurnRecord:
+class HandledTurn:
     """What one handled event produced (for ``on_turn`` observers: tests, metrics)."""
 
     event_id: str  # the platform's id of the event: Slack event id, Telegram update id, HTTP request id
@@ -156,7 +158,7 @@ class Conversations:
     thread_locks: ThreadLocks = field(default_factory=ThreadLocks)
     kept: Kept = field(default_factory=Kept)
     admin: KnowledgeAdmin | None = None
-    on_turn: Callable[[TurnRecord], None] | None = None
+    on_turn: Callable[[HandledTurn], None] | None = None
     #: None: turns are not recorded as pending (nothing is taken over).
     takeover: TakeOver | None = None
     #: The platform accounts whose turns this process takes over (``serve``).
@@ -282,7 +284,7 @@ class Conversations:
                 await self.expert.after_turn(inquiry, answer,
                                              reply.message_ids() if isinstance(reply, PostsMessages) else None)
         if self.on_turn is not None:
-            self.on_turn(TurnRecord(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
+            self.on_turn(HandledTurn(event_id=event_id, kind=kind, inquiry=inquiry, answer=answer, reply=reply))
         return answer
 
     async def _withdraw(self, lease: TurnLease, reply: Reply) -> None:
@@ -399,7 +401,7 @@ class Conversations:
             await t.pending.remove(turn, turn.owner)
         _log_outcome(turn.inquiry, turn.event_id, turn.kind, answer, shown_again=True)
         if self.on_turn is not None:
-            self.on_turn(TurnRecord(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
+            self.on_turn(HandledTurn(event_id=turn.event_id, kind=turn.kind, inquiry=turn.inquiry, answer=answer,
                                     reply=reply))
         return answer
 
@@ -524,25 +526,26 @@ class Conversations:
 
     # --- commands -----------------------------------------------------------------------------------
     async def admin_command(self, verb: str, source: str | None, *, user: str, is_admin: bool,
-                            started: Callable[[str | None], Awaitable[Any]]) -> AdminResult:
+                            started: Callable[[str | None], Awaitable[Any]], language: str = "en") -> AdminResult:
         """``status`` or ``refresh [source]``; ``started(source)`` is awaited once the command is
-        accepted and before its work runs (a refresh takes a while: the adapter says so first)."""
+        accepted and before its work runs (a refresh takes a while: the adapter says so first). The
+        result's text is in ``language`` (the admin's)."""
         if not is_admin:
             log.info("refused %s from %s: not an admin", verb, user)
             return AdminResult(AdminStatus.NOT_ADMIN)
         if self.admin is None:
             return AdminResult(AdminStatus.UNAVAILABLE)
         if verb == "refresh":
-            problem = self.admin.check(source)
+            problem = self.admin.check(source, language)
             if problem:
                 return AdminResult(AdminStatus.REFUSED, problem)
         await started(source)
         try:
             if verb == "status":
-                text = await self.admin.status_text()
+                text = await self.admin.status_text(language)
             else:
                 log.info("refresh %s by %s", source or "(all)", user)
-                text = await self.admin.refresh_text(source)
+                text = await self.admin.refresh_text(source, language=language)
         except Exception:
             log.exception("the %s command failed", verb)
             return AdminResult(AdminStatus.FAILED)

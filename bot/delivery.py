@@ -15,7 +15,7 @@ its messages; everything between is here, platform-free, and both adapters go th
 - take-over: ``Delivery.resume`` refuses a turn of any other account, deletes the messages a dead
   replica left half-written (or marks them, where the platform refuses), and rebuilds the reply;
 - what a platform refused (streaming in a workspace, drafts on a Bot API server) is remembered for an
-  hour (``Refusals``), so later answers go the other way at once;
+  hour (``RefusedCapabilities``), so later answers go the other way at once;
 - failure display (``show_failure``: the partial answer replaced, else the message posted, past rate
   limits) and final-text reconciliation (``reconcile``: each message already shown kept, edited or
   deleted, the rest posted) for every platform's reply.
@@ -48,8 +48,13 @@ log = logging.getLogger("kbbot.delivery")
 
 #: What ``bot.types.Trace`` makes turn ids of: uuid4 hex. A click naming anything else is refused.
 TURN_ID = re.compile(r"[0-9a-f]{32}")
-#: How long a platform's refusal of a capability (streaming, drafts) is remembered.
-REFUSAL_MEMORY_S = 3600.0
+#: How long a capability a platform refused (streaming in a Slack workspace, drafts on a Bot API server)
+#: is left untried: an hour, then one answer tries it again. A server is upgraded, a workspace's setting
+#: changes: trying again costs one refused call and a fallback within that answer, so an hour keeps it
+#: rare without leaving a fixed platform unused for long. Kept in this process only (``time.monotonic``).
+#: Not ``adapters.telegram.STRANGER_TOLD_EVERY_S``, which spaces the messages that tell a person they are
+#: refused.
+CAPABILITY_RETRY_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -98,16 +103,17 @@ class Platform(Protocol):
         """Replace one message's text (raises the platform's error when it cannot)."""
 
 
-class Refusals:
-    """What a platform refused, by key, remembered for ``memory_s`` (then tried again)."""
+class RefusedCapabilities:
+    """The capabilities a platform refused, by key (``stream:<team>``, ``drafts``), left untried for
+    ``retry_s`` (then tried again)."""
 
-    def __init__(self, memory_s: float = REFUSAL_MEMORY_S, *, clock: Callable[[], float] = time.monotonic):
-        self.memory_s = memory_s
+    def __init__(self, retry_s: float = CAPABILITY_RETRY_S, *, clock: Callable[[], float] = time.monotonic):
+        self.retry_s = retry_s
         self._clock = clock
         self._until: dict[str, float] = {}
 
     def refuse(self, key: str) -> None:
-        self._until[key] = self._clock() + self.memory_s
+        self._until[key] = self._clock() + self.retry_s
 
     def refused(self, key: str) -> bool:
         until = self._until.get(key)
@@ -122,7 +128,7 @@ class Delivery:
         self.platform = platform
         self.name = platform.name
         self.tasks = TaskSet()
-        self.refusals = Refusals()
+        self.refused_capabilities = RefusedCapabilities()
         self._checks: list[Check] = [_click_names_a_turn]
         self._account: str | None = None
 

@@ -4,6 +4,11 @@ Adapters format these words for their platform (Slack mrkdwn, Telegram entities)
 differs by platform (``{commands}``, ``{admins}``, ``{reviewers}``: how the platform names its commands
 and settings). Review and admin results have a key per status: ``review_{ReviewStatus}`` and
 ``admin_{AdminStatus}`` (``bot.conversation``).
+
+Admins' ``/status`` and ``/refresh`` replies are in the admin's language; what goes out with no one
+asking (the golden set's alert to reviewers, the weekly digest, owners' lists, a re-check's
+notification) is in English (``language="en"``), as before: its readers' languages are not known.
+Words a source or the model supplies (a failure's reason, a service's state) stay as they come.
 """
 
 from __future__ import annotations
@@ -299,6 +304,89 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "Answering preferences are not available in this kbbot process.",
         "zh": "此 kbbot 进程不支持回答偏好设置。",
     },
+    # --- admins' /status and /refresh (bot.scheduler.KnowledgeAdmin, bot.refresh) --------------------------
+    "admin_no_sources": {"en": "No sources are configured.", "zh": "未配置任何来源。"},
+    "admin_unknown_source": {"en": "There is no source named “{name}”. Sources: {sources}.",
+                             "zh": "没有名为“{name}”的来源。现有来源：{sources}。"},
+    "refresh_busy": {"en": "{source}: not refreshed: {reason}; try again later.",
+                     "zh": "{source}：未刷新：{reason}；请稍后再试。"},
+    "failed_line": {"en": "    failed: {source}: {reason}", "zh": "    失败：{source}：{reason}"},
+    "failed_more": {"en": "    … and {count} more", "zh": "    … 另有 {count} 个"},
+    "run_counts": {"en": "{added} new, {changed} changed, {removed} removed, {unchanged} unchanged, {failed} failed",
+                   "zh": "新增 {added}，更改 {changed}，删除 {removed}，未变 {unchanged}，失败 {failed}"},
+    "run_disallowed": {"en": ", {count} disallowed by robots.txt", "zh": "，{count} 个被 robots.txt 禁止"},
+    "run_orphaned": {"en": ", {count} removed with a source no longer configured",
+                     "zh": "，{count} 个因其来源不再配置而删除"},
+    "run_permissions": {"en": ", {count} with new permissions", "zh": "，{count} 个权限已更新"},
+    "run_held": {"en": ", {count} held back (readable by nobody)", "zh": "，{count} 个被暂扣（无人可读）"},
+    "run_ok": {"en": "refreshed in {seconds:.1f} s: {counts}", "zh": "刷新完成，用时 {seconds:.1f} 秒：{counts}"},
+    "run_failed": {"en": "refresh failed after {seconds:.1f} s ({error}); so far {counts}",
+                   "zh": "刷新失败，用时 {seconds:.1f} 秒（{error}）；此前 {counts}"},
+    "run_version": {"en": "; knowledge version {version}", "zh": "；知识版本 {version}"},
+    "status_version": {"en": "Knowledge version {version}", "zh": "知识版本 {version}"},
+    "status_no_sources": {"en": "No sources are configured (sources: in the settings file).",
+                          "zh": "未配置任何来源（设置文件中的 sources:）。"},
+    "status_source": {"en": "• {name}: {documents} documents, {chunks} chunks",
+                      "zh": "• {name}：{documents} 个文档，{chunks} 个分块"},
+    "status_last_run": {"en": "; last run {when} ({trigger}): {outcome}", "zh": "；上次运行 {when}（{trigger}）：{outcome}"},
+    "status_never_refreshed": {"en": "; never refreshed", "zh": "；从未刷新"},
+    "status_next_run": {"en": "; next run {when}", "zh": "；下次运行 {when}"},
+    "status_held": {"en": "    {count} documents held back (readable by nobody)",
+                    "zh": "    {count} 个文档被暂扣（无人可读）"},
+    "status_permissions_run": {"en": "    permissions alone read {when} ({trigger}): {outcome}",
+                               "zh": "    仅读取权限 {when}（{trigger}）：{outcome}"},
+    # --- the golden set (bot.knowledge_loop.golden): the status's line and the reviewers' alert ---------------
+    "golden_replayed": {"en": "golden set replayed {when} (knowledge version {version}): {passed} passed, {failed} failed",
+                        "zh": "黄金测试集于 {when} 重放（知识版本 {version}）：通过 {passed}，失败 {failed}"},
+    "status_golden_replayed": {
+        "en": "Golden set: replayed {when} (knowledge version {version}): {passed} passed, {failed} failed",
+        "zh": "黄金测试集：于 {when} 重放（知识版本 {version}）：通过 {passed}，失败 {failed}",
+    },
+    "golden_failed_case": {"en": "  failed: {question}: {why}", "zh": "  失败：{question}：{why}"},
+    "status_golden_pending": {
+        "en": "Golden set: {path}, not replayed yet (after the next refresh that changes documents)",
+        "zh": "黄金测试集：{path}，尚未重放（将在下次更改文档的刷新之后重放）",
+    },
+    "status_golden_none": {"en": "Golden set: none (no approvals.golden_file)",
+                           "zh": "黄金测试集：无（未设置 approvals.golden_file）"},
+    "golden_alert": {"en": "kbbot: the golden set fails after a refresh.\n{summary}",
+                     "zh": "kbbot：刷新后黄金测试集未通过。\n{summary}"},
+    # --- reviewers: the notification of a re-check (adapters.slack_loop) -----------------------------------
+    "recheck_notice": {"en": "Re-check an approved answer: {question}", "zh": "请复核一个已批准的回答：{question}"},
+    # --- documents' owners: their gaps of the week (bot.knowledge_loop.owners) -------------------------------
+    "owners_head": {
+        "en": "kbbot: questions people asked this week ({since} – {until}) that the knowledge base could not answer, "
+              "nearest to documents you own. Adding the answer there lets kbbot answer them:",
+        "zh": "kbbot：本周（{since} – {until}）知识库未能回答、且与您负责的文档最相关的问题。"
+              "在这些文档中补充答案后，kbbot 就能回答它们：",
+    },
+    "owners_gap": {"en": "{number}. {question} — asked {count}×", "zh": "{number}. {question} — 被问 {count} 次"},
+    "owners_withheld": {"en": "   closest: a document you may not read (withheld)",
+                        "zh": "   最接近：一份您无权阅读的文档（已隐去）"},
+    "owners_closest": {"en": "   closest: {title} ({source}): {excerpt}", "zh": "   最接近：{title}（{source}）：{excerpt}"},
+    # --- the weekly digest (bot.insights.digest) ---------------------------------------------------------------
+    "digest_head": {"en": "kbbot weekly digest ({since} – {until})", "zh": "kbbot 每周摘要（{since} – {until}）"},
+    "digest_counts": {"en": "{turns} questions, {rate} answered, {up} 👍 / {down} 👎.",
+                      "zh": "共 {turns} 个问题，已回答 {rate}，{up} 👍 / {down} 👎。"},
+    "digest_top": {"en": "Top unanswered questions:", "zh": "未回答的主要问题："},
+    "digest_no_other": {"en": "No other unanswered questions.", "zh": "没有其他未回答的问题。"},
+    "digest_all_answered": {"en": "Every question this week was answered.", "zh": "本周所有问题都已回答。"},
+    "digest_gap": {"en": "{number}. {question} — asked {count}×{similar} in {channels}",
+                   "zh": "{number}. {question} — 在 {channels} 被问 {count} 次{similar}"},
+    "digest_similar": {"en": " (+{count} similar)", "zh": "（另有 {count} 个相似问题）"},
+    "digest_private": {
+        "en": "({count} more group{s} of unanswered questions asked in direct messages, not shown here.)",
+        "zh": "（另有 {count} 组未回答的问题是在私信中提出的，此处不显示。）",
+    },
+    "digest_to_owners": {"en": "({count} more groups went to the owners of their nearest documents.)",
+                         "zh": "（另有 {count} 组已发送给最相关文档的负责人。）"},
+    "digest_closed": {
+        "en": "{count} earlier question{s} answered where asked once a refresh brought the answer (gaps closed).",
+        "zh": "{count} 个之前未答的问题在刷新带来答案后已在原处回答（空白已补上）。",
+    },
+    "digest_disliked": {"en": "👎 answers:", "zh": "被点 👎 的回答："},
+    "digest_sources": {"en": "Sources needing attention: {sources}", "zh": "需要关注的来源：{sources}"},
+    "digest_details": {"en": "Details: {url}", "zh": "详情：{url}"},
 }
 
 

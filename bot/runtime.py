@@ -22,7 +22,7 @@ from haystack import Document
 from bot.answering import Admission, Answerer, Approvals, Permissions, Probe, TurnLimits
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
-from bot.conversation import Conversations, Kept, TakeOver, TurnRecord
+from bot.conversation import Conversations, HandledTurn, Kept, TakeOver
 from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
@@ -456,7 +456,7 @@ class Runtime:
         return ConfluenceCapture(client, c.spaces[0])
 
     def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
-                      on_turn: Callable[[TurnRecord], None] | None = None) -> Conversations:
+                      on_turn: Callable[[HandledTurn], None] | None = None) -> Conversations:
         """The conversation service every adapter uses, on this started runtime."""
         r = self.settings.recovery
         takeover = None if self._pending is None else TakeOver(self._pending, self.replica, max_attempts=r.max_attempts,

@@ -25,10 +25,12 @@ from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from bot.messages import say
 from bot.refresh import (
     RefreshBusy,
     Refresher,
     RunRecord,
+    failure_lines,
     format_status,
     knowledge_status,
     next_due,
@@ -160,21 +162,21 @@ class KnowledgeAdmin:
         return await knowledge_status(r.settings, store=r.store, runs=r.runs, redis=r.redis,
                                       next_runs=self.scheduler.next_runs() if self.scheduler else None)
 
-    async def status_text(self) -> str:
-        return format_status(await self.status())
+    async def status_text(self, language: str = "en") -> str:
+        return format_status(await self.status(), language=language)
 
-    def check(self, name: str | None) -> str | None:
+    def check(self, name: str | None, language: str = "en") -> str | None:
         """Why ``refresh name`` cannot run (unknown source, nothing configured), else None."""
         sources = self.refresher.sources
         if not sources:
-            return "No sources are configured."
+            return say("admin_no_sources", language)
         if name and name not in sources:
-            return f"There is no source named “{name}”. Sources: {', '.join(sources)}."
+            return say("admin_unknown_source", language, name=name, sources=", ".join(sources))
         return None
 
-    async def refresh_text(self, name: str | None, *, trigger: str = "admin") -> str:
+    async def refresh_text(self, name: str | None, *, trigger: str = "admin", language: str = "en") -> str:
         """Runs ``name`` (or every source) now and says what happened, one line per source."""
-        problem = self.check(name)
+        problem = self.check(name, language)
         if problem:
             return problem
         names = [name] if name else list(self.refresher.sources)
@@ -183,12 +185,9 @@ class KnowledgeAdmin:
             try:
                 record = await self.refresher.run(each, trigger=trigger)
             except RefreshBusy as exc:
-                lines.append(f"{each}: not refreshed: {exc}; try again later.")
+                lines.append(say("refresh_busy", language, source=each, reason=exc))
                 continue
             assert record is not None
-            lines.append(record.summary())
-            for failure in record.failed[:5]:
-                lines.append(f"    failed: {failure['source']}: {failure['reason']}")
-            if len(record.failed) > 5:
-                lines.append(f"    … and {len(record.failed) - 5} more")
+            lines.append(record.summary(language))
+            lines.extend(failure_lines(record.failed, 5, language))
         return "\n".join(lines)

@@ -65,7 +65,7 @@ class AnswerCase:
 
 
 @dataclass
-class TurnRecord:
+class EvalTurn:
     """One turn as the eval saw it (``--turns`` writes these as JSON lines)."""
 
     id: str
@@ -154,7 +154,7 @@ def supported(sentence: str, chunks: list[str], embed: Embed | None) -> bool:
     return float(np.max(vectors[1:] @ vectors[0])) >= SEMANTIC_SUPPORT
 
 
-def score_answer(record: TurnRecord, case: AnswerCase, sources: Sequence[Document], embed: Embed | None) -> None:
+def score_answer(record: EvalTurn, case: AnswerCase, sources: Sequence[Document], embed: Embed | None) -> None:
     """Fills the citation, grounding, reference and language fields of an answered turn, on the
     text kbbot shows (markers normalised, uncited sentences credited as the Answerer does)."""
     text = attach_missing_markers(normalize_markers(record.text), [d.content or "" for d in sources])
@@ -178,35 +178,35 @@ def score_answer(record: TurnRecord, case: AnswerCase, sources: Sequence[Documen
     record.language_match = detect_language(body) == detect_language(case.text)
 
 
-def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudget], embed: Embed | None) -> TurnRecord:
+def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudget], embed: Embed | None) -> EvalTurn:
     """One whole turn of ``pipeline`` (``build_query_pipeline``) on ``case``, scored."""
     turn = budget()
     started = time.perf_counter()
     try:
         result = pipeline.run(query_inputs(pipeline, case.text, budget=turn), include_outputs_from=OUTCOME_COMPONENTS)
     except Exception as exc:  # noqa: BLE001 - a failed turn is a result of the eval, not its end
-        return TurnRecord(case.id, case.set, case.text, "error", seconds=time.perf_counter() - started,
+        return EvalTurn(case.id, case.set, case.text, "error", seconds=time.perf_counter() - started,
                           steps=list(turn.steps), error=f"{type(exc).__name__}: {exc}"[:300])
     seconds = time.perf_counter() - started
     outcome = turn_outcome(result)
     sources = result.get("budget", {}).get("sources") or []
     replies = result.get("generate", {}).get("replies") or []
     text = (replies[0].text or "").strip() if replies and outcome == "answered" else ""
-    record = TurnRecord(case.id, case.set, case.text, outcome, text=text, seconds=round(seconds, 2),
+    record = EvalTurn(case.id, case.set, case.text, outcome, text=text, seconds=round(seconds, 2),
                         shown=[str((d.meta or {}).get("doc_id")) for d in sources], steps=list(turn.steps))
     _decisions(record)
     if outcome == "answered":
         score_answer(record, case, sources, embed)
     draft = (result.get("generate", {}).get("draft") or "").strip()
     if draft:
-        written = TurnRecord(case.id, case.set, case.text, "answered", text=draft)
+        written = EvalTurn(case.id, case.set, case.text, "answered", text=draft)
         score_answer(written, case, sources, embed)
         record.draft, record.draft_sentences, record.draft_supported = draft, written.sentences, written.supported
         record.draft_cited_gold = written.cited_gold
     return record
 
 
-def _decisions(record: TurnRecord) -> None:
+def _decisions(record: EvalTurn) -> None:
     steps = record.steps
     record.evidence, record.evidence_passed = step_value(steps, "answerable", "score"), \
         step_value(steps, "answerable", "answerable")
@@ -222,7 +222,7 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-def summarize(records: list[TurnRecord]) -> dict[str, Any]:
+def summarize(records: list[EvalTurn]) -> dict[str, Any]:
     """The metrics of the module docstring over ``records``."""
     answered = [r for r in records if r.outcome == "answered"]
     markers = sum(len(re.findall(r"\[\d{1,3}\]", normalize_markers(r.text))) for r in answered)
@@ -256,7 +256,7 @@ def summarize(records: list[TurnRecord]) -> dict[str, Any]:
 
 
 def evaluate_answers(pipeline: Pipeline, cases: list[AnswerCase], *, budget: Callable[[], TurnBudget],
-                     embed: Embed | None = None, on_turn: Callable[[TurnRecord], Any] | None = None) -> dict[str, Any]:
+                     embed: Embed | None = None, on_turn: Callable[[EvalTurn], Any] | None = None) -> dict[str, Any]:
     """Runs every case; metrics per set (answerable, unanswerable) and overall."""
     records = []
     for case in cases:
@@ -269,12 +269,12 @@ def evaluate_answers(pipeline: Pipeline, cases: list[AnswerCase], *, budget: Cal
     return {"sets": sets, "overall": summarize(records), "decisions": decisions(records)}
 
 
-def decisions(records: list[TurnRecord]) -> dict[str, Any]:
+def decisions(records: list[EvalTurn]) -> dict[str, Any]:
     """The answerability decision over these turns: precision and recall of declining (recall: the
     unanswerable questions declined; precision: of all declined, the share that were unanswerable;
     with no unanswerable questions, only the answerable ones kept), and sweeps of its thresholds
     (``decision_sweep``): the knowledge base's signals, and the model's yes/no where it ran."""
-    def turn(r: TurnRecord, score: float | None, passed: bool | None) -> Decided:
+    def turn(r: EvalTurn, score: float | None, passed: bool | None) -> Decided:
         return r.outcome, score, bool(passed)
 
     answerable = [r for r in records if r.set == "answerable"]

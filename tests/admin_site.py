@@ -17,7 +17,7 @@ from aiohttp import web
 from adapters.insights import mount_admin
 from adapters.server import build_web_app
 from adapters.slack import SlackAdapter
-from bot.conversation import TurnRecord
+from bot.conversation import HandledTurn
 from bot.platform_settings import SlackSettings
 from bot.refresh import Refresher
 from bot.scheduler import KnowledgeAdmin
@@ -33,13 +33,13 @@ class Site:
     slack: Slack
     admin: Any  # adapters.admin.AdminSite
 
-    async def ask(self, text: str, *, channel: str = "C0SUPPORT", user: str = "U0ALICE") -> TurnRecord:
+    async def ask(self, text: str, *, channel: str = "C0SUPPORT", user: str = "U0ALICE") -> HandledTurn:
         before = len(self.slack.turns)
         await self.slack.send(self.slack.mention(text, channel=channel, user=user))
         assert len(self.slack.turns) == before + 1
         return self.slack.turns[-1]
 
-    async def thumbs_down(self, turn: TurnRecord, *, user: str = "U0BOB") -> None:
+    async def thumbs_down(self, turn: HandledTurn, *, user: str = "U0BOB") -> None:
         [message] = self.slack.fake.thread(turn.inquiry.channel, turn.inquiry.thread_key.rsplit(":", 1)[1])
         down = feedback_values(message)[1]
         payload = {"type": "block_actions", "team": {"id": TEAM}, "user": {"id": user}, "api_app_id": "AKBBOT",
@@ -58,7 +58,7 @@ async def admin_site(runtime: Any, fake: FakeSlack) -> AsyncIterator[Site]:
     runtime.settings.insights.admin_token = TOKEN
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url,
                              stream_interval_s=0.3, edit_interval_s=0.3)
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     adapter = SlackAdapter(runtime.conversations(on_turn=turns.append), settings)
     knowledge = KnowledgeAdmin(Refresher(runtime.settings, runtime.store, runtime.indexer, redis=runtime.redis))
     app = build_web_app([adapter], runtime)

@@ -9,7 +9,7 @@ import numpy as np
 from haystack import Document
 
 from adapters.cli import main
-from pipelines.answer_eval import AnswerCase, TurnRecord, overlap, score_answer, summarize, supported
+from pipelines.answer_eval import AnswerCase, EvalTurn, overlap, score_answer, summarize, supported
 
 
 def _sources() -> list[Document]:
@@ -19,9 +19,9 @@ def _sources() -> list[Document]:
 
 
 def _scored(text: str, question: str = "How often are the bearings greased?", gold=("maint",),
-            answers=("every 4,000 operating hours",)) -> TurnRecord:
+            answers=("every 4,000 operating hours",)) -> EvalTurn:
     case = AnswerCase("q1", question, list(gold), list(answers), "answerable")
-    record = TurnRecord("q1", "answerable", question, "answered", text=text)
+    record = EvalTurn("q1", "answerable", question, "answered", text=text)
     score_answer(record, case, _sources(), embed=None)
     return record
 
@@ -40,7 +40,7 @@ def test_invalid_markers_uncited_and_unsupported_sentences_are_counted():
     # [3] was never shown, Paris is not in [1], the last sentence cites nothing: none is supported.
     assert (record.sentences, record.supported) == (3, 0)
     summary = summarize([record, _scored("Every 4,000 operating hours [1]."),
-                         TurnRecord("u1", "unanswerable", "q", "not_found", seconds=2.0)])
+                         EvalTurn("u1", "unanswerable", "q", "not_found", seconds=2.0)])
     assert summary["citation_validity"] == round(2 / 3, 4) and summary["answered"] == round(2 / 3, 4)
     assert summary["abstained"] == round(1 / 3, 4) and summary["uncited"] == 0.0
 

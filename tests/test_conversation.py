@@ -3,7 +3,7 @@ adapter relies on (claims kept or released, reviews, admin and preference comman
 
 from __future__ import annotations
 
-from bot.conversation import AdminStatus, Conversations, ReviewStatus, TurnRecord
+from bot.conversation import AdminStatus, Conversations, HandledTurn, ReviewStatus
 from bot.runtime import Runtime
 from bot.types import Inquiry, Outcome
 from tests.replies import RecordingReply
@@ -16,7 +16,7 @@ def inquiry(text: str, thread: str, user: str = "u1") -> Inquiry:
 
 
 async def test_a_claim_is_kept_after_an_answer_and_released_after_a_failure(kb_runtime: Runtime):
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     conversations = kb_runtime.conversations(on_turn=turns.append)
     claimed = await conversations.claim(["test:event:1"], 60)
     answer = await conversations.answer(inquiry(QUESTION, "a"), RecordingReply(), claimed=claimed,

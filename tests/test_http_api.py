@@ -19,7 +19,7 @@ from httpx_sse import aconnect_sse
 
 from adapters.http_api import HttpApi
 from adapters.server import build_adapters, build_web_app
-from bot.conversation import TurnRecord
+from bot.conversation import HandledTurn
 from bot.runtime import Runtime, build_runtime
 from bot.settings import SettingsError
 from tests.conftest import make_settings
@@ -34,7 +34,7 @@ STREAMED = ("Grease HL-M200 bearings every **4,000 operating hours** with 15 g o
 
 
 class Api:
-    def __init__(self, url: str, adapter: HttpApi, turns: list[TurnRecord]):
+    def __init__(self, url: str, adapter: HttpApi, turns: list[HandledTurn]):
         self.url = url
         self.adapter = adapter
         self.turns = turns
@@ -54,7 +54,7 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def api_server(runtime: Runtime) -> AsyncIterator[Api]:
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     adapter = HttpApi(runtime.conversations(on_turn=turns.append), runtime.settings.api)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()

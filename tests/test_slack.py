@@ -27,7 +27,7 @@ from adapters.server import build_web_app
 from adapters.slack import SlackAdapter
 from adapters.slack_reply import make_rates
 from adapters.slack_text import neutralise, question_text, stable_prefix
-from bot.conversation import TurnRecord
+from bot.conversation import HandledTurn
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
@@ -53,7 +53,7 @@ class Slack:
     """One adapter behind a real HTTP server, a fake Slack Web API, and helpers to send events."""
 
     def __init__(self, fake: FakeSlack, adapter: SlackAdapter, url: str, session: aiohttp.ClientSession,
-                 turns: list[TurnRecord]):
+                 turns: list[HandledTurn]):
         self.fake = fake
         self.adapter = adapter
         self.url = url
@@ -111,7 +111,7 @@ class Slack:
     def thread(self, event: dict[str, Any]) -> list[Message]:
         return self.fake.thread(event["channel"], event.get("thread_ts") or event["ts"])
 
-    def only_turn(self) -> TurnRecord:
+    def only_turn(self) -> HandledTurn:
         assert len(self.turns) == 1, [t.kind for t in self.turns]
         return self.turns[0]
 
@@ -122,7 +122,7 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, rates: PlatformRates |
                     feedback: Any = None, **overrides: Any) -> AsyncIterator[Slack]:
     options: dict[str, Any] = {"stream_interval_s": 0.3, "edit_interval_s": 0.3, **overrides}
     settings = SlackSettings(bot_token=fake.token, signing_secret=SECRET, api_url=fake.base_url, **options)
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     conversations = runtime.conversations(feedback=feedback or MemoryFeedback(), admin=admin, on_turn=turns.append)
     takeover = conversations.takeover
     if takeover is not None and replica is not None:

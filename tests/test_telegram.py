@@ -22,7 +22,7 @@ from aiohttp import web
 from adapters.server import build_web_app
 from adapters.telegram import TelegramAdapter
 from adapters.telegram_text import render, render_parts, utf16_len
-from bot.conversation import TurnRecord
+from bot.conversation import HandledTurn
 from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
@@ -39,7 +39,7 @@ GROUP = -100777
 
 
 class Tg:
-    def __init__(self, fake: FakeTelegram, adapter: TelegramAdapter, turns: list[TurnRecord]):
+    def __init__(self, fake: FakeTelegram, adapter: TelegramAdapter, turns: list[HandledTurn]):
         self.fake = fake
         self.adapter = adapter
         self.turns = turns
@@ -55,7 +55,7 @@ class Tg:
         await self.adapter.settle()
         return update
 
-    def only_turn(self) -> TurnRecord:
+    def only_turn(self) -> HandledTurn:
         assert len(self.turns) == 1, [t.kind for t in self.turns]
         return self.turns[0]
 
@@ -66,7 +66,7 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     options: dict[str, Any] = {"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                **overrides}
     settings = TelegramSettings(token=fake.token, api_url=fake.base_url, **options)
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
@@ -369,7 +369,7 @@ async def test_webhook_checks_the_secret_and_answers_a_retried_update_once(kb_ru
     settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url, webhook_secret=SECRET,
                                 webhook_url="https://kbbot.example/telegram/hook")
     assert settings.problems() == []
-    turns: list[TurnRecord] = []
+    turns: list[HandledTurn] = []
     adapter = TelegramAdapter(kb_runtime.conversations(on_turn=turns.append), settings)
     runner = web.AppRunner(build_web_app([adapter], kb_runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()

@@ -18,52 +18,52 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from bot.knowledge_loop.owners import Owners, owner_text, split_by_owner
+from bot.messages import say
 
 log = logging.getLogger("kbbot.digest")
 
 WEEK_S = 7 * 86400
 
 
-def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None = None) -> str:
+def digest_text(report: dict[str, Any], *, top: int = 5, admin_url: str | None = None, language: str = "en") -> str:
     """Plain text that reads well in Slack and Telegram alike."""
     rate = report["answer_rate"]
     fb = report["feedback"]
-    lines = [f"kbbot weekly digest ({report['since'][:10]} – {report['until'][:10]})",
-             f"{report['turns']} questions, {'–' if rate is None else f'{rate * 100:.0f}%'} answered, "
-             f"{fb['up']} 👍 / {fb['down']} 👎.", ""]
+    lines = [say("digest_head", language, since=report["since"][:10], until=report["until"][:10]),
+             say("digest_counts", language, turns=report["turns"], rate="–" if rate is None else f"{rate * 100:.0f}%",
+                 up=fb["up"], down=fb["down"]), ""]
     # A channel's readers see only what was asked where others saw it: a group asked only in direct
     # messages is counted, and its words are not shown (nor the direct messages it came from).
     shown = [g for g in report["gaps"] if g.get("shared_questions")]
     private = len(report["gaps"]) - len(shown)
     gaps = shown[:top]
     sent = report.get("gaps_to_owners") or 0
-    lines.append("Top unanswered questions:" if gaps else
-                 "No other unanswered questions." if sent or private else "Every question this week was answered.")
+    lines.append(say("digest_top" if gaps else "digest_no_other" if sent or private else "digest_all_answered",
+                     language))
     for i, gap in enumerate(gaps, 1):
         questions = gap["shared_questions"]
         first = gap["representative"] if gap["representative"] in questions else questions[0]
         others = len(questions) - 1
-        more = f" (+{others} similar)" if others > 0 else ""
-        lines.append(f"{i}. {first} — asked {gap['count']}×{more} in {', '.join(gap['shared_channels'])}")
+        similar = say("digest_similar", language, count=others) if others > 0 else ""
+        lines.append(say("digest_gap", language, number=i, question=first, count=gap["count"], similar=similar,
+                         channels=", ".join(gap["shared_channels"])))
     if private:
-        lines.append(f"({private} more group{'s' if private != 1 else ''} of unanswered questions asked in direct "
-                     "messages, not shown here.)")
+        lines.append(say("digest_private", language, count=private, s="s" if private != 1 else ""))
     if sent:
-        lines.append(f"({sent} more groups went to the owners of their nearest documents.)")
+        lines.append(say("digest_to_owners", language, count=sent))
     closed = (report.get("gaps_closed") or {}).get("count") or 0
     if closed:
-        lines.append(f"{closed} earlier question{'s' if closed != 1 else ''} answered where asked once a refresh "
-                     "brought the answer (gaps closed).")
+        lines.append(say("digest_closed", language, count=closed, s="s" if closed != 1 else ""))
     disliked = [d for d in report["disliked"] if not d.get("private", True)][:top]
     if disliked:
-        lines += ["", "👎 answers:"]
+        lines += ["", say("digest_disliked", language)]
         for item in disliked:
             lines.append(f"• {item['question']} ({item['down']} 👎)")
     bad = [s for s in report.get("sources", []) if s.get("health") not in (None, "ok")]
     if bad:
-        lines += ["", "Sources needing attention: " + ", ".join(f"{s['name']} ({s['health']})" for s in bad)]
+        lines += ["", say("digest_sources", language, sources=", ".join(f"{s['name']} ({s['health']})" for s in bad))]
     if admin_url:
-        lines += ["", f"Details: {admin_url.rstrip('/')}/gaps?days=7"]
+        lines += ["", say("digest_details", language, url=f"{admin_url.rstrip('/')}/gaps?days=7")]
     return "\n".join(lines)
 
 

@@ -52,6 +52,9 @@ def ranked_chunks(documents: list[Document] | None) -> list[dict[str, Any]]:
 
 @dataclass
 class TurnRecord:
+    """One turn as the turn log keeps it (``insights``): what was asked, where, and what became of it.
+    Not ``bot.conversation.HandledTurn`` (an event's turn, for observers) nor ``pipelines.answer_eval.EvalTurn``."""
+
     turn_id: str
     at: float  # when the question arrived (epoch seconds)
     platform: str

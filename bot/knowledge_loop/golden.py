@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from bot.messages import say
 from bot.types import Answer, Inquiry
 
 #: ``question, inquiry -> answer``: the answering pipeline run quietly (``Answerer.rerun``).
@@ -98,11 +99,12 @@ class GoldenReplay:
     failures: list[dict[str, str]] = field(default_factory=list)  # {"question", "why"}
     knowledge_version: int = 0
 
-    def summary(self) -> str:
+    def summary(self, language: str = "en", head: str = "golden_replayed") -> str:
+        """The replay in ``language``: a head line (the message ``head``), then the failures."""
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.at))
-        head = f"golden set replayed {when} (knowledge version {self.knowledge_version}): " \
-               f"{self.passed} passed, {self.failed} failed"
-        return "\n".join([head, *(f"  failed: {f['question']}: {f['why']}" for f in self.failures[:20])])
+        first = say(head, language, when=when, version=self.knowledge_version, passed=self.passed, failed=self.failed)
+        return "\n".join([first, *(say("golden_failed_case", language, question=f["question"], why=f["why"])
+                                   for f in self.failures[:20])])
 
 
 async def replay(cases: list[GoldenCase], rerun: Rerun, *, default_space: str,
@@ -179,10 +181,9 @@ def golden_results(redis: Any, prefix: str, data_dir: Path) -> GoldenResults:
     return RedisGoldenResults(redis, prefix) if redis is not None else FileGoldenResults(data_dir / "golden-last.json")
 
 
-def golden_line(last: dict[str, Any] | None, path: str | None = None) -> str:
+def golden_line(last: dict[str, Any] | None, path: str | None = None, language: str = "en") -> str:
     """The status's line on the last replay (``last`` is ``asdict(GoldenReplay)``); ``path`` is the
     golden file when it exists."""
     if last is None:
-        return (f"Golden set: {path}, not replayed yet (after the next refresh that changes documents)" if path
-                else "Golden set: none (no approvals.golden_file)")
-    return "Golden set: " + GoldenReplay(**last).summary().removeprefix("golden set ")
+        return say("status_golden_pending", language, path=path) if path else say("status_golden_none", language)
+    return GoldenReplay(**last).summary(language, head="status_golden_replayed")

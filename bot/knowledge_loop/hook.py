@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bot.knowledge_loop.golden import GoldenError, GoldenReplay, GoldenResults, Rerun, load_golden, replay
 from bot.knowledge_loop.recheck import ApprovalRecheck, RecheckRequest, ReviewerDesk
+from bot.messages import say
 from bot.refresh import RefreshChanges
 
 log = logging.getLogger("kbbot.loop")
@@ -64,7 +65,7 @@ class KnowledgeLoop:
         log.info("golden set: %d passed, %d failed", result.passed, result.failed)
         # Reviewers hear of failures when they change, not again after every refresh that keeps them.
         if result.failed and self.desk is not None and (previous is None or previous.failures != result.failures):
-            await self.desk.tell("kbbot: the golden set fails after a refresh.\n" + result.summary())
+            await self.desk.tell(say("golden_alert", "en", summary=result.summary()))  # reviewers: no one language
         return result
 
 

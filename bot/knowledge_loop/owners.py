@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from bot.messages import say
+
 Owners = Callable[[dict[str, Any]], list[str]]
 
 
@@ -69,17 +71,17 @@ def split_by_owner(gaps: list[dict[str, Any]], owners_of: Owners) -> tuple[dict[
     return mine, nobody
 
 
-def owner_text(gaps: list[dict[str, Any]], *, since: str, until: str, questions: int = 5) -> str:
+def owner_text(gaps: list[dict[str, Any]], *, since: str, until: str, questions: int = 5, language: str = "en") -> str:
     """An owner's list: each gap's questions and the passages that came closest (plain text)."""
-    lines = [f"kbbot: questions people asked this week ({since[:10]} – {until[:10]}) that the knowledge base "
-             "could not answer, nearest to documents you own. Adding the answer there lets kbbot answer them:"]
+    lines = [say("owners_head", language, since=since[:10], until=until[:10])]
     for i, gap in enumerate(gaps, 1):
-        lines += ["", f"{i}. {gap['representative']} — asked {gap['count']}×"]
+        lines += ["", say("owners_gap", language, number=i, question=gap["representative"], count=gap["count"])]
         lines += [f"   · {q}" for q in gap["questions"][1:questions]]
         for chunk in gap.get("nearest") or []:
             if chunk.get("withheld"):
-                lines.append("   closest: a document you may not read (withheld)")
+                lines.append(say("owners_withheld", language))
                 continue
             excerpt = " ".join(str(chunk.get("excerpt") or "").split())[:200]
-            lines.append(f"   closest: {chunk.get('title') or chunk.get('source')} ({chunk.get('source')}): {excerpt}")
+            lines.append(say("owners_closest", language, title=chunk.get("title") or chunk.get("source"),
+                             source=chunk.get("source"), excerpt=excerpt))
     return "\n".join(lines)

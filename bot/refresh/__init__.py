@@ -52,7 +52,7 @@ from bot.refresh.schedule import (
     schedule_zone,
     utcnow,
 )
-from bot.refresh.status import format_status, knowledge_status
+from bot.refresh.status import failure_lines, format_status, knowledge_status
 
 __all__ = [
     "DUE_TOLERANCE_S",
@@ -67,6 +67,7 @@ __all__ = [
     "RunLog",
     "RunRecord",
     "UnknownSource",
+    "failure_lines",
     "format_status",
     "is_due",
     "iso",

@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from bot.messages import say
 from bot.metrics import METRICS
 from bot.refresh.schedule import iso, parse_iso
 from bot.settings import Settings
@@ -82,25 +83,29 @@ class RunRecord:
         """Why documents are held back, one line per reason: ``3 held back (readable by nobody): <why>``."""
         return [f"{n} held back (readable by nobody): {why}" for why, n in sorted(self.held.items())]
 
-    def summary(self) -> str:
-        """One line: what the run did, or why it failed."""
-        counts = (f"{self.added} new, {self.changed} changed, {self.removed} removed, {self.unchanged} unchanged, "
-                  f"{len(self.failed)} failed")
+    def summary(self, language: str = "en") -> str:
+        """One line: what the run did, or why it failed (``source: outcome``)."""
+        return f"{self.source}: {self.outcome(language)}"
+
+    def outcome(self, language: str = "en") -> str:
+        """What the run did, or why it failed, in ``language`` (``bot.messages``)."""
+        counts = say("run_counts", language, added=self.added, changed=self.changed, removed=self.removed,
+                     unchanged=self.unchanged, failed=len(self.failed))
         if self.disallowed:
-            counts += f", {self.disallowed} disallowed by robots.txt"
+            counts += say("run_disallowed", language, count=self.disallowed)
         if self.orphaned:
-            counts += f", {self.orphaned} removed with a source no longer configured"
+            counts += say("run_orphaned", language, count=self.orphaned)
         if self.permissions:
-            counts += f", {self.permissions} with new permissions"
+            counts += say("run_permissions", language, count=self.permissions)
         if self.held:
-            counts += f", {sum(self.held.values())} held back (readable by nobody)"
+            counts += say("run_held", language, count=sum(self.held.values()))
         if self.formats:
             counts += " (" + "; ".join(f"{name}: {FormatCounts(**c).summary()}" for name, c in self.formats.items()) + ")"
-        head = f"{self.source}: " + (f"refreshed in {self.duration_s:.1f} s: {counts}" if self.ok
-                                     else f"refresh failed after {self.duration_s:.1f} s ({self.error}); so far {counts}")
+        text = say("run_ok", language, seconds=self.duration_s, counts=counts) if self.ok else \
+            say("run_failed", language, seconds=self.duration_s, error=self.error, counts=counts)
         if self.knowledge_version is not None:
-            head += f"; knowledge version {self.knowledge_version}"
-        return head
+            text += say("run_version", language, version=self.knowledge_version)
+        return text
 
 
 class RunLog(Protocol):

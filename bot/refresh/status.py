@@ -9,6 +9,7 @@ from typing import Any
 
 from bot.health import check_redis, check_store
 from bot.knowledge_loop.golden import golden_line, golden_results
+from bot.messages import say
 from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
 from bot.refresh.schedule import iso, next_due, permissions_run_name, schedule_zone
@@ -70,44 +71,51 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
             "golden_file": str(golden_file) if golden_file.exists() else None}
 
 
-def format_status(status: dict[str, Any], *, max_failures: int = 5) -> str:
-    """The status for people (terminal, Slack, Telegram): a few lines per source."""
+def format_status(status: dict[str, Any], *, max_failures: int = 5, language: str = "en") -> str:
+    """The status for people (terminal, Slack, Telegram): a few lines per source, in ``language``."""
     services = status["services"]
-    parts = [f"Knowledge version {status['knowledge_version'] if status['knowledge_version'] is not None else '?'}"]
+    version = status["knowledge_version"] if status["knowledge_version"] is not None else "?"
+    parts = [say("status_version", language, version=version)]
     for name, label in (("weaviate", "Weaviate"), ("redis", "Redis")):
         svc = services[name]
         parts.append(f"{label} {svc['status']}" + (f" ({svc['error']})" if svc.get("error") else ""))
     lines = [" · ".join(parts)]
     if not status["sources"]:
-        lines.append("No sources are configured (sources: in the settings file).")
+        lines.append(say("status_no_sources", language))
     for src in status["sources"]:
         docs = "?" if src["documents"] is None else src["documents"]
         chunks = "?" if src["chunks"] is None else src["chunks"]
-        line = f"• {src['name']}: {docs} documents, {chunks} chunks"
+        line = say("status_source", language, name=src["name"], documents=docs, chunks=chunks)
         run = src["last_run"]
         if run:
             when = run["started_at"].replace("T", " ").replace("Z", " UTC")
             record = RunRecord.from_dict(run)
-            line += f"; last run {when} ({run['trigger']}): " + record.summary().split(": ", 1)[1]
+            line += say("status_last_run", language, when=when, trigger=run["trigger"],
+                        outcome=record.outcome(language))
         else:
-            line += "; never refreshed"
+            line += say("status_never_refreshed", language)
         if src["next_run"]:
-            line += f"; next run {src['next_run'].replace('T', ' ').replace('Z', ' UTC')}"
+            line += say("status_next_run", language, when=src["next_run"].replace("T", " ").replace("Z", " UTC"))
         lines.append(line)
         if src.get("held"):
-            lines.append(f"    {src['held']} documents held back (readable by nobody)"
-                         + (":" if src.get("held_reasons") else ""))
+            lines.append(say("status_held", language, count=src["held"]) + (":" if src.get("held_reasons") else ""))
             lines.extend(f"      {n}: {why}" for why, n in sorted(src.get("held_reasons", {}).items()))
         if src.get("last_permissions_run"):
             again = RunRecord.from_dict(src["last_permissions_run"])
             when = again.started_at.replace("T", " ").replace("Z", " UTC")
-            lines.append(f"    permissions alone read {when} ({again.trigger}): " + again.summary().split(": ", 1)[1])
+            lines.append(say("status_permissions_run", language, when=when, trigger=again.trigger,
+                             outcome=again.outcome(language)))
         if run and run["failed"]:
-            for failure in run["failed"][:max_failures]:
-                lines.append(f"    failed: {failure['source']}: {failure['reason']}")
-            if len(run["failed"]) > max_failures:
-                lines.append(f"    … and {len(run['failed']) - max_failures} more")
+            lines.extend(failure_lines(run["failed"], max_failures, language))
     if "golden" in status:
-        lines.append(golden_line(status["golden"], status.get("golden_file")))
+        lines.append(golden_line(status["golden"], status.get("golden_file"), language))
     return "\n".join(lines)
 
+
+
+def failure_lines(failed: list[dict[str, str]], shown: int = 5, language: str = "en") -> list[str]:
+    """A run's failures, indented under its line: the first ``shown``, then how many more."""
+    lines = [say("failed_line", language, source=f["source"], reason=f["reason"]) for f in failed[:shown]]
+    if len(failed) > shown:
+        lines.append(say("failed_more", language, count=len(failed) - shown))
+    return lines
