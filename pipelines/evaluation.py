@@ -18,6 +18,7 @@ from haystack import Document, Pipeline
 
 from pipelines.indexing import content_hash
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, retrieval_inputs, turn_outcome
+from pipelines.records import PUBLIC
 from pipelines.store import KnowledgeStore
 
 
@@ -57,7 +58,7 @@ def corpus_documents(dataset: Path) -> list[Document]:
         docs.append(Document(content=text, meta={
             "doc_id": str(row["id"]), "title": row.get("title") or str(row["id"]), "source": f"{dataset.name}:{row['id']}",
             "content_hash": content_hash(f"{row.get('title')}\x00{text}".encode()), "format": "text",
-            "space": "default",
+            "space": "default", "readers": [PUBLIC],  # an evaluation set has no permissions: all may read it
         }))
     return docs
 

@@ -8,6 +8,7 @@ from typing import Any
 from haystack import Document, component
 
 from pipelines.components.facts import document_subject, table_facts, unique_facts
+from pipelines.records import NOBODY
 from pipelines.store import DocRecord, KnowledgeStore
 
 
@@ -42,8 +43,9 @@ class KnowledgeWriter:
                 space=meta.get("space") or "default",
                 language=meta.get("language") or "en",
                 root=meta.get("root"),
-                # No readers in the meta: a caller that knows no permissions (everyone of the space may read).
-                readers=sorted(meta.get("readers") or ["public"]),
+                # No readers in the meta: nobody may read it (fail closed); every source states its readers,
+                # and a caller whose documents everyone may read says ``public`` (``evaluation``).
+                readers=sorted(meta.get("readers") or [NOBODY]),
                 facts=unique_facts(f for chunk in chunks for f in table_facts(chunk.content or "", subject)),
             )
             published.append(self.store.publish(record, chunks))

@@ -207,3 +207,21 @@ def test_every_source_kind_states_its_readers_and_unknown_readers_are_nobody(tmp
     (tmp_path / "a.md").write_text("# A\n\ntext\n")
     [item] = list(FolderSource([tmp_path]).scan({}, "default"))
     assert item.readers == ["public"]
+
+
+def test_a_document_written_without_readers_is_readable_by_nobody(tmp_path: Path):
+    """The last layer fails closed too: chunks reaching the writer with no readers in their meta (a caller
+    that forgot them) are published for nobody; an evaluation corpus, which has no permissions, says public."""
+    from haystack import Document
+
+    from pipelines.components.writer import KnowledgeWriter
+    from pipelines.evaluation import corpus_documents
+    from pipelines.store import InMemoryKnowledgeStore
+
+    store = InMemoryKnowledgeStore()
+    meta = {"doc_id": "forgot", "content_hash": "h", "title": "T", "chunk_index": 0}
+    [record] = KnowledgeWriter(store).run([Document(content="HL-K8 text", meta=meta)])["published"]
+    assert record.readers == ["nobody"]
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "corpus.jsonl").write_text('{"id": "p1", "title": "P", "text": "passage"}\n')
+    assert corpus_documents(tmp_path / "set")[0].meta["readers"] == ["public"]
