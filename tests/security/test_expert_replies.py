@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from adapters.slack_directory import SlackDirectory
-from bot.runtime import Runtime, build_runtime
+from bot.runtime import Runtime
+from bot.settings import Settings
 from bot.types import Outcome
-from tests.conftest import make_settings
 from tests.fakes.telegram_server import message_update, user
-from tests.refresh_helpers import REDIS_URL, folder_source
-from tests.test_approvals import started
+from tests.refresh_helpers import folder_source
+from tests.security.loop_world import folder_runtime, state  # noqa: F401 - fixture
 from tests.test_knowledge_loop import expert_click
 from tests.test_refresh import FAULT_V1, GREASE, VIBRATION, WARRANTY
 from tests.test_slack import Slack, fake_slack, slack_app  # noqa: F401 - fixture
@@ -39,32 +35,16 @@ ALICE, BOB, DAVE, RITA = "U0ALICE", "U0BOB", "U0DAVE", "U0RITA"
 TG_RITA = 9101
 
 
-@pytest.fixture(params=["memory", "redis"])
-def state(request: pytest.FixtureRequest) -> str:
-    if request.param == "redis" and not REDIS_URL:
-        pytest.skip("REDIS_URL is not set")
-    return request.param
-
-
-@contextlib.asynccontextmanager
-async def knowledge(state: str, tmp_path: Path) -> AsyncIterator[tuple[Runtime, Path]]:
+def knowledge(state: str, tmp_path: Path) -> contextlib.AbstractAsyncContextManager[tuple[Runtime, Path]]:
     """A started runtime (extractive answers, embedded store) on a folder source ``docs`` that is also
     where "Add to the knowledge base" writes; its state in memory or in Redis."""
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for name, text in DOCS.items():
-        (docs / name).write_text(text, encoding="utf-8")
-    settings = make_settings(tmp_path / "kb", **({"REDIS_URL": REDIS_URL or ""} if state == "redis" else {}))
-    settings.redis_prefix = f"kbbot-test:{uuid.uuid4().hex[:12]}:"
-    settings.sources = [folder_source("docs", docs)]
-    settings.insights.capture_source = "docs"
-    settings.permissions.cache_s = 0
-    runtime = build_runtime(settings)
-    async with started(settings, tmp_path / "state", runtime):
-        assert (runtime.redis is not None) == (state == "redis")
-        record = await runtime.refresher().run("docs")
-        assert record.ok and record.added == len(DOCS)
-        yield runtime, docs
+
+    def configure(settings: Settings, docs: Path) -> None:
+        settings.sources = [folder_source("docs", docs)]
+        settings.insights.capture_source = "docs"
+        settings.permissions.cache_s = 0
+
+    return folder_runtime(state, tmp_path, DOCS, configure)
 
 
 def note_text(ephemeral: Any) -> str:

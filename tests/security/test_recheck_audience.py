@@ -7,20 +7,17 @@ privately."""
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from adapters.knowledge_loop import ReviewerMessages
 from adapters.slack_text import APPROVE_ACTION
-from bot.runtime import Runtime, build_runtime
+from bot.runtime import Runtime
+from bot.settings import Settings
 from bot.types import Outcome
-from tests.conftest import make_settings
 from tests.fakes.telegram_server import callback_update, message_update, user
-from tests.refresh_helpers import REDIS_URL, folder_source
-from tests.test_approvals import ask, click, started
+from tests.refresh_helpers import folder_source
+from tests.security.loop_world import folder_runtime, state  # noqa: F401 - fixture
+from tests.test_approvals import ask, click
 from tests.test_loop_rechecks import section_text
 from tests.test_slack import fake_slack, slack_app  # noqa: F401 - fixture
 from tests.test_telegram import fake_tg, telegram_bot  # noqa: F401 - fixture
@@ -39,32 +36,17 @@ REVIEWER, REVIEWERS_CHANNEL = "U0REVIEW", "C0REVIEW"
 TG_RITA, TG_OTTO = 9101, 9102
 
 
-@pytest.fixture(params=["memory", "redis"])
-def state(request: pytest.FixtureRequest) -> str:
-    if request.param == "redis" and not REDIS_URL:
-        pytest.skip("REDIS_URL is not set")
-    return request.param
-
-
-@contextlib.asynccontextmanager
-async def knowledge(state: str, tmp_path: Path, acl: dict[str, list[str]]) -> AsyncIterator[tuple[Runtime, Path]]:
+def knowledge(state: str, tmp_path: Path, acl: dict[str, list[str]],
+              ) -> contextlib.AbstractAsyncContextManager[tuple[Runtime, Path]]:
     """A started runtime on a folder source whose ``finance/`` is read as ``acl`` says; reviewers' messages
     go to REVIEWERS_CHANNEL; state in memory or Redis."""
-    docs = tmp_path / "docs"
-    (docs / "finance").mkdir(parents=True)
-    (docs / "fault.md").write_text(FAULT, encoding="utf-8")
-    (docs / "finance" / "claims.md").write_text(CLAIMS, encoding="utf-8")
-    settings = make_settings(tmp_path / "kb", **({"REDIS_URL": REDIS_URL or ""} if state == "redis" else {}))
-    settings.redis_prefix = f"kbbot-test:{uuid.uuid4().hex[:12]}:"
-    settings.sources = [folder_source("docs", docs, acl=acl)]
-    settings.approvals.reviewers_channel = REVIEWERS_CHANNEL
-    settings.permissions.principals = {f"telegram:{TG_RITA}": ["user:rita@example.com"]}
-    runtime = build_runtime(settings)
-    async with started(settings, tmp_path / "state", runtime):
-        assert (runtime.redis is not None) == (state == "redis")
-        record = await runtime.refresher().run("docs")
-        assert record.ok and record.added == 2
-        yield runtime, docs
+
+    def configure(settings: Settings, docs: Path) -> None:
+        settings.sources = [folder_source("docs", docs, acl=acl)]
+        settings.approvals.reviewers_channel = REVIEWERS_CHANNEL
+        settings.permissions.principals = {f"telegram:{TG_RITA}": ["user:rita@example.com"]}
+
+    return folder_runtime(state, tmp_path, {"fault.md": FAULT, "finance/claims.md": CLAIMS}, configure)
 
 
 def change_both(docs: Path) -> None:
