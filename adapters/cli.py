@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from adapters.answer_eval import run_answer_eval
-from adapters.console import ConsoleReply, console_inquiry
+from adapters.console.platform import ConsoleReply, console_inquiry
 from bot.insights.report import format_report, report_of
 from bot.logs import log_format, setup_logging
 from bot.refresh import RefreshBusy, UnknownSource, format_status

@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from adapters.admin import AdminSite
-from adapters.slack import SlackAdapter
-from adapters.telegram import TelegramAdapter
+from adapters.slack.platform import SlackAdapter
+from adapters.telegram.platform import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
 from bot.knowledge_loop.owners import owners_resolver

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.slack import SlackAdapter
-from adapters.telegram import TelegramAdapter
+from adapters.slack.platform import SlackAdapter
+from adapters.telegram.platform import TelegramAdapter
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.types import Inquiry
 

@@ -30,15 +30,15 @@ import aiohttp
 from aiogram.exceptions import TelegramNetworkError, TelegramServerError
 from aiohttp import web
 
+from adapters.api.platform import HttpApi
 from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
-from adapters.http_api import HttpApi
 from adapters.insights import mount_admin, start_digest, start_follow_ups
 from adapters.knowledge_loop import ReviewerMessages
-from adapters.slack import SlackAdapter
-from adapters.slack_directory import SlackDirectory
-from adapters.slack_reply import make_rates as make_slack_rates
-from adapters.telegram import TelegramAdapter
-from adapters.telegram_reply import make_rates as make_telegram_rates
+from adapters.slack.directory import SlackDirectory
+from adapters.slack.platform import SlackAdapter
+from adapters.slack.reply import make_rates as make_slack_rates
+from adapters.telegram.platform import TelegramAdapter
+from adapters.telegram.reply import make_rates as make_telegram_rates
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.conversation import Conversations
 from bot.errors import SettingsError

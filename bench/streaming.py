@@ -304,7 +304,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
         from bot.state import MemoryIdempotency
 
         asked: dict[str, float] = {}
-        from adapters.slack_reply import make_rates
+        from adapters.slack.reply import make_rates
         from bot.platform_settings import SlackSettings
 
         rates = make_rates(SlackSettings(), redis, prefix=fresh_prefix())
@@ -342,7 +342,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int,
                        redis: Any = None) -> dict[str, Any]:
-    from adapters.telegram_reply import make_rates
+    from adapters.telegram.reply import make_rates
     from bot.platform_settings import TelegramSettings
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot

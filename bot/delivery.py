@@ -52,7 +52,7 @@ TURN_ID = re.compile(r"[0-9a-f]{32}")
 #: is left untried: an hour, then one answer tries it again. A server is upgraded, a workspace's setting
 #: changes: trying again costs one refused call and a fallback within that answer, so an hour keeps it
 #: rare without leaving a fixed platform unused for long. Kept in this process only (``time.monotonic``).
-#: Not ``adapters.telegram.STRANGER_TOLD_EVERY_S``, which spaces the messages that tell a person they are
+#: Not ``adapters.telegram.platform.STRANGER_TOLD_EVERY_S``, which spaces the messages that tell a person they are
 #: refused.
 CAPABILITY_RETRY_S = 3600.0
 

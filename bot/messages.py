@@ -351,7 +351,7 @@ MESSAGES: dict[str, dict[str, str]] = {
                            "zh": "黄金测试集：无（未设置 approvals.golden_file）"},
     "golden_alert": {"en": "kbbot: the golden set fails after a refresh.\n{summary}",
                      "zh": "kbbot：刷新后黄金测试集未通过。\n{summary}"},
-    # --- reviewers: the notification of a re-check (adapters.slack_loop) -----------------------------------
+    # --- reviewers: the notification of a re-check (adapters.slack.loop) -----------------------------------
     "recheck_notice": {"en": "Re-check an approved answer: {question}", "zh": "请复核一个已批准的回答：{question}"},
     # --- documents' owners: their gaps of the week (bot.knowledge_loop.owners) -------------------------------
     "owners_head": {

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from adapters.insights import mount_admin
 from adapters.server import build_web_app
-from adapters.slack import SlackAdapter
+from adapters.slack.platform import SlackAdapter
 from bot.conversation import HandledTurn
 from bot.platform_settings import SlackSettings
 from bot.refresh import Refresher

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.cli import SilentReply
-from adapters.console import console_inquiry
+from adapters.console.platform import console_inquiry
 from bot.refresh import Refresher
 from bot.runtime import build_runtime
 from bot.settings import SourceSettings

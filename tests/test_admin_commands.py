@@ -114,7 +114,7 @@ async def test_telegram_admins_get_status_and_refresh_others_a_polite_refusal(kb
 
 
 def test_long_admin_texts_are_split_at_lines_within_telegrams_limit():
-    from adapters.telegram_text import plain_parts, utf16_len
+    from adapters.telegram.text import plain_parts, utf16_len
 
     text = "\n".join(f"line {i}: " + "电机" * 30 for i in range(200)) + "\n" + "x" * 5000
     parts = plain_parts(text, 4096)

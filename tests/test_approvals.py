@@ -19,7 +19,7 @@ from uuid import uuid4
 
 import pytest
 
-from adapters.slack_text import APPROVE_ACTION, REVIEW_BLOCK, WITHDRAW_ACTION
+from adapters.slack.text import APPROVE_ACTION, REVIEW_BLOCK, WITHDRAW_ACTION
 from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.runtime import Runtime, build_runtime
 from bot.settings import Settings, SettingsError, load_settings

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from adapters.cli import SilentReply, main
-from adapters.console import console_inquiry, render_sources
-from adapters.slack_text import sources_block
-from adapters.telegram_text import sources_rendered
+from adapters.console.platform import console_inquiry, render_sources
+from adapters.slack.text import sources_block
+from adapters.telegram.text import sources_rendered
 from bot.runtime import build_runtime
 from bot.types import Answer, Citation, Outcome
 from pipelines.components.converter import ConversionError, OcrOptions, convert_bytes

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from httpx_sse import aconnect_sse
 
-from adapters.http_api import HttpApi
+from adapters.api.platform import HttpApi
 from adapters.server import build_adapters, build_web_app
 from bot.conversation import HandledTurn
 from bot.runtime import Runtime, build_runtime

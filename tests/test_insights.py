@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from adapters.cli import main
-from adapters.console import console_inquiry
+from adapters.console.platform import console_inquiry
 from adapters.insights import digest_poster
 from bot.insights.digest import WeeklyDigest
 from bot.insights.recorder import TurnRecorder
@@ -231,8 +231,8 @@ def test_report_on_a_scripted_week(tmp_path, capsys):
 
 
 async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_once(tmp_path):
-    from adapters.slack import SlackAdapter
-    from adapters.telegram import TelegramAdapter
+    from adapters.slack.platform import SlackAdapter
+    from adapters.telegram.platform import TelegramAdapter
     from bot.platform_settings import SlackSettings, TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram

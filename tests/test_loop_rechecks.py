@@ -15,8 +15,8 @@ from pydantic import SecretStr
 
 from adapters.knowledge_loop import ReviewerMessages
 from adapters.server import build_web_app
-from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION
-from adapters.slack_text import APPROVE_ACTION
+from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION
+from adapters.slack.text import APPROVE_ACTION
 from bot.refresh import format_status
 from bot.runtime import Runtime, build_runtime, status_of
 from bot.types import Outcome
@@ -276,8 +276,8 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
     import uuid
 
     from adapters.insights import digest_poster, make_digest
-    from adapters.slack import SlackAdapter
-    from adapters.telegram import TelegramAdapter
+    from adapters.slack.platform import SlackAdapter
+    from adapters.telegram.platform import TelegramAdapter
     from bot.insights.records import TurnRecord, ranked_chunks
     from bot.platform_settings import SlackSettings, TelegramSettings
     from pipelines.query import retrieval_inputs

@@ -242,8 +242,8 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
 
 async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer():
     from adapters.server import instrument
-    from adapters.slack import SlackAdapter
-    from adapters.telegram import TelegramAdapter
+    from adapters.slack.platform import SlackAdapter
+    from adapters.telegram.platform import TelegramAdapter
     from bot.platform_settings import SlackSettings, TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram

@@ -176,8 +176,8 @@ async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_r
 async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp_path):
     """What ``kbbot serve`` builds on a runtime with Redis: Slack's budget keyed by app, Telegram's by bot."""
     from adapters.server import build_adapters
-    from adapters.slack import SlackAdapter
-    from adapters.telegram import TelegramAdapter
+    from adapters.slack.platform import SlackAdapter
+    from adapters.telegram.platform import TelegramAdapter
     from bot.runtime import build_runtime
     from tests.conftest import make_settings
 

@@ -24,9 +24,9 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
 from adapters.server import build_web_app
-from adapters.slack import SlackAdapter
-from adapters.slack_reply import make_rates
-from adapters.slack_text import neutralise, question_text, stable_prefix
+from adapters.slack.platform import SlackAdapter
+from adapters.slack.reply import make_rates
+from adapters.slack.text import neutralise, question_text, stable_prefix
 from bot.conversation import HandledTurn
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings

@@ -20,8 +20,8 @@ import pytest
 from aiohttp import web
 
 from adapters.server import build_web_app
-from adapters.telegram import TelegramAdapter
-from adapters.telegram_text import render, render_parts, utf16_len
+from adapters.telegram.platform import TelegramAdapter
+from adapters.telegram.text import render, render_parts, utf16_len
 from bot.conversation import HandledTurn
 from bot.feedback import MemoryFeedback
 from bot.platform_settings import TelegramSettings
@@ -256,7 +256,7 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
     bot-wide bucket's reserve: new chats' first "typing" goes at once, before their turns' work. (Time
     stands still here: no token comes back, so an acknowledgement that found the budget spent would
     never go.)"""
-    from adapters.telegram_reply import (
+    from adapters.telegram.reply import (
         BOT_SEND,
         DEFAULT_BOT_RATE,
         DEFAULT_CHAT_RATE,

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from adapters.insights import digest_poster, make_digest
-from adapters.slack import SlackAdapter
+from adapters.slack.platform import SlackAdapter
 from bot.insights.records import TurnRecord, ranked_chunks
 from bot.platform_settings import SlackSettings
 from bot.runtime import build_runtime

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adapters.slack_directory import SlackDirectory
+from adapters.slack.directory import SlackDirectory
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.types import Outcome

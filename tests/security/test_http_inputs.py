@@ -15,7 +15,7 @@ import httpx
 import pytest
 from markdown_it import MarkdownIt
 
-from adapters.http_api import MAX_ID_CHARS, sources_markdown
+from adapters.api.platform import MAX_ID_CHARS, sources_markdown
 from bot.runtime import build_runtime
 from bot.types import Citation
 from tests.conftest import make_settings

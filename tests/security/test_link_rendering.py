@@ -9,7 +9,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from adapters.telegram_text import render
+from adapters.telegram.text import render
 from bot.types import Inquiry, Outcome
 from pipelines.text import restrict_links, web_link_host
 from tests.replies import RecordingReply

@@ -28,7 +28,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.cli import SilentReply
-from adapters.slack_directory import SlackDirectory
+from adapters.slack.directory import SlackDirectory
 from bot.refresh import Refresher, format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
 from bot.scheduler import RefreshScheduler

@@ -10,7 +10,7 @@ import contextlib
 from pathlib import Path
 
 from adapters.knowledge_loop import ReviewerMessages
-from adapters.slack_text import APPROVE_ACTION
+from adapters.slack.text import APPROVE_ACTION
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.types import Outcome

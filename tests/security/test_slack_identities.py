@@ -21,7 +21,7 @@ import pytest
 import yaml
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_directory import SlackDirectory
+from adapters.slack.directory import SlackDirectory
 from bot.runtime import build_runtime
 from bot.settings import SettingsError, load_settings
 from bot.types import Inquiry

@@ -10,7 +10,7 @@
   chat that refuses drafts: one message sent and edited with ``editMessageText`` (``edit_interval_s``
   apart, "message is not modified" ignored), ``TelegramRetryAfter`` turned into ``RetryAfter`` so the
   writer sleeps it out and then sends the latest text;
-- the text as ``adapters.telegram_text`` renders it (plain text + entities, never ``parse_mode``),
+- the text as ``adapters.telegram.text`` renders it (plain text + entities, never ``parse_mode``),
   plain text when Telegram still cannot parse the entities; the sources and the buttons on the last
   message; the final call reconciles every message already sent with the final parts;
 - a failed turn ends with the Answerer's friendly message in the chat.
@@ -45,7 +45,7 @@ from aiogram.exceptions import (
 from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReactionTypeEmoji, ReplyParameters
 from aiogram.utils.token import extract_bot_id
 
-from adapters.telegram_text import Rendered, answer_markup, final_parts, render_parts
+from adapters.telegram.text import Rendered, answer_markup, final_parts, render_parts
 from bot.delivery import StreamedReply, reconcile, show_failure
 from bot.platform_settings import TelegramSettings
 from bot.rate_buckets import RedisBuckets

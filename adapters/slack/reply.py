@@ -16,7 +16,7 @@ puts the text into Slack messages:
   ``chat.postMessage`` (about one a second), the budget goes to complete answers first (fewest
   messages left, then the earliest complete), and a complete answer takes a free stream start and
   stop (workspace tiers) rather than wait for the channel;
-- the final message: the answer as Markdown with the blocks of ``adapters.slack_text`` (sources,
+- the final message: the answer as Markdown with the blocks of ``adapters.slack.text`` (sources,
   👍/👎, review buttons) on the last one; answers longer than one message are split at paragraph
   boundaries;
 - a failed turn ends with the Answerer's friendly message in the thread and the status cleared.
@@ -44,7 +44,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_text import final_blocks, neutralise, notification_text, stable_prefix
+from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.delivery import StreamedReply, reconcile, show_failure
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.slack_text import mrkdwn_escape, neutralise, review_note, sources_block
+from adapters.slack.text import mrkdwn_escape, neutralise, review_note, sources_block
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 

@@ -53,9 +53,9 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
-from adapters.slack_reply import SlackReply, SlackThread, error_code, make_client, make_rates
-from adapters.slack_text import (
+from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
+from adapters.slack.reply import SlackReply, SlackThread, error_code, make_client, make_rates
+from adapters.slack.text import (
     APPROVE_ACTION,
     EXPERT_APPROVE_ACTION,
     EXPERT_CAPTURE_ACTION,

@@ -54,8 +54,8 @@ from aiogram.filters import Command, CommandObject, CommandStart
 from aiogram.types import CallbackQuery, InlineKeyboardMarkup, Message, Update
 from aiohttp import web
 
-from adapters.telegram_loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
-from adapters.telegram_reply import (
+from adapters.telegram.loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
+from adapters.telegram.reply import (
     BOT_SEND,
     FirstAcknowledgements,
     TelegramChat,
@@ -65,7 +65,7 @@ from adapters.telegram_reply import (
     make_bot,
     make_rates,
 )
-from adapters.telegram_text import (
+from adapters.telegram.text import (
     APPROVE_PREFIX,
     EXPERT_APPROVE_PREFIX,
     EXPERT_CAPTURE_PREFIX,
