@@ -1,69 +1,62 @@
 """Wires the insights into ``kbbot serve``: the admin page and the weekly digest's delivery.
 
-The digest goes out through the adapters' own clients: Slack's ``chat.postMessage`` to
-``insights.digest.slack_channel``, Telegram's ``sendMessage`` to ``insights.digest.telegram_chat``.
+The digest goes out through the platforms (``bot.platform.Platform.send_note`` to each one's ``digest_to``:
+``insights.digest.slack_channel``, ``insights.digest.telegram_chat``), inside their rate budgets; owners get
+their lists on the platform whose user they are.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from adapters.admin import AdminSite
-from adapters.slack.platform import SlackAdapter
-from adapters.telegram.platform import TelegramAdapter
 from bot.insights.digest import WeeklyDigest
 from bot.insights.report import report_of
 from bot.knowledge_loop.owners import owners_resolver
 from bot.permissions import Audience
+from bot.platform import Platform
 from bot.refresh import schedule_zone
 from bot.settings_base import reveal
-from bot.streaming import split_message
 from pipelines.filters import PUBLIC
 
 log = logging.getLogger("kbbot.insights")
 
-TELEGRAM_MAX_CHARS = 4000
 
-
-def digest_poster(adapters: list[Any], settings: Any) -> Any:
-    """``post(text)`` to every configured digest destination; raises when one is configured but
-    its platform is not."""
+def digest_poster(platforms: Iterable[Platform], settings: Any) -> Any:
+    """``post(text)`` to every platform's digest destination (``Platform.digest_to``); raises when a
+    destination is configured for a platform that is not."""
     d = settings.insights.digest
-    slack = next((a for a in adapters if isinstance(a, SlackAdapter)), None)
-    telegram = next((a for a in adapters if isinstance(a, TelegramAdapter)), None)
-    if d.slack_channel and slack is None:
-        raise ValueError("insights.digest.slack_channel is set but Slack is not configured")
-    if d.telegram_chat and telegram is None:
-        raise ValueError("insights.digest.telegram_chat is set but Telegram is not configured")
+    served = {p.name for p in platforms}
+    for name, to in (("slack", d.slack_channel), ("telegram", d.telegram_chat)):
+        if to and name not in served:
+            raise ValueError(f"insights.digest.{'slack_channel' if name == 'slack' else 'telegram_chat'} is set "
+                             f"but {name.capitalize()} is not configured")
+    destinations = [p for p in platforms if p.digest_to]
 
     async def post(text: str) -> None:
-        if d.slack_channel and slack is not None:
-            await slack.client.chat_postMessage(channel=d.slack_channel, text=text, unfurl_links=False)
-        if d.telegram_chat and telegram is not None:
-            for part in split_message(text, TELEGRAM_MAX_CHARS):
-                await telegram.bot.send_message(chat_id=d.telegram_chat, text=part,
-                                                disable_web_page_preview=True)
+        for platform in destinations:
+            if not await platform.send_note(platform.digest_to, text):
+                raise RuntimeError(f"the digest could not be posted on {platform.name}")
 
     return post
 
 
-def owner_teller(adapters: list[Any]) -> Any:
-    """``tell(owner, text) -> bool``: a DM on Slack (a ``U…``/``W…`` id), a message on Telegram (a number)."""
-    slack = next((a for a in adapters if isinstance(a, SlackAdapter)), None)
-    telegram = next((a for a in adapters if isinstance(a, TelegramAdapter)), None)
+def owner_teller(platforms: Iterable[Platform]) -> Any:
+    """``tell(owner, text) -> bool``: a direct message on the platform whose user ``owner`` is."""
+    platforms = list(platforms)
 
     async def tell(owner: str, text: str) -> bool:
-        if owner.isdigit():
-            return telegram is not None and await telegram.post_text(owner, text)
-        return slack is not None and await slack.post_text(owner, text)
+        platform = next((p for p in platforms if p.owns(owner)), None)
+        return platform is not None and await platform.send_note(owner, text)
 
     return tell
 
 
-def make_digest(runtime: Any, adapters: list[Any], post: Any) -> WeeklyDigest:
+def make_digest(runtime: Any, platforms: Iterable[Platform], post: Any) -> WeeklyDigest:
     """The weekly digest of a started runtime, posting with ``post``; the gaps of documents with owners
     (``owners:`` of a source) go to those owners through the ``adapters``."""
     i = runtime.settings.insights
@@ -73,45 +66,45 @@ def make_digest(runtime: Any, adapters: list[Any], post: Any) -> WeeklyDigest:
 
     async def may_read(owner: str, readers: list[str]) -> bool:
         """Whether ``owner`` (who gets the list in private) may read a document of ``readers``."""
-        platform = "telegram" if owner.isdigit() else "slack"
-        tenant = next((str(a.bot_id) for a in adapters if isinstance(a, TelegramAdapter)), "") \
-            if platform == "telegram" else ""
-        principals = await runtime.audiences.principals_of(platform, tenant, owner)
+        platform = next((p for p in platforms if p.owns(owner)), None)
+        if platform is None:
+            return False
+        principals = await runtime.audiences.principals_of(platform.name, platform.tenant, owner)
         return Audience(private=True, everyone=frozenset({PUBLIC, *(principals or ())})).admits({"readers": readers})
 
     settings = runtime.settings
     owners = owners_resolver(settings.sources, settings.resolve) if any(s.owners for s in settings.sources) else None
     return WeeklyDigest(str(i.digest.cron or "0 9 * * mon"), schedule_zone(settings), build=build, post=post,
                         claim=runtime.idempotency.claim, top=i.digest.top, admin_url=i.admin_url, owners=owners,
-                        tell=owner_teller(adapters), may_read=may_read)
+                        tell=owner_teller(platforms), may_read=may_read)
 
 
-def start_digest(runtime: Any, adapters: list[Any]) -> WeeklyDigest | None:
+def start_digest(runtime: Any, platforms: Mapping[str, Platform]) -> WeeklyDigest | None:
     """The weekly digest job, started; None when it is not configured."""
     i = runtime.settings.insights
     if not (i.enabled and i.digest.enabled):
         return None
     try:
-        post = digest_poster(adapters, runtime.settings)
+        post = digest_poster(platforms.values(), runtime.settings)
     except ValueError as exc:
         log.error("weekly digest off: %s", exc)
         return None
 
-    digest = make_digest(runtime, adapters, post)
+    digest = make_digest(runtime, platforms.values(), post)
     digest.start()
     return digest
 
 
-def start_follow_ups(runtime: Any, knowledge: Any, adapters: list[Any]) -> Any:
+def start_follow_ups(runtime: Any, knowledge: Any, platforms: Iterable[Platform]) -> Any:
     """Gaps answered when the knowledge arrives: the chat platforms post the follow-ups, the refresher of
     ``serve`` (scheduled runs, admins' refreshes) runs them after each run that changed documents. The
     ``GapFollowUps``, or None when turn records are off."""
     follow_ups = runtime.gap_follow_ups()
     if follow_ups is None:
         return None
-    for adapter in adapters:
-        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
-            follow_ups.serve(adapter.delivery)
+    for platform in platforms:
+        if platform.delivery is not None:
+            follow_ups.serve(platform.delivery)
     knowledge.refresher.after_change.append(follow_ups.after_refresh)
     return follow_ups
 

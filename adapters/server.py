@@ -1,17 +1,16 @@
-"""``kbbot serve``: one asyncio process, one HTTP server, every configured adapter.
+"""``kbbot serve``: one asyncio process, one HTTP server, every configured platform.
 
 The refresh scheduler (``bot.scheduler``) runs every configured source on its schedule in the same
-event loop (the refreshes themselves in a worker thread). The web server listens on ``KBBOT_PORT``
-(default 3000) and serves ``/healthz``, ``/metrics`` and the routes the adapters mount (Slack's
-Events API at ``/slack/events``, Telegram's webhook). Adapters that hold their own connection (Slack
-Socket Mode, Telegram polling) are started next to it. An adapter is anything with ``name``,
-``mount(web_app)``, ``start()``, ``stop(timeout_s)`` and ``health()``.
+event loop (the refreshes themselves in a worker thread). The platforms are the registry's
+(``adapters.platforms``: each a ``bot.platform.Platform``); the web server listens on ``KBBOT_PORT``
+(default 3000) and serves ``/healthz``, ``/metrics`` and the routes the platforms mount (Slack's
+Events API at ``/slack/events``, Telegram's webhook, the HTTP API). Platforms that hold their own
+connection (Slack Socket Mode, Telegram polling) are started next to it.
 
 - ``/healthz``: Redis (PING), Weaviate (the knowledge version read), the refresh scheduler and each
-  adapter, each ``up`` / ``down`` / ``off``; HTTP 503 when any is down, else 200.
-- ``/metrics``: Prometheus text format (``bot.metrics``). Platform API calls are counted where every
-  adapter's requests pass: an aiohttp ``TraceConfig`` on the Slack client's session (bolt's
-  per-request clients share it) and an aiogram request middleware on the Telegram bot's session.
+  platform, each ``up`` / ``down`` / ``off``; HTTP 503 when any is down, else 200.
+- ``/metrics``: Prometheus text format (``bot.metrics``). Each platform counts its own API calls where
+  all of them pass (Slack: a ``TraceConfig`` on its client's session; Telegram: a request middleware).
 """
 
 from __future__ import annotations
@@ -22,117 +21,28 @@ import hmac
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import Any
 
-import aiohttp
-from aiogram.exceptions import TelegramNetworkError, TelegramServerError
 from aiohttp import web
 
-from adapters.api.platform import HttpApi
-from adapters.api_metrics import TelegramApiMetrics, slack_trace_config
 from adapters.insights import mount_admin, start_digest, start_follow_ups
-from adapters.knowledge_loop import ReviewerMessages
-from adapters.slack.directory import SlackDirectory
-from adapters.slack.platform import SlackAdapter
-from adapters.slack.reply import make_rates as make_slack_rates
-from adapters.telegram.platform import TelegramAdapter
-from adapters.telegram.reply import make_rates as make_telegram_rates
+from adapters.platforms import build_platforms
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
-from bot.conversation import Conversations
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.knowledge_loop.golden import golden_results
+from bot.knowledge_loop.reviewers import ReviewerMessages
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
 from bot.pending import RecoveryLoop
-from bot.scheduler import KnowledgeAdmin
+from bot.platform import Platform
 from bot.server_settings import ServerSettings
 from bot.settings_base import reveal
 
 log = logging.getLogger("kbbot.server")
 
 DEFAULT_PORT = 3000
-
-
-class Adapter(Protocol):
-    name: str
-
-    def mount(self, web_app: web.Application) -> None:
-        """Add this adapter's HTTP routes (none for connection-based modes)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop taking events and wait up to ``timeout_s`` for the turns in progress."""
-
-    def health(self) -> dict[str, Any]: ...
-
-
-class TelegramServerErrorRetry:
-    """An aiogram request middleware: a Bot API call answered 5xx (or lost on the network) is tried
-    again, up to ``retries`` times after ``backoff_s``, 2 x ``backoff_s``, ...; Slack's client does the
-    same with its ``AsyncServerErrorRetryHandler``. A 5xx means Telegram did not finish the call, so
-    the final answer is sent again rather than lost; 429s are left to the stream writer's Retry-After."""
-
-    def __init__(self, retries: int = 2, backoff_s: float = 0.5):
-        self.retries = retries
-        self.backoff_s = backoff_s
-
-    async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
-        name = getattr(method, "__api_method__", type(method).__name__)
-        attempt = 0
-        while True:
-            try:
-                return await make_request(bot, method)
-            except (TelegramServerError, TelegramNetworkError) as exc:
-                if attempt >= self.retries or name == "getUpdates":
-                    raise
-                attempt += 1
-                log.warning("Telegram %s failed (%s); retry %d of %d", name, type(exc).__name__, attempt,
-                            self.retries)
-                await asyncio.sleep(self.backoff_s * attempt)
-
-
-def instrument(adapter: Any) -> aiohttp.ClientSession | None:
-    """Count the adapter's platform API calls (and 429s) in ``bot.metrics``; retry Telegram's 5xx.
-    Returns the HTTP session it opened for the adapter (the caller closes it), if any."""
-    if isinstance(adapter, SlackAdapter) and adapter.client.session is None:
-        # Bolt copies this session into its per-request clients, so every call is counted once.
-        adapter.client.session = aiohttp.ClientSession(trace_configs=[slack_trace_config()])
-        return adapter.client.session
-    if isinstance(adapter, TelegramAdapter):
-        adapter.bot.session.middleware(TelegramServerErrorRetry())  # outermost: each attempt is counted
-        adapter.bot.session.middleware(TelegramApiMetrics())
-    return None
-
-
-def build_adapters(runtime: Any, admin: KnowledgeAdmin | None = None,
-                   conversations: Conversations | None = None) -> list[Adapter]:
-    """The configured adapters on one conversation service, on a started runtime; ``admin``
-    answers their admin commands."""
-    conversations = conversations or runtime.conversations(admin=admin)
-    adapters: list[Adapter] = []
-    # With Redis every replica draws from the same rate buckets: the platforms limit the app, not a process.
-    redis, prefix = runtime.redis, runtime.settings.redis_prefix
-    slack = runtime.settings.slack
-    if slack.enabled:
-        slack.check_serving()
-        adapter = SlackAdapter(conversations, slack, rates=make_slack_rates(slack, redis, prefix))
-        permissions = runtime.settings.permissions
-        runtime.audiences.register("slack", SlackDirectory(adapter.client, cache_s=permissions.cache_s,
-                                                           groups=permissions.slack_groups))
-        adapters.append(adapter)
-    telegram = runtime.settings.telegram
-    if telegram.enabled:
-        telegram.check_serving()
-        adapters.append(TelegramAdapter(conversations, telegram, rates=make_telegram_rates(telegram, redis, prefix)))
-    if runtime.settings.api.enabled:
-        adapters.append(HttpApi(conversations, runtime.settings.api))
-    for adapter in adapters:  # chat platforms answer the turns taken over from a replica that died
-        if isinstance(adapter, (SlackAdapter, TelegramAdapter)):
-            conversations.serve(adapter.delivery)
-    return adapters
 
 
 def _check_scheduler(scheduler: Any) -> dict[str, Any]:
@@ -159,7 +69,7 @@ def _check_adapter(adapter: Any) -> dict[str, Any]:
     return body
 
 
-async def health_report(adapters: list[Adapter], runtime: Any = None, scheduler: Any = None,
+async def health_report(adapters: Iterable[Platform], runtime: Any = None, scheduler: Any = None,
                         timeout_s: float = 2.0, *, detail: bool = False) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body): 503 when Redis, Weaviate, the scheduler or an adapter is down; ``detail``
     (an admin asked) adds the last golden set replay, failures and all."""
@@ -206,7 +116,7 @@ def _detail_refusal(request: web.Request, runtime: Any) -> web.Response | None:
     return None
 
 
-def build_web_app(adapters: list[Adapter], runtime: Any = None, scheduler: Any = None,
+def build_web_app(adapters: Iterable[Platform], runtime: Any = None, scheduler: Any = None,
                   metrics: Metrics | None = None) -> web.Application:
     """The one web app: ``/healthz``, ``/metrics`` and the adapters' routes, behind the server's
     guards (``adapters.web_guard``; ``server:`` settings of ``runtime``, else the defaults)."""
@@ -258,15 +168,14 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     knowledge = runtime.knowledge_admin(schedule=schedule)
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
-    adapters = build_adapters(runtime, conversations=conversations)
+    platforms = build_platforms(runtime, conversations)
+    adapters = list(platforms.values())
     # After a refresh changed documents (bot/knowledge_loop): the gaps it closed answered where they were
     # asked, approved answers re-checked, the golden set replayed.
     start_follow_ups(runtime, knowledge, adapters)
-    knowledge.refresher.after_change.append(
-        runtime.knowledge_loop(ReviewerMessages(adapters, runtime.settings)).after_refresh)
+    knowledge.refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages(adapters)).after_refresh)
     # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
     recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
-    sessions = [session for adapter in adapters if (session := instrument(adapter)) is not None]
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
                     "serving /healthz only")
@@ -287,7 +196,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         if scheduler is not None:
             await scheduler.start()
         recovery.start()
-        digest = start_digest(runtime, adapters)
+        digest = start_digest(runtime, platforms)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -308,8 +217,6 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
                 await adapter.stop(drain_s)
             except Exception:
                 log.exception("stopping %s failed", adapter.name)
-        for session in sessions:
-            await session.close()
         await runner.cleanup()
         await runtime.close()
 

@@ -147,6 +147,12 @@ class SlackSettings(_Platform):
     def is_reviewer(self, team: str, user: str) -> bool:
         return bool(user) and user in self.reviewers_of(team)
 
+    def all_reviewers(self) -> list[str]:
+        """Every workspace's reviewers."""
+        if isinstance(self.reviewers, dict):
+            return sorted({user for users in self.reviewers.values() for user in users})
+        return list(self.reviewers)
+
     def problems(self) -> list[str]:
         found = []
         if self.enabled and not self.socket_mode and self.signing_secret is None:

@@ -18,7 +18,8 @@ from aiohttp import web
 from httpx_sse import aconnect_sse
 
 from adapters.api.platform import HttpApi
-from adapters.server import build_adapters, build_web_app
+from adapters.platforms import build_platforms
+from adapters.server import build_web_app
 from bot.conversation import HandledTurn
 from bot.runtime import Runtime, build_runtime
 from bot.settings import SettingsError
@@ -235,7 +236,8 @@ def make_settings_from(config: Path, **env: str) -> Any:
 
 
 async def test_serve_offers_the_api_when_a_token_is_set(kb_runtime):
-    assert not [a for a in build_adapters(kb_runtime) if isinstance(a, HttpApi)]
+    assert "api" not in build_platforms(kb_runtime, kb_runtime.conversations())
     with_token(kb_runtime)
-    [adapter] = [a for a in build_adapters(kb_runtime) if isinstance(a, HttpApi)]
+    adapter = build_platforms(kb_runtime, kb_runtime.conversations())["api"]
+    assert isinstance(adapter, HttpApi)
     assert adapter.health() == {"callers": 1, "turns_in_progress": 0}

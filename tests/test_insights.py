@@ -249,8 +249,9 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
 
     async with FakeSlack() as slack_fake, FakeTelegram() as tg_fake:
         slack = SlackAdapter(None, SlackSettings(bot_token=slack_fake.token, signing_secret="s" * 32,
-                                                 api_url=slack_fake.base_url))
-        telegram = TelegramAdapter(None, TelegramSettings(token=tg_fake.token, api_url=tg_fake.base_url))
+                                                 api_url=slack_fake.base_url), digest_to=settings.insights.digest.slack_channel)
+        telegram = TelegramAdapter(None, TelegramSettings(token=tg_fake.token, api_url=tg_fake.base_url),
+                                   digest_to=settings.insights.digest.telegram_chat)
         try:
             claims = MemoryIdempotency()
             digest = WeeklyDigest(settings.insights.digest.cron, "UTC", build=build,

@@ -13,10 +13,10 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from adapters.knowledge_loop import ReviewerMessages
 from adapters.server import build_web_app
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION
 from adapters.slack.text import APPROVE_ACTION
+from bot.knowledge_loop.reviewers import ReviewerMessages
 from bot.refresh import format_status
 from bot.runtime import Runtime, build_runtime, status_of
 from bot.types import Outcome
@@ -62,7 +62,7 @@ def rechecking(runtime: Runtime, adapter: Any) -> Any:
     """A refresher whose runs re-check approvals and replay the golden set, telling the reviewers through
     ``adapter``, as ``kbbot serve`` sets it up."""
     refresher = runtime.refresher()
-    refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([adapter], runtime.settings)).after_refresh)
+    refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages([adapter])).after_refresh)
     return refresher
 
 
@@ -217,7 +217,7 @@ async def test_the_golden_replay_fails_when_a_source_is_removed_and_status_healt
     async with knowledge(tmp_path, **{"golden.yaml": GOLDEN}) as (runtime, docs), \
             slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
         runtime.settings.insights.admin_token = SecretStr(token)
-        loop = runtime.knowledge_loop(ReviewerMessages([slack.adapter], runtime.settings))
+        loop = runtime.knowledge_loop(ReviewerMessages([slack.adapter]))
         refresher = runtime.refresher()
         refresher.after_change.append(loop.after_refresh)
         passed = await loop.replay_golden(runtime.store.knowledge_version)
@@ -308,8 +308,9 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
                     answer="not found", ranked=ranked))
 
         slack = SlackAdapter(None, SlackSettings(bot_token=fake_slack.token, signing_secret="s" * 32,
-                                                 api_url=fake_slack.base_url))
-        telegram = TelegramAdapter(None, TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url))
+                                                 api_url=fake_slack.base_url), digest_to=settings.insights.digest.slack_channel)
+        telegram = TelegramAdapter(None, TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url),
+                                   digest_to=settings.insights.digest.telegram_chat)
         try:
             digest = make_digest(runtime, [slack, telegram], digest_poster([slack, telegram], settings))
             text = await digest.send()

@@ -241,9 +241,9 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
 
 
 async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer():
-    from adapters.server import instrument
     from adapters.slack.platform import SlackAdapter
     from adapters.telegram.platform import TelegramAdapter
+    from adapters.telegram.session import instrument
     from bot.platform_settings import SlackSettings, TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
@@ -252,8 +252,8 @@ async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer(
         s_adapter = SlackAdapter(None, SlackSettings(bot_token=slack.token, signing_secret="x" * 32,
                                                      api_url=slack.base_url))
         t_adapter = TelegramAdapter(None, TelegramSettings(token=telegram.token, api_url=telegram.base_url))
-        instrument(s_adapter)
-        instrument(t_adapter)
+        await s_adapter.start()  # its one HTTP session, traced
+        instrument(t_adapter.bot)
         calls = METRICS.value("kbbot_platform_api_calls_total", platform="slack", method="chat.postMessage")
         limited = METRICS.value("kbbot_platform_api_rate_limited_total", platform="slack", method="chat.postMessage")
         slack.rate_limit("chat.postMessage", times=1, retry_after=0)
@@ -274,7 +274,7 @@ async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer(
                              method="sendMessage") == tg_calls + 2
         assert METRICS.value("kbbot_platform_api_rate_limited_total", platform="telegram",
                              method="sendMessage") == tg_limited + 1
-        await s_adapter.client.session.close()
+        await s_adapter.stop()
         await t_adapter.bot.session.close()
 
 

@@ -175,9 +175,7 @@ async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_r
 @needs_redis
 async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp_path):
     """What ``kbbot serve`` builds on a runtime with Redis: Slack's budget keyed by app, Telegram's by bot."""
-    from adapters.server import build_adapters
-    from adapters.slack.platform import SlackAdapter
-    from adapters.telegram.platform import TelegramAdapter
+    from adapters.platforms import build_platforms
     from bot.runtime import build_runtime
     from tests.conftest import make_settings
 
@@ -187,9 +185,8 @@ async def test_kbbot_serve_gives_both_adapters_budgets_in_redis(kb_data_dir, tmp
     runtime.settings.data_dir = tmp_path
     await runtime.start()
     try:
-        adapters = build_adapters(runtime)
-        [slack] = [a for a in adapters if isinstance(a, SlackAdapter)]
-        [telegram] = [a for a in adapters if isinstance(a, TelegramAdapter)]
+        platforms = build_platforms(runtime, runtime.conversations())
+        slack, telegram = platforms["slack"], platforms["telegram"]
         prefix = settings.redis_prefix
         assert isinstance(slack.rates.store, RedisBuckets) and slack.rates.store.prefix == f"{prefix}rate:slack:"
         assert isinstance(telegram.rates.store, RedisBuckets)

@@ -129,7 +129,9 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, rates: PlatformRates |
         takeover = replace(takeover, replica=replica)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer, takeover=takeover)
-    adapter = SlackAdapter(conversations, settings, rates=rates)
+    adapter = SlackAdapter(conversations, settings, rates=rates,
+                           reviewers_channel=runtime.settings.approvals.reviewers_channel,
+                           digest_to=runtime.settings.insights.digest.slack_channel)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -33,7 +33,7 @@ async def test_slack_half_written_answer_of_a_dead_replica_is_replaced_by_one_wh
     stuck = Stuck(PARTIAL)
     async with slack_app(kb_runtime, fake_slack, answerer=stuck, replica="A", claim_lease_s=LEASE) as a, \
             slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
-        for replica in (a, b):  # as build_adapters does for kbbot serve
+        for replica in (a, b):  # as adapters.platforms.build_platforms does for kbbot serve
             replica.adapter.conversations.serve(replica.adapter.delivery)
         body = await a.send(a.mention(), settle=False)
         event = body["event"]
@@ -60,7 +60,7 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
                                                                                              fake_tg: FakeTelegram):
     stuck = Stuck(PARTIAL)
     async with telegram_bot(kb_runtime, fake_tg, answerer=stuck, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.serve(a.adapter.delivery)  # as build_adapters does for kbbot serve
+        a.adapter.conversations.serve(a.adapter.delivery)  # as adapters.platforms.build_platforms does for kbbot serve
         fake_tg.push(message_update(QUESTION, chat_id=7002))
         await until(lambda: bool(fake_tg.chat(7002)))
         [orphan] = fake_tg.chat(7002)

@@ -70,7 +70,8 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     conversations = runtime.conversations(feedback=MemoryFeedback(), admin=admin, on_turn=turns.append)
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
-    adapter = TelegramAdapter(conversations, settings, rates=rates)
+    adapter = TelegramAdapter(conversations, settings, rates=rates,
+                              digest_to=runtime.settings.insights.digest.telegram_chat)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)

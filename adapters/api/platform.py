@@ -37,6 +37,7 @@ from aiohttp_sse import EventSourceResponse, sse_response
 
 from bot.api_settings import ApiSettings, ApiToken
 from bot.conversation import Conversations
+from bot.platform import NoChat
 from bot.state import Claim, TaskSet
 from bot.types import Answer, Citation, Inquiry, Outcome
 from pipelines.text import link_host, restrict_links
@@ -125,7 +126,7 @@ def _message(refusal: web.HTTPException) -> str:
         return refusal.reason
 
 
-class HttpApi:
+class HttpApi(NoChat):
     """The API's routes on ``kbbot serve``'s web app; an adapter like the chat platforms'."""
 
     name = "api"

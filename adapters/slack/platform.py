@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,6 +54,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.slack.http import slack_refusal, slack_signature_problem, slack_trace_config
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
 from adapters.slack.reply import SlackReply, SlackThread, error_code, make_client, make_rates
 from adapters.slack.text import (
@@ -70,7 +72,6 @@ from adapters.slack.text import (
     review_text,
     reviewed_blocks,
 )
-from adapters.webhook_checks import slack_refusal, slack_signature_problem
 from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
@@ -78,6 +79,7 @@ from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
+from bot.platform import Reviewers
 from bot.platform_settings import SlackSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
@@ -97,6 +99,9 @@ WORKSPACE_STREAM_REFUSALS = frozenset({
     "not_supported", "team_not_allowed", "access_denied",
 })
 
+
+#: A Slack user id (``U…``, or ``W…`` in an Enterprise Grid): what an owner or reviewer listed for Slack looks like.
+SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 
 #: Where the listener middleware leaves the question it accepted for the listener (bolt's request context).
 ACCEPTED = "kbbot_question"
@@ -150,11 +155,15 @@ class SlackAdapter:
     """Bolt ``AsyncApp`` with kbbot's listeners; ``handle_http`` serves ``/slack/events``."""
 
     name = "slack"
+    #: Slack's user ids are unique across workspaces: principals are read without a tenant.
+    tenant = ""
 
     def __init__(self, conversations: Conversations, settings: SlackSettings, *, client: AsyncWebClient | None = None,
-                 rates: PlatformRates | None = None):
+                 rates: PlatformRates | None = None, reviewers_channel: str = "", digest_to: str = ""):
         self.conversations = conversations
         self.settings = settings
+        self.reviewers = Reviewers(reviewers_channel, settings.all_reviewers())
+        self.digest_to = digest_to
         self.rates = rates or make_rates(settings)
         self.client = client or make_client(settings)
         self.app = AsyncApp(
@@ -203,7 +212,9 @@ class SlackAdapter:
             # One connection pool for every Web API call (bolt's per-request clients share the
             # client's session): otherwise each call opens a connection of its own, with its TLS
             # handshake, which in a burst of mentions delays every acknowledgement and answer.
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.client.timeout))
+            # Bolt copies this session into its per-request clients, so every call is counted once.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+                                                  trace_configs=[slack_trace_config()])
             self.client.session = self._session
         if self.settings.socket_mode:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only (websockets)
@@ -457,7 +468,7 @@ class SlackAdapter:
         """The re-check of an approval with "Keep approved" / "Retire" in ``channel`` (a user id: their DM)."""
         team = request.tenant.partition(":")[2]
         try:
-            await self.rates.acquire(team, "chat.postMessage")
+            await self.rates.acquire(f"{team}:{channel}", "chat.postMessage")
             await self.client.chat_postMessage(channel=channel, text=recheck_text(request),
                                                blocks=recheck_blocks(request), unfurl_links=False)
         except SlackApiError as exc:
@@ -466,14 +477,20 @@ class SlackAdapter:
             return False
         return True
 
-    async def post_text(self, channel: str, text: str) -> bool:
+    async def send_note(self, to: str, text: str) -> bool:
+        """``text`` escaped and its mentions made inert, to a channel or a user's DM (``chat.postMessage``
+        to the user id), one message per ``slack.max_message_chars``, inside that channel's budget."""
         try:
-            await self.client.chat_postMessage(channel=channel, text=mrkdwn_escape(neutralise(text)),
-                                               unfurl_links=False)
+            for part in split_message(mrkdwn_escape(neutralise(text)), self.settings.max_message_chars):
+                await self.rates.acquire(f":{to}", "chat.postMessage")
+                await self.client.chat_postMessage(channel=to, text=part, unfurl_links=False)
         except SlackApiError as exc:
-            log.warning("could not post to %s (%s)", channel, error_code(exc))
+            log.warning("could not post to %s (%s)", to, error_code(exc))
             return False
         return True
+
+    def owns(self, user: str) -> bool:
+        return bool(SLACK_USER_ID.fullmatch(user))
 
     async def _on_recheck(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any],
                           client: AsyncWebClient) -> None:

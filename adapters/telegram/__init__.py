@@ -1,1 +1,23 @@
-"""telegram"""
+"""Telegram: direct messages (and groups that address the bot) in; streamed, cited answers out
+(``platform``: updates, clicks, commands; ``reply``: its messages and rate tiers; ``text``: entities;
+``loop``: re-check messages; ``session``: its webhook check and the Bot API session's middlewares)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.telegram.platform import TelegramAdapter
+from adapters.telegram.reply import make_rates
+from adapters.telegram.session import instrument
+
+
+def build(runtime: Any, conversations: Any) -> TelegramAdapter | None:
+    """Telegram on ``runtime``'s settings (None when ``TELEGRAM_BOT_TOKEN`` is not set)."""
+    s = runtime.settings
+    if not s.telegram.enabled:
+        return None
+    s.telegram.check_serving()
+    platform = TelegramAdapter(conversations, s.telegram, rates=make_rates(s.telegram, runtime.redis, s.redis_prefix),
+                               digest_to=s.insights.digest.telegram_chat)
+    instrument(platform.bot)
+    return platform

@@ -65,6 +65,7 @@ from adapters.telegram.reply import (
     make_bot,
     make_rates,
 )
+from adapters.telegram.session import TelegramWebhook
 from adapters.telegram.text import (
     APPROVE_PREFIX,
     EXPERT_APPROVE_PREFIX,
@@ -78,7 +79,6 @@ from adapters.telegram.text import (
     review_row,
     user_language,
 )
-from adapters.webhook_checks import TelegramWebhook
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery import Access, Delivery
 from bot.feedback import Feedback
@@ -86,6 +86,7 @@ from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.pending import PendingTurn
+from bot.platform import Reviewers
 from bot.platform_settings import TelegramSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
@@ -113,9 +114,11 @@ class TelegramAdapter:
     name = "telegram"
 
     def __init__(self, conversations: Conversations, settings: TelegramSettings, *, bot: Bot | None = None,
-                 rates: PlatformRates | None = None):
+                 rates: PlatformRates | None = None, digest_to: str = ""):
         self.conversations = conversations
         self.settings = settings
+        self.reviewers = Reviewers("", list(settings.reviewers))
+        self.digest_to = digest_to
         self.rates = rates or make_rates(settings)
         self.bot = bot or make_bot(settings)
         self.dp = Dispatcher()
@@ -132,6 +135,11 @@ class TelegramAdapter:
     @property
     def bot_id(self) -> int:
         return self.bot.id
+
+    @property
+    def tenant(self) -> str:
+        """Principals are read per bot (``bot.permissions.Audiences``)."""
+        return str(self.bot_id)
 
     async def _received(self, handler: Callable[[Update, dict[str, Any]], Awaitable[Any]], update: Update,
                         data: dict[str, Any]) -> Any:
@@ -589,6 +597,7 @@ class TelegramAdapter:
         try:
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
+                await self._budgeted(chat_id)
                 await self.bot.send_message(chat_id=int(chat_id), text=part, parse_mode=None,
                                             disable_web_page_preview=True,
                                             reply_markup=recheck_markup(request) if last else None)
@@ -597,15 +606,26 @@ class TelegramAdapter:
             return False
         return True
 
-    async def post_text(self, chat_id: str, text: str) -> bool:
+    async def send_note(self, to: str, text: str) -> bool:
+        """Plain text (never ``parse_mode``) to a chat, one message per ``telegram.max_message_units``,
+        inside the chat's and the bot's budgets."""
         try:
             for part in plain_parts(text, self.settings.max_message_units):
-                await self.bot.send_message(chat_id=int(chat_id), text=part, parse_mode=None,
+                await self._budgeted(to)
+                await self.bot.send_message(chat_id=int(to), text=part, parse_mode=None,
                                             disable_web_page_preview=True)
-        except TelegramAPIError as exc:
-            log.warning("could not send to %s (%s)", chat_id, exc)
+        except (TelegramAPIError, ValueError) as exc:
+            log.warning("could not send to %s (%s)", to, exc)
             return False
         return True
+
+    def owns(self, user: str) -> bool:
+        return user.lstrip("-").isdigit()
+
+    async def _budgeted(self, chat: str) -> None:
+        """One send's tokens: the chat's and the bot's (``adapters.telegram.reply.make_rates``)."""
+        await self.rates.acquire(str(chat), "send")
+        await self.rates.acquire("bot", BOT_SEND)
 
     async def _on_recheck(self, query: CallbackQuery) -> None:
         """A click on "Keep approved" or "Retire" under a re-checked approval: reviewers only, by turn id."""

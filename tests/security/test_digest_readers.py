@@ -69,7 +69,7 @@ async def test_owners_see_only_what_they_may_read_and_dm_questions_stay_out_of_t
         await gap(CHANNEL_GAP, "C1", "fault.md")
 
         slack = SlackAdapter(None, SlackSettings(bot_token=fake_slack.token, signing_secret="s" * 32,
-                                                 api_url=fake_slack.base_url))
+                                                 api_url=fake_slack.base_url), digest_to=settings.insights.digest.slack_channel)
         text = await make_digest(runtime, [slack], digest_poster([slack], settings)).send()
 
     [owner] = [m for m in fake_slack.messages.values() if m.channel == "U0OWNER"]

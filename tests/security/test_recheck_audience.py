@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from adapters.knowledge_loop import ReviewerMessages
 from adapters.slack.text import APPROVE_ACTION
+from bot.knowledge_loop.reviewers import ReviewerMessages
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.types import Outcome
@@ -60,7 +60,7 @@ async def test_a_restricted_approvals_recheck_goes_to_its_approver_not_the_revie
             slack_app(runtime, fake_slack, reviewers=[REVIEWER]) as slack:
         refresher = runtime.refresher()
         refresher.after_change.append(
-            runtime.knowledge_loop(ReviewerMessages([slack.adapter], runtime.settings)).after_refresh)
+            runtime.knowledge_loop(ReviewerMessages([slack.adapter])).after_refresh)
         restricted, message = await ask(slack, CLAIMS_QUESTION, channel="C0FIN")
         assert restricted.answer.outcome is Outcome.ANSWERED and "4,800" in restricted.answer.text
         await click(slack, message, APPROVE_ACTION, REVIEWER)
@@ -88,7 +88,7 @@ async def test_a_telegram_recheck_goes_only_to_reviewers_who_may_read_it(state, 
             telegram_bot(runtime, fake_tg, reviewers=[str(TG_RITA), str(TG_OTTO)]) as tg:
         refresher = runtime.refresher()
         refresher.after_change.append(
-            runtime.knowledge_loop(ReviewerMessages([tg.adapter], runtime.settings)).after_refresh)
+            runtime.knowledge_loop(ReviewerMessages([tg.adapter])).after_refresh)
         rita = user(TG_RITA, first_name="Rita")
         await tg.send(message_update(CLAIMS_QUESTION, chat_id=TG_RITA, from_user=rita))
         assert tg.turns[-1].answer.outcome is Outcome.ANSWERED and "4,800" in tg.turns[-1].answer.text

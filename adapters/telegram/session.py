@@ -1,0 +1,104 @@
+"""Telegram's HTTP edges: its webhook's secret checked as bytes, and the Bot API session's middlewares (5xx
+retried, calls counted in ``bot.metrics``).
+
+aiogram compares ``X-Telegram-Bot-Api-Secret-Token`` with ``secrets.compare_digest`` on text, which raises
+on anything but ASCII: a stranger's request ended in a 500 with a traceback. Here it is a 401 and one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from aiogram import Bot
+from aiogram.exceptions import TelegramNetworkError, TelegramRetryAfter, TelegramServerError
+from aiogram.webhook.aiohttp_server import SimpleRequestHandler
+from aiohttp import web
+
+from bot.metrics import METRICS, Metrics
+
+log = logging.getLogger("kbbot.telegram")
+
+
+class TelegramServerErrorRetry:
+    """An aiogram request middleware: a Bot API call answered 5xx (or lost on the network) is tried
+    again, up to ``retries`` times after ``backoff_s``, 2 x ``backoff_s``, ...; Slack's client does the
+    same with its ``AsyncServerErrorRetryHandler``. A 5xx means Telegram did not finish the call, so
+    the final answer is sent again rather than lost; 429s are left to the stream writer's Retry-After."""
+
+    def __init__(self, retries: int = 2, backoff_s: float = 0.5):
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
+        name = getattr(method, "__api_method__", type(method).__name__)
+        attempt = 0
+        while True:
+            try:
+                return await make_request(bot, method)
+            except (TelegramServerError, TelegramNetworkError) as exc:
+                if attempt >= self.retries or name == "getUpdates":
+                    raise
+                attempt += 1
+                log.warning("Telegram %s failed (%s); retry %d of %d", name, type(exc).__name__, attempt,
+                            self.retries)
+                await asyncio.sleep(self.backoff_s * attempt)
+
+
+class TelegramApiMetrics:
+    """An aiogram request middleware (``bot.session.middleware(TelegramApiMetrics())``): every Bot API
+    call by method, with flood control (429) and server errors."""
+
+    def __init__(self, metrics: Metrics | None = None):
+        self.metrics = metrics
+
+    async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
+        metrics = self.metrics or METRICS
+        name = getattr(method, "__api_method__", type(method).__name__)
+        if name == "getUpdates":  # long polls are the connection, not calls answering anyone
+            return await make_request(bot, method)
+        try:
+            result = await make_request(bot, method)
+        except TelegramRetryAfter:
+            metrics.observe_api_call("telegram", name, 429)
+            raise
+        except TelegramServerError:
+            metrics.observe_api_call("telegram", name, 500)
+            raise
+        except TelegramNetworkError:
+            metrics.observe_api_call("telegram", name, "network")
+            raise
+        except Exception:
+            metrics.observe_api_call("telegram", name, 400)  # refused (bad request, forbidden): still a call
+            raise
+        metrics.observe_api_call("telegram", name, 200)
+        return result
+
+
+class TelegramWebhook(SimpleRequestHandler):
+    """aiogram's webhook handler, comparing the secret token as bytes and logging a refusal."""
+
+    def verify_secret(self, telegram_secret_token: str, bot: Bot) -> bool:
+        if not self.secret_token:
+            return True
+        # aiohttp keeps undecodable header bytes as surrogates: they encode back to what was sent.
+        presented = telegram_secret_token.encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(presented, self.secret_token.encode())
+
+    async def handle(self, request: web.Request) -> web.Response:
+        bot = await self.resolve_bot(request)
+        if not self.verify_secret(request.headers.get("X-Telegram-Bot-Api-Secret-Token", ""), bot):
+            log.warning("Telegram webhook: refused %s %s from %s: wrong or missing secret token", request.method,
+                        request.path, request.remote)
+            return web.Response(body="Unauthorized", status=401)
+        return await super().handle(request)
+
+    __call__: Any = handle
+
+
+def instrument(bot: Bot) -> None:
+    """Retry the Bot API's 5xx and count every call (the retry outermost: each attempt is counted)."""
+    bot.session.middleware(TelegramServerErrorRetry())
+    bot.session.middleware(TelegramApiMetrics())

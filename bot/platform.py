@@ -1,0 +1,97 @@
+"""The one platform contract: what a way in to kbbot (Slack, Telegram, the HTTP API, the next one) supplies.
+
+A platform is one folder under ``adapters/`` (``adapters/slack/``, ``adapters/telegram/``, ``adapters/api/``)
+whose ``build(runtime, conversations)`` returns a ``Platform`` (or None when its settings leave it off);
+``adapters/platforms.py`` lists the builders, and ``kbbot serve`` builds ``platforms: dict[name, Platform]``
+from them. Everything outside a platform's folder (the server, the knowledge loop's reviewers and re-checks,
+the digest, owners' lists) talks to that registry through this contract, never to a concrete platform.
+
+What a platform supplies:
+
+- **serving**: ``mount`` its HTTP routes on the one web server, ``start`` (connections of its own: Socket
+  Mode, long polling), ``stop`` (after the turns in progress), ``health``;
+- **turns** (chat platforms): its events become ``Inquiry`` s, commands and clicks handed to its
+  ``delivery`` (``bot.delivery.Delivery``: gate, pending record, claim, take-over, the turn), and the
+  operations that layer asks of it (``bot.delivery.PlatformMessages``: its account, a reply rebuilt
+  from a pending turn's target or for a place, delete and edit one of its messages); its replies post,
+  edit, stream and react with its own SDK inside its rate tiers (``bot.streaming.PlatformRates``). A way in
+  whose caller holds the request (the HTTP API) has no ``delivery``;
+- **who**: ``owns(user)`` (an id of its users: an owner's or a reviewer's), ``tenant`` (the account its
+  principals are read under) and, registered with ``bot.permissions.Audiences`` when it is built, which
+  principals a user has and who may read a place;
+- **messages outside a turn**, each through its rate budget: ``send_note`` (plain text to a person or a
+  channel: a reviewers' alert, an owner's list, the digest), ``post_recheck`` (a re-checked approval with
+  its two buttons), and where they go: ``reviewers`` (its reviewers' channel, its reviewers) and
+  ``digest_to``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from bot.delivery import Delivery
+from bot.knowledge_loop.recheck import RecheckRequest
+
+
+@dataclass(frozen=True)
+class Reviewers:
+    """Where a platform's reviewers read kbbot: a channel of theirs (``place``, "" for none) and each
+    reviewer's own id (a direct message)."""
+
+    place: str = ""
+    users: list[str] = field(default_factory=list)
+
+
+class Platform(Protocol):
+    """One way in to kbbot, as the registry holds it (see the module)."""
+
+    name: str
+    #: Its chat turns' delivery layer; None where the caller holds the request (the HTTP API).
+    delivery: Delivery | None
+    #: The account under which its users' principals are read (Telegram: the bot id; "" where ids are global).
+    tenant: str
+    reviewers: Reviewers
+    #: Where the weekly digest goes on this platform ("" for nowhere).
+    digest_to: str
+
+    def mount(self, web_app: web.Application) -> None:
+        """Add its HTTP routes (none for connection-based modes)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop taking events and wait up to ``timeout_s`` for the turns in progress."""
+
+    def health(self) -> dict[str, Any]: ...
+
+    def owns(self, user: str) -> bool:
+        """Whether ``user`` is an id of this platform's users."""
+
+    async def send_note(self, to: str, text: str) -> bool:
+        """``text`` (kbbot's words, or a document's: shown literally, mentions inert) to ``to`` (a user's
+        id: a direct message; or a channel), split to the platform's message size; False when refused."""
+
+    async def post_recheck(self, to: str, request: RecheckRequest) -> bool:
+        """A re-checked approval, both answers and "Keep approved" / "Retire", to ``to``; False when refused."""
+
+
+class NoChat:
+    """The parts of ``Platform`` a way in without chat messages of its own has (the HTTP API): no turns
+    to take over, no users to write to."""
+
+    delivery: Delivery | None = None
+    tenant = ""
+    reviewers = Reviewers()
+    digest_to = ""
+
+    def owns(self, user: str) -> bool:
+        return False
+
+    async def send_note(self, to: str, text: str) -> bool:
+        return False
+
+    async def post_recheck(self, to: str, request: RecheckRequest) -> bool:
+        return False
