@@ -28,5 +28,5 @@ def build_platforms(runtime: Any, conversations: Any) -> dict[str, Platform]:
         if platform is not None:
             platforms[name] = platform
             if platform.delivery is not None:
-                conversations.serve(platform.delivery)
+                conversations.turns.serve(platform.delivery)
     return platforms

@@ -30,12 +30,12 @@ from aiohttp import web
 from adapters.insights import mount_admin, start_digest, start_follow_ups
 from adapters.platforms import build_platforms
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
+from bot.delivery.pending import RecoveryLoop
 from bot.errors import SettingsError
 from bot.health import check_redis, check_store
 from bot.knowledge_loop.golden import golden_results
 from bot.knowledge_loop.reviewers import ReviewerMessages
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
-from bot.pending import RecoveryLoop
 from bot.platform import Platform
 from bot.server_settings import ServerSettings
 from bot.settings_base import reveal
@@ -175,7 +175,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     start_follow_ups(runtime, knowledge, adapters)
     knowledge.refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages(adapters)).after_refresh)
     # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
-    recovery = RecoveryLoop(conversations.recover, runtime.settings.recovery.interval_s)
+    recovery = RecoveryLoop(conversations.turns.recover, runtime.settings.recovery.interval_s)
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
                     "serving /healthz only")
@@ -205,7 +205,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         log.info("stopping: finishing the turns in progress (up to %.0f s)", drain_s)
     finally:
         await recovery.stop()
-        await conversations.recovering.drain(drain_s)
+        await conversations.turns.recovering.drain(drain_s)
         if digest is not None:
             digest.stop()
         if admin_site is not None:

@@ -467,8 +467,8 @@ def fresh_prefix() -> str:
 async def bucket_cost(redis: Any, n: int = 2000) -> list[dict[str, Any]]:
     """What one token costs the caller: ``PlatformRates.acquire`` of a bucket that always has one, in this
     process and in Redis (one Lua script per token), in µs."""
-    from bot.rate_buckets import RedisBuckets
-    from bot.streaming import PlatformRates, Rate
+    from bot.delivery.buckets import RedisBuckets
+    from bot.delivery.rates import PlatformRates, Rate
 
     rows = []
     stores = {"memory": None, **({"redis": RedisBuckets(redis, fresh_prefix())} if redis is not None else {})}

@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.rate_buckets import SharedScript
+from bot.delivery.buckets import SharedScript
 
 log = logging.getLogger("kbbot.model_calls")
 
@@ -313,7 +313,7 @@ class RedisModelCalls:
 
     When Redis cannot be reached this process keeps to a state of its own (``fallback``, at the same
     adaptation) for ``outage_retry_s`` and then tries Redis again, as the platforms' rate budgets do
-    (``bot.rate_buckets``): an outage never fails a model call, the provider's 429s still teach the limit.
+    (``bot.delivery.buckets``): an outage never fails a model call, the provider's 429s still teach the limit.
     """
 
     client: Any

@@ -51,8 +51,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import LockError, RedisError
 
+from bot.delivery.pending import PendingTurn
 from bot.history import cap_messages
-from bot.pending import PendingTurn
 from bot.state import RenewingLock
 from pipelines.errors import StateUnavailable
 from pipelines.redact import redact_url, scrub

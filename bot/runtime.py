@@ -23,6 +23,7 @@ from bot.answering import Admission, Answerer, Approvals, Permissions, Probe, Tu
 from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
 from bot.capacity import TurnGate
 from bot.conversation import Conversations, HandledTurn, Kept, TakeOver
+from bot.delivery.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
 from bot.history import HistoryStore, SqliteHistory
 from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
@@ -35,7 +36,6 @@ from bot.knowledge_loop.hook import KnowledgeLoop
 from bot.knowledge_loop.recheck import ApprovalRecheck, ReviewerDesk
 from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
 from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
-from bot.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.permissions import Audiences, KnownPrincipals, UnmappedNotice
 from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
 from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis

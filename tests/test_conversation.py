@@ -18,17 +18,17 @@ def inquiry(text: str, thread: str, user: str = "u1") -> Inquiry:
 async def test_a_claim_is_kept_after_an_answer_and_released_after_a_failure(kb_runtime: Runtime):
     turns: list[HandledTurn] = []
     conversations = kb_runtime.conversations(on_turn=turns.append)
-    claimed = await conversations.claim(["test:event:1"], 60)
-    answer = await conversations.answer(inquiry(QUESTION, "a"), RecordingReply(), claimed=claimed,
+    claimed = await conversations.turns.claim(["test:event:1"], 60)
+    answer = await conversations.turns.answer(inquiry(QUESTION, "a"), RecordingReply(), claimed=claimed,
                                         event_id="1", kind="dm")
     assert answer is not None and answer.outcome is Outcome.ANSWERED
-    assert await conversations.claim(["test:event:1"], 60) is None, "answered: a redelivery is not answered again"
+    assert await conversations.turns.claim(["test:event:1"], 60) is None, "answered: a redelivery is not answered again"
 
-    claimed = await conversations.claim(["test:event:2"], 60)
+    claimed = await conversations.turns.claim(["test:event:2"], 60)
     reply = RecordingReply()
-    failed = await conversations.answer(inquiry("   ", "b"), reply, claimed=claimed, event_id="2", kind="dm")
+    failed = await conversations.turns.answer(inquiry("   ", "b"), reply, claimed=claimed, event_id="2", kind="dm")
     assert failed is not None and failed.outcome is Outcome.ERROR and reply.failure
-    again = await conversations.claim(["test:event:2"], 60)
+    again = await conversations.turns.claim(["test:event:2"], 60)
     assert again is not None and again.keys == ("test:event:2",), "failed: a redelivery may try again"
     assert [(t.event_id, t.kind, t.answer.outcome) for t in turns] == [("1", "dm", Outcome.ANSWERED),
                                                                        ("2", "dm", Outcome.ERROR)]
@@ -36,7 +36,7 @@ async def test_a_claim_is_kept_after_an_answer_and_released_after_a_failure(kb_r
 
 async def test_reviews_say_what_happened(kb_runtime: Runtime):
     conversations = kb_runtime.conversations()
-    first = await conversations.answer(inquiry(QUESTION, "r"), RecordingReply(), claimed=None, event_id="1", kind="dm")
+    first = await conversations.turns.answer(inquiry(QUESTION, "r"), RecordingReply(), claimed=None, event_id="1", kind="dm")
     assert first is not None and first.approvable
     turn_id = first.trace.turn_id
 
@@ -77,7 +77,7 @@ async def test_preference_commands_and_a_thread_afresh(kb_runtime: Runtime):
     await conversations.preference_command("test", "t1", "u1", ["prefs", "lang", "zh"], prefix="/")
     assert await conversations.user_language("test", "t1", "u1") == "zh"
 
-    await conversations.answer(inquiry(QUESTION, "f"), RecordingReply(), claimed=None, event_id="1", kind="dm")
+    await conversations.turns.answer(inquiry(QUESTION, "f"), RecordingReply(), claimed=None, event_id="1", kind="dm")
     assert await conversations.answered_before("test:f")
     assert await conversations.start_afresh("test:f")
     assert not await conversations.answered_before("test:f")

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.conversation import Conversations, TakeOver
-from bot.delivery import Access, Delivery, StreamedReply, reconcile, show_failure
+from bot.conversation import Conversations
+from bot.delivery.gate import Access, Delivery
+from bot.delivery.pending import MemoryPendingTurns, PendingTurn
+from bot.delivery.reply import StreamedReply, reconcile, show_failure
+from bot.delivery.stream import Cadence, StreamWriter, split_message
+from bot.delivery.turns import Arrival, TakeOver
 from bot.history import SqliteHistory
-from bot.pending import MemoryPendingTurns, PendingTurn
 from bot.state import MemoryIdempotency
-from bot.streaming import Cadence, StreamWriter, split_message
 from bot.types import Answer, Inquiry, Outcome
 from tests.replies import Stuck
 
@@ -161,9 +163,9 @@ def replica(tmp: Path, name: str, answerer: Any, *, screen: Screen, pending: Mem
     conversations = Conversations(answerer, idempotency, SqliteHistory(tmp / f"{name}.sqlite3"),
                                   takeover=TakeOver(pending, name))
     console = Console(screen)
-    delivery = Delivery(conversations, console)
+    delivery = Delivery(conversations.turns, console)
     delivery.check(lambda access: None if access.user != "mallory" else "not on the desk's list")
-    conversations.serve(delivery)  # as the composition root does for every chat platform
+    conversations.turns.serve(delivery)  # as the composition root does for every chat platform
     return Replica(conversations, delivery, console)
 
 
@@ -172,12 +174,11 @@ async def ask(r: Replica, n: int, user: str = "alice") -> Answer | None:
     if not r.delivery.admit(Access("question", user, "desk-1", "desk-1", private=True)):
         return None
     inquiry = Inquiry("console", "desk-1", "desk-1", "console:desk-1", user, QUESTION)
-    accepted = await r.delivery.accept(inquiry, [f"console:line:{n}"], 60, LEASE, event_id=str(n), kind="line",
-                                       crashed="Something went wrong.", target={"desk": "desk-1"})
+    accepted = await r.delivery.accept(Arrival(inquiry, [f"console:line:{n}"], str(n), "line", target={"desk": "desk-1"},
+                                               ttl_s=60, lease_s=LEASE, crashed="Something went wrong."))
     if accepted is None:
         return None
-    return await r.delivery.answer(inquiry, ConsoleReply(r.console.screen), accepted, event_id=str(n), kind="line",
-                                   crashed="Something went wrong.")
+    return await r.delivery.answer(accepted, ConsoleReply(r.console.screen))
 
 
 async def test_a_third_platform_gets_the_gate_claims_takeover_and_failure_display(tmp_path: Path):
@@ -210,7 +211,7 @@ async def test_a_third_platform_gets_the_gate_claims_takeover_and_failure_displa
     await asyncio.gather(turn, return_exceptions=True)
     e = replica(tmp_path, "E", Answers(), **stores)
     await asyncio.sleep(LEASE * 1.6)
-    assert await e.conversations.recover() == 1
-    await e.conversations.recovering.settle(0.05)
+    assert await e.conversations.turns.recover() == 1
+    await e.conversations.turns.recovering.settle(0.05)
     assert orphan in screen.removed and orphan not in screen.lines
     assert screen.shown() == split_message(ANSWER, 60), "answered once, in full"

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from bot.conversation import CRASHED, Conversations, TakeOver
-from bot.delivery import Delivery
+from bot.conversation import Conversations
+from bot.delivery.gate import Delivery
+from bot.delivery.pending import MemoryPendingTurns, PendingTurn, PendingTurns
+from bot.delivery.turns import CRASHED, Arrival, TakeOver
 from bot.history import SqliteHistory
-from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
 from bot.redis_state import RedisIdempotency, RedisLock, RedisPendingTurns
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
 from bot.types import Answer, Inquiry, Outcome, Reply
@@ -183,7 +184,7 @@ def replica(tmp: Path, stores: Stores, name: str, answerer: Any = None, *, pendi
     takeover = TakeOver(pending or stores.pending, name, max_attempts=max_attempts)
     conversations = Conversations(answerer or Answers(), stores.idempotency, SqliteHistory(tmp / f"{name}.sqlite3"),
                                   takeover=takeover)
-    conversations.serve(Delivery(conversations, platform))
+    conversations.turns.serve(Delivery(conversations.turns, platform))
     return conversations, platform
 
 
@@ -192,16 +193,16 @@ async def accept(conversations: Conversations, n: int, reply: Reply, text: str =
     (in the handler's task)."""
     keys = [f"slack:event:{n}", f"slack:message:{n}"]
     inquiry = Inquiry("slack", "T1", "C1", f"slack:T1:C1:{n}", "U1", text)
-    accepted = await conversations.accept(inquiry, keys, ttl_s=60, lease_s=LEASE, event_id=f"Ev{n}", kind="mention",
-                                          crashed=CRASHED, target={"n": n}, account=account())
+    accepted = await conversations.turns.accept(
+        Arrival(inquiry, keys, f"Ev{n}", "mention", target={"n": n}, ttl_s=60, lease_s=LEASE, crashed=CRASHED), account())
     assert accepted is not None
-    return asyncio.create_task(conversations.answer(inquiry, reply, claimed=accepted, event_id=f"Ev{n}",
-                                                    kind="mention", crashed=CRASHED))
+    return asyncio.create_task(conversations.turns.answer(inquiry, reply, claimed=accepted, event_id=f"Ev{n}",
+                                                          kind="mention", crashed=CRASHED))
 
 
 async def recover(conversations: Conversations) -> int:
-    taken = await conversations.recover()
-    await conversations.recovering.settle(0.05)
+    taken = await conversations.turns.recover()
+    await conversations.turns.recovering.settle(0.05)
     return taken
 
 
@@ -222,7 +223,7 @@ async def test_a_turn_whose_replica_died_is_answered_by_another_once(tmp_path: P
     assert (turn.event_id, turn.attempts, turn.inquiry.text) == ("Ev1", 2, QUESTION)
     assert platform.retired == reply.posted == ["m1"], "the half-written message is handed to the adapter"
     assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED and reply.final is None
-    assert await b.claim(["slack:event:1"], 60) is None, "a redelivery is not answered again"
+    assert await b.turns.claim(["slack:event:1"], 60) is None, "a redelivery is not answered again"
     await asyncio.sleep(EXPIRED)
     assert await recover(b) == 0 and await stores.pending.take_expired("C", [account("slack")], 10) == [], "entry removed"
 
@@ -262,7 +263,7 @@ async def test_an_owner_whose_event_loop_stalled_while_another_took_over_does_no
     elsewhere.join()
     assert len(taken) == 1 and reply.final is None and reply.failure is None, \
         "the final message asked the store first, which said B has the turn"
-    await b.resume(taken[0])
+    await b.turns.resume(taken[0])
     [(_, resumed)] = platform.resumed
     assert resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
 
@@ -297,7 +298,7 @@ async def test_a_turn_one_replica_took_over_twice_is_answered_by_its_later_take_
     assert first.final is None and first.failure is None, "the stalled take-over was fenced off"
     assert from_a.posted == first.posted == ["m1"]
     assert platform.retired == ["m1", "m1"], "A's message by the first take-over, its own when it lost the turn"
-    await b.resume(taken[0])
+    await b.turns.resume(taken[0])
     [_, (_, later)] = platform.resumed
     assert later.final is not None and later.final.outcome is Outcome.ANSWERED
     assert platform.retired == ["m1", "m1"], "nothing else to retire"
@@ -320,9 +321,9 @@ async def test_a_question_that_keeps_killing_replicas_is_given_up_with_a_message
     handler.cancel()
     b, b_platform = replica(tmp_path, stores, "B", stuck := Stuck(), max_attempts=2)
     await asyncio.sleep(EXPIRED)
-    assert await b.recover() == 1  # attempt 2: dies too
+    assert await b.turns.recover() == 1  # attempt 2: dies too
     await stuck.writing.wait()
-    for task in list(b.recovering._tasks):
+    for task in list(b.turns.recovering._tasks):
         task.cancel()
     c, c_platform = replica(tmp_path, stores, "C", max_attempts=2)
     await asyncio.sleep(EXPIRED)
@@ -332,7 +333,7 @@ async def test_a_question_that_keeps_killing_replicas_is_given_up_with_a_message
     assert told.final is None and not told.deltas, "not answered a third time"
     await asyncio.sleep(EXPIRED)
     assert await recover(c) == 0
-    assert await c.claim(["slack:message:4"], 60) is None
+    assert await c.turns.claim(["slack:message:4"], 60) is None
 
 
 async def test_a_turn_that_failed_is_over_and_a_turn_left_behind_after_its_answer_is_dropped(tmp_path: Path,
@@ -389,10 +390,10 @@ class UnderThreadLock:
 async def take_over(conversations: Conversations) -> None:
     """Recovery rounds until the dead replica's entry expired and was taken (no sleep guesses the
     moment), then the turn taken over, answered within 10 s of that: not another lease, nor a lock's TTL."""
-    while await conversations.recover() == 0:
+    while await conversations.turns.recover() == 0:
         await asyncio.sleep(0.05)
     async with asyncio.timeout(10):
-        await conversations.recovering.settle(0.05)
+        await conversations.turns.recovering.settle(0.05)
 
 
 async def buried(*tasks: asyncio.Task[Any]) -> None:
@@ -414,7 +415,7 @@ async def test_killed_holding_the_thread_lock_the_turn_is_taken_over_without_wai
     try:
         await take_over(b)
     finally:
-        await buried(handler, *b.recovering._tasks)
+        await buried(handler, *b.turns.recovering._tasks)
     [(turn, resumed)] = platform.resumed
     assert turn.attempts == 2 and resumed.final is not None and resumed.final.outcome is Outcome.ANSWERED
     assert not await RedisLock(stores.redis, "thread:slack:T1:C1:11", prefix=stores.prefix).locked(), "released"
@@ -440,7 +441,7 @@ async def test_killed_after_posting_its_final_answer_the_question_is_not_answere
     assert turn.attempts == 2 and platform.retired == reply.posted == ["m1"] and resumed.deltas == []
     assert resumed.final is not None and resumed.final.trace.turn_id == reply.final.trace.turn_id
     assert resumed.final.text == reply.final.text
-    assert await b.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
+    assert await b.turns.claim(["slack:event:12"], 60) is None, "a redelivery is not answered again"
     # The question's outcome line comes from B (A died before writing it): every question answered has one.
     [line] = [r.getMessage() for r in caplog.records if " -> turn " in r.getMessage()]
     assert line.endswith(f"-> turn {reply.final.trace.turn_id} (its recorded final shown again) answered")
@@ -462,4 +463,4 @@ async def test_killed_before_posting_its_final_answer_the_question_is_answered_o
     [(turn, resumed)] = platform.resumed
     assert answers.calls == 1 and platform.retired == reply.posted == ["m1"]
     assert resumed.final is not None and resumed.final.text == "Every 2,000 operating hours."
-    assert await b.claim(["slack:event:13"], 60) is None, "a redelivery is not answered again"
+    assert await b.turns.claim(["slack:event:13"], 60) is None, "a redelivery is not answered again"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bot.rate_buckets import MemoryBuckets, Rate, RedisBuckets
-from bot.streaming import COMPLETES, PlatformRates
+from bot.delivery.buckets import MemoryBuckets, Rate, RedisBuckets
+from bot.delivery.rates import COMPLETES, PlatformRates
 from tests.private_redis import private_redis  # noqa: F401 - a fixture
 
 needs_redis = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (make test starts Redis)")

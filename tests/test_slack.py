@@ -28,10 +28,11 @@ from adapters.slack.platform import SlackAdapter
 from adapters.slack.reply import make_rates
 from adapters.slack.text import neutralise, question_text, stable_prefix
 from bot.conversation import HandledTurn
+from bot.delivery.rates import PlatformRates, Rate
+from bot.delivery.stream import split_message
 from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
-from bot.streaming import PlatformRates, Rate, split_message
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script

@@ -7,17 +7,8 @@ import time
 
 import pytest
 
-from bot.streaming import (
-    COMPLETES,
-    STARTS,
-    Cadence,
-    DeliveryFailed,
-    PlatformRates,
-    Rate,
-    RetryAfter,
-    StreamWriter,
-    TokenBucket,
-)
+from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Rate, TokenBucket
+from bot.delivery.stream import Cadence, DeliveryFailed, RetryAfter, StreamWriter
 
 
 class RecordingSink:

@@ -34,7 +34,7 @@ async def test_slack_half_written_answer_of_a_dead_replica_is_replaced_by_one_wh
     async with slack_app(kb_runtime, fake_slack, answerer=stuck, replica="A", claim_lease_s=LEASE) as a, \
             slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
         for replica in (a, b):  # as adapters.platforms.build_platforms does for kbbot serve
-            replica.adapter.conversations.serve(replica.adapter.delivery)
+            replica.adapter.conversations.turns.serve(replica.adapter.delivery)
         body = await a.send(a.mention(), settle=False)
         event = body["event"]
         await until(lambda: any(m.body.strip() for m in fake_slack.thread(event["channel"], event["ts"])))
@@ -43,10 +43,10 @@ async def test_slack_half_written_answer_of_a_dead_replica_is_replaced_by_one_wh
         for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from A
             task.cancel()
         conversations = b.adapter.conversations
-        assert await conversations.recover() == 0, "A's lease has not expired yet"
+        assert await conversations.turns.recover() == 0, "A's lease has not expired yet"
         await asyncio.sleep(LEASE * 1.6)
-        assert await conversations.recover() == 1
-        await conversations.recovering.settle(0.05)
+        assert await conversations.turns.recover() == 1
+        await conversations.turns.recovering.settle(0.05)
 
     answers = [m for m in fake_slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
     assert len(answers) == 1 and answers[0].ts != orphan.ts, [m.body[:40] for m in answers]
@@ -60,7 +60,7 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
                                                                                              fake_tg: FakeTelegram):
     stuck = Stuck(PARTIAL)
     async with telegram_bot(kb_runtime, fake_tg, answerer=stuck, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.serve(a.adapter.delivery)  # as adapters.platforms.build_platforms does for kbbot serve
+        a.adapter.conversations.turns.serve(a.adapter.delivery)  # as adapters.platforms.build_platforms does for kbbot serve
         fake_tg.push(message_update(QUESTION, chat_id=7002))
         await until(lambda: bool(fake_tg.chat(7002)))
         [orphan] = fake_tg.chat(7002)
@@ -71,10 +71,10 @@ async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one
         conversations = b.adapter.conversations
         assert conversations.takeover is not None
         conversations.takeover.replica = "B"
-        conversations.serve(b.adapter.delivery)
+        conversations.turns.serve(b.adapter.delivery)
         await asyncio.sleep(LEASE * 1.6)
-        assert await conversations.recover() == 1
-        await conversations.recovering.settle(0.05)
+        assert await conversations.turns.recover() == 1
+        await conversations.turns.recovering.settle(0.05)
 
     [answer] = fake_tg.chat(7002)
     assert answer.message_id != orphan.message_id and orphan.deleted, "the half-written message is gone"
@@ -116,7 +116,7 @@ async def test_slack_turn_taken_over_while_alive_takes_back_the_message_it_poste
     async with slack_app(kb_runtime, fake_slack, answerer=late, replica="A", claim_lease_s=LEASE) as a, \
             slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
         for replica in (a, b):
-            replica.adapter.conversations.serve(replica.adapter.delivery)
+            replica.adapter.conversations.turns.serve(replica.adapter.delivery)
         body = await a.send(a.mention(), settle=False)
         event = body["event"]
         thread.extend((event["channel"], event["ts"]))
@@ -125,8 +125,8 @@ async def test_slack_turn_taken_over_while_alive_takes_back_the_message_it_poste
             if task.get_name().startswith(RENEWALS):
                 task.cancel()
         await asyncio.sleep(LEASE * 1.6)
-        assert await b.adapter.conversations.recover() == 1
-        await b.adapter.conversations.recovering.settle(0.05)
+        assert await b.adapter.conversations.turns.recover() == 1
+        await b.adapter.conversations.turns.recovering.settle(0.05)
         [answer] = [m for m in fake_slack.thread(*thread) if m.body.strip()]
         late.go.set()  # A comes back and writes
         await a.adapter.settle()
@@ -153,7 +153,7 @@ async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_eve
     async with slack_app(kb_runtime, fake_slack, replica="A", claim_lease_s=LEASE) as a, \
             slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
         for replica in (a, b):
-            replica.adapter.conversations.serve(replica.adapter.delivery)
+            replica.adapter.conversations.turns.serve(replica.adapter.delivery)
         body = a.event_body(a.mention())
         event = body["event"]
         first = asyncio.create_task(a.post(json.dumps(body)))
@@ -170,9 +170,9 @@ async def test_slack_question_of_a_replica_killed_before_it_acknowledged_the_eve
             await b.send(event, event_id=body["event_id"], retry=2)
         conversations = b.adapter.conversations
         for _ in range(round(LEASE * 2 / 0.1)):  # recovery rounds while A's pending entry, if any, expires
-            await conversations.recover()
+            await conversations.turns.recover()
             await asyncio.sleep(0.1)
-        await conversations.recovering.settle(0.05)
+        await conversations.turns.recovering.settle(0.05)
         await b.adapter.settle()
 
     answers = [m for m in fake_slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
@@ -188,7 +188,7 @@ async def test_telegram_question_of_a_process_killed_before_it_confirmed_the_upd
     getUpdates' offset): the next process gets the update again, and the question is answered once."""
     killed = die_at(point)
     async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.serve(a.adapter.delivery)
+        a.adapter.conversations.turns.serve(a.adapter.delivery)
         fake_tg.push(message_update(QUESTION, chat_id=7003))
         await died(killed)
         polling = a.adapter._polling  # SIGKILL: no getUpdates more, nothing else from this process
@@ -201,11 +201,11 @@ async def test_telegram_question_of_a_process_killed_before_it_confirmed_the_upd
         conversations = b.adapter.conversations
         assert conversations.takeover is not None
         conversations.takeover.replica = "B"
-        conversations.serve(b.adapter.delivery)
+        conversations.turns.serve(b.adapter.delivery)
         for _ in range(round(LEASE * 2 / 0.1)):  # recovery rounds while A's pending entry, if any, expires
-            await conversations.recover()
+            await conversations.turns.recover()
             await asyncio.sleep(0.1)
-        await conversations.recovering.settle(0.05)
+        await conversations.turns.recovering.settle(0.05)
         await b.adapter.settle()
 
     answers = fake_tg.chat(7003)

@@ -265,7 +265,7 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
         TelegramReply,
         make_bot,
     )
-    from bot.streaming import PlatformRates
+    from bot.delivery.rates import PlatformRates
 
     settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url)
     rates = PlatformRates(rates={BOT_SEND: DEFAULT_BOT_RATE}, default=DEFAULT_CHAT_RATE, clock=lambda: 0.0)
@@ -354,7 +354,7 @@ async def test_a_message_whose_process_died_mid_turn_is_answered_when_it_comes_a
     async with telegram_bot(kb_runtime, fake_tg, idempotency=idempotency, claim_lease_s=0.5) as tg:
         message = f"telegram:message:{tg.adapter.bot_id}:{update['message']['chat']['id']}:" \
                   f"{update['message']['message_id']}"
-        claimed = await tg.adapter.conversations.claim([message], 60, lease_s=0.5)
+        claimed = await tg.adapter.conversations.turns.claim([message], 60, lease_s=0.5)
         assert isinstance(claimed, Claim) and claimed.held and claimed._renewal is not None
         claimed._renewal.cancel()  # the process that claimed it died: nobody renews, nobody finishes
         await tg.send({**update, "update_id": fake_tg.new_update_id()})  # at once: still held

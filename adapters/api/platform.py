@@ -220,7 +220,7 @@ class HttpApi(NoChat):
             return None
         # The whole key, hashed: a key kept in part would make keys that share that part one request.
         digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
-        claimed = await self.conversations.claim([f"api:request:{request[CALLER].name}:{digest}"],
+        claimed = await self.conversations.turns.claim([f"api:request:{request[CALLER].name}:{digest}"],
                                                  self.settings.dedupe_ttl_s)
         if claimed is None:
             log.info("API: request with Idempotency-Key sha256:%s of %s was already answered; not answering twice",
@@ -241,7 +241,7 @@ class HttpApi(NoChat):
         async def run() -> None:
             self._tasks.track_current()
             try:
-                await self.conversations.answer(inquiry, reply, claimed=claimed, event_id=uuid.uuid4().hex, kind=kind)
+                await self.conversations.turns.answer(inquiry, reply, claimed=claimed, event_id=uuid.uuid4().hex, kind=kind)
             finally:
                 reply.events.put_nowait(None)
 

@@ -72,18 +72,20 @@ from adapters.slack.text import (
     review_text,
     reviewed_blocks,
 )
-from bot.conversation import Accepted, AdminStatus, Conversations, ReviewStatus
-from bot.delivery import Access, Delivery
+from bot.conversation import AdminStatus, Conversations, ReviewStatus
+from bot.delivery.gate import Access, Delivery
+from bot.delivery.pending import PendingTurn
+from bot.delivery.rates import PlatformRates
+from bot.delivery.stream import split_message
+from bot.delivery.turns import Accepted, Arrival
 from bot.feedback import Feedback
 from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
-from bot.pending import PendingTurn
 from bot.platform import Reviewers
 from bot.platform_settings import SlackSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
-from bot.streaming import PlatformRates, split_message
 from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.slack")
@@ -111,11 +113,8 @@ ACCEPTED = "kbbot_question"
 class Question:
     """A question accepted before its event's acknowledgement, to be answered after it."""
 
-    inquiry: Inquiry
     where: SlackThread
     accepted: Accepted
-    event_id: str
-    kind: str
 
 
 def _click_team(body: dict[str, Any]) -> str:
@@ -188,7 +187,7 @@ class SlackAdapter:
         self.app.action(EXPERT_APPROVE_ACTION)(self._on_expert_click)
         self.app.action(EXPERT_CAPTURE_ACTION)(self._on_expert_click)
         self.app.command(SLASH_COMMAND)(self._on_command)
-        self.delivery = Delivery(conversations, self)
+        self.delivery = Delivery(conversations.turns if conversations is not None else None, self)
         self.delivery.check(self._team_allowed)
         self.delivery.check(self._place_allowed)
         self._threads: dict[str, float] = {}  # thread key -> until when it counts as answered here
@@ -407,8 +406,7 @@ class SlackAdapter:
         """After the acknowledgement: the question its middleware accepted, if any, answered in its thread."""
         question: Question | None = context.get(ACCEPTED)
         if question is not None:
-            await self.delivery.answer(question.inquiry, self._reply(client, question.where), question.accepted,
-                                       event_id=question.event_id, kind=question.kind, crashed=say("crashed", "en"))
+            await self.delivery.answer(question.accepted, self._reply(client, question.where))
 
     async def _on_feedback(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
         click = Click.of(body)
@@ -604,14 +602,14 @@ class SlackAdapter:
                           reply_to=dataclasses.asdict(where))
         if self._bot_id is None and getattr(context, "bot_id", None):
             self._bot_id = str(context.bot_id)  # bolt's own auth.test said it: no call of ours
-        accepted = await self.delivery.accept(inquiry, keys, self.settings.dedupe_ttl_s, self.settings.claim_lease_s,
-                                              event_id=event_id, kind=kind, crashed=say("crashed", "en"),
-                                              target=dataclasses.asdict(where))
+        accepted = await self.delivery.accept(Arrival(
+            inquiry, keys, event_id, kind, target=dataclasses.asdict(where), ttl_s=self.settings.dedupe_ttl_s,
+            lease_s=self.settings.claim_lease_s, crashed=say("crashed", "en")))
         if accepted is None:
             log.info("event %s (%s in %s) was already handled; not answering twice", event_id, kind, channel)
             return None
         self._remember_thread(where.key)
-        return Question(inquiry, where, accepted, event_id, kind)
+        return Question(where, accepted)
 
     def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
         return SlackReply(client, where, self.settings, self.rates, native=self._streaming_allowed(where.team),

@@ -45,24 +45,13 @@ from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
-from bot.delivery import StreamedReply, reconcile, show_failure
+from bot.delivery.buckets import RedisBuckets
+from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
+from bot.delivery.reply import StreamedReply, reconcile, show_failure
+from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, cut_point, in_background, split_message
 from bot.metrics import METRICS
 from bot.platform_settings import SlackSettings
-from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import (
-    COMPLETES,
-    STARTS,
-    Cadence,
-    PlatformRates,
-    Priority,
-    Rate,
-    RetryAfter,
-    StreamWriter,
-    cut_point,
-    in_background,
-    split_message,
-)
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.slack")

@@ -80,18 +80,20 @@ from adapters.telegram.text import (
     user_language,
 )
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
-from bot.delivery import Access, Delivery
+from bot.delivery.gate import Access, Delivery
+from bot.delivery.pending import PendingTurn
+from bot.delivery.rates import PlatformRates
+from bot.delivery.stream import RetryAfter
+from bot.delivery.turns import Arrival
 from bot.feedback import Feedback
 from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge_loop.recheck import RecheckRequest
 from bot.messages import say
-from bot.pending import PendingTurn
 from bot.platform import Reviewers
 from bot.platform_settings import TelegramSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings_base import reveal
 from bot.state import Claim
-from bot.streaming import PlatformRates, RetryAfter
 from bot.types import Inquiry
 from pipelines.text import detect_language
 
@@ -124,7 +126,7 @@ class TelegramAdapter:
         self.dp = Dispatcher()
         self.dp.update.outer_middleware(self._received)
         self.username: str | None = None
-        self.delivery = Delivery(conversations, self)
+        self.delivery = Delivery(conversations.turns if conversations is not None else None, self)
         self.dp.include_router(self._router())
         self.delivery.check(self._chat_allowed)
         self.delivery.check(self._user_allowed)
@@ -415,15 +417,13 @@ class TelegramAdapter:
                           reply_to={"chat": dataclasses.asdict(where), "language": language})
         event_id = str(event_update.update_id if event_update is not None else 0)
         kind = "private" if where.private else "group"
-        accepted = await self.delivery.accept(inquiry, self._keys(message, event_update), self.settings.dedupe_ttl_s,
-                                              self.settings.claim_lease_s, event_id=event_id, kind=kind,
-                                              crashed=say("crashed", language),
-                                              target=dict(inquiry.reply_to or {}))
+        accepted = await self.delivery.accept(Arrival(
+            inquiry, self._keys(message, event_update), event_id, kind, target=dict(inquiry.reply_to or {}),
+            ttl_s=self.settings.dedupe_ttl_s, lease_s=self.settings.claim_lease_s, crashed=say("crashed", language)))
         if accepted is None:
             log.info("update %s was already handled; not answering twice", event_id)
             return
-        turn = self.delivery.answer(inquiry, self._reply(where, language), accepted, event_id=event_id, kind=kind,
-                                    crashed=say("crashed", language))
+        turn = self.delivery.answer(accepted, self._reply(where, language))
         self.delivery.background(asyncio.create_task(turn, name=f"turn {event_id}"))  # after the acknowledgement
 
     def _reply(self, where: TelegramChat, language: str) -> TelegramReply:

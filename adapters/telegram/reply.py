@@ -46,11 +46,12 @@ from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, Reaction
 from aiogram.utils.token import extract_bot_id
 
 from adapters.telegram.text import Rendered, answer_markup, final_parts, render_parts
-from bot.delivery import StreamedReply, reconcile, show_failure
+from bot.delivery.buckets import RedisBuckets
+from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
+from bot.delivery.reply import StreamedReply, reconcile, show_failure
+from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, in_background
 from bot.platform_settings import TelegramSettings
-from bot.rate_buckets import RedisBuckets
 from bot.settings_base import reveal
-from bot.streaming import COMPLETES, STARTS, Cadence, PlatformRates, Priority, Rate, RetryAfter, StreamWriter, in_background
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")

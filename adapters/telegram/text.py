@@ -21,8 +21,8 @@ from typing import Any
 import telegramify_markdown
 from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup, MessageEntity
 
+from bot.delivery.stream import cut_point
 from bot.messages import say
-from bot.streaming import cut_point
 from bot.types import Answer, Citation, Outcome
 from pipelines.text import detect_language, web_link_host
 

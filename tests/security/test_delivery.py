@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from bot.pending import MemoryPendingTurns, PendingTurn, PendingTurns
+from bot.delivery.pending import MemoryPendingTurns, PendingTurn, PendingTurns
 from bot.redis_state import RedisPendingTurns
 from bot.runtime import Runtime
 from bot.state import MemoryIdempotency
@@ -34,7 +34,7 @@ async def test_a_replica_of_another_bot_neither_takes_over_nor_resumes_a_turn(kb
                                                                               fake_tg: FakeTelegram):
     stuck = Stuck(PARTIAL)
     async with telegram_bot(kb_runtime, fake_tg, answerer=stuck, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.serve(a.adapter.delivery)
+        a.adapter.conversations.turns.serve(a.adapter.delivery)
         fake_tg.push(message_update(QUESTION, chat_id=7002))
         await until(lambda: bool(fake_tg.chat(7002)))
         [orphan] = fake_tg.chat(7002)
@@ -47,10 +47,10 @@ async def test_a_replica_of_another_bot_neither_takes_over_nor_resumes_a_turn(kb
         conversations = b.adapter.conversations
         assert conversations.takeover is not None
         conversations.takeover.replica = "B"
-        conversations.serve(b.adapter.delivery)
+        conversations.turns.serve(b.adapter.delivery)
         await asyncio.sleep(LEASE * 1.6)
-        assert await conversations.recover() == 0, "bot B's replica takes nothing of bot A"
-        await conversations.recovering.settle(0.05)
+        assert await conversations.turns.recover() == 0, "bot B's replica takes nothing of bot A"
+        await conversations.turns.recovering.settle(0.05)
         # Handed the turn anyway (a store that returned it), B refuses it before touching anything.
         turn = PendingTurn(id="telegram:message:x", inquiry=Inquiry("telegram", str(fake_tg.bot_id), "7002",
                                                                      f"telegram:{fake_tg.bot_id}:7002", "7002",
@@ -60,7 +60,7 @@ async def test_a_replica_of_another_bot_neither_takes_over_nor_resumes_a_turn(kb
                            claim_keys=["telegram:message:x"], event_id="1", kind="private", crashed="x",
                            lease_s=LEASE, dedupe_ttl_s=60, account=f"telegram:{fake_tg.bot_id}",
                            messages=[str(orphan.message_id)])
-        assert await conversations.resume(turn) is None
+        assert await conversations.turns.resume(turn) is None
         assert await b.adapter.delivery.resume(turn) is None
     assert not orphan.deleted and b.turns == [], "B deleted nothing and answered nothing"
     assert not [c for c in fake_b.calls if c.method in ("sendMessage", "deleteMessage", "editMessageText")]
@@ -70,9 +70,9 @@ async def test_a_replica_of_another_bot_neither_takes_over_nor_resumes_a_turn(kb
         conversations = a2.adapter.conversations
         assert conversations.takeover is not None
         conversations.takeover.replica = "A2"
-        conversations.serve(a2.adapter.delivery)
-        assert await conversations.recover() == 1
-        await conversations.recovering.settle(0.05)
+        conversations.turns.serve(a2.adapter.delivery)
+        assert await conversations.turns.recover() == 1
+        await conversations.turns.recovering.settle(0.05)
     [answer] = fake_tg.chat(7002)
     assert orphan.deleted and answer.message_id != orphan.message_id
     [turn_record] = a2.turns

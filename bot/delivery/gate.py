@@ -1,28 +1,26 @@
-"""Delivery: what every chat platform does around a turn, written once; a platform supplies the rest.
+"""A chat platform account's side of its turns: the gate, claims, tracking and take-over, written once.
 
-A platform adapter (``adapters/slack.py``, ``adapters/telegram.py``) translates its events and renders
-its messages; everything between is here, platform-free, and both adapters go through it:
+A platform (``adapters/slack/``, ``adapters/telegram/``) translates its events and renders its messages;
+between them, for every platform:
 
 - the gate (``Delivery.admit``): each handler is tracked (shutdown drains it, tests settle on it) and
   passes the access checks: the shared ones (a click must name a turn id kbbot made) and those the
-  adapter registered once with ``Delivery.check`` (workspaces, channels, users), like bolt's middleware
+  platform registered once with ``Delivery.check`` (workspaces, channels, users), like bolt's middleware
   or aiogram's filters. A check registered here cannot exist on one platform and not on the other path;
 - claims: an event's dedupe keys are claimed only once it passed the gate, as a ``bot.state.Claim`` on a
   renewed lease; ``Delivery.claimed`` finishes a command's claim whatever happens to the command;
-- the turn: ``Delivery.accept`` records a question as pending for this platform account (``bot.pending``)
-  and claims it, before the adapter acknowledges the event to the platform; ``Delivery.answer`` then
-  hands it to the conversation service;
+- the turn: ``Delivery.accept`` takes a question's ``Arrival`` for this account (``bot.delivery.turns``:
+  recorded as pending, then claimed) before the platform acknowledges the event; ``Delivery.answer``
+  then runs its turn;
 - take-over: ``Delivery.resume`` refuses a turn of any other account, deletes the messages a dead
   replica left half-written (or marks them, where the platform refuses), and rebuilds the reply;
-- what a platform refused (streaming in a workspace, drafts on a Bot API server) is remembered for an
-  hour (``RefusedCapabilities``), so later answers go the other way at once;
-- failure display (``show_failure``: the partial answer replaced, else the message posted, past rate
-  limits) and final-text reconciliation (``reconcile``: each message already shown kept, edited or
-  deleted, the rest posted) for every platform's reply.
+- what a platform refused (streaming in a workspace, drafts on a Bot API server) is left untried for an
+  hour (``RefusedCapabilities``), so later answers go the other way at once.
 
-What a platform supplies is ``Platform``: its name and account, how to rebuild a reply from a pending
-turn's target, how to delete and edit one of its messages; its replies post, edit, stream and react
-through its own SDK, paced by ``bot.streaming`` (``StreamWriter``, ``PlatformRates`` with its rate tiers).
+What a platform supplies here is ``PlatformMessages``: its name and account, how to rebuild a reply
+from a pending turn's target, how to delete and edit one of its messages; its replies post, edit, stream
+and react through its own SDK (``bot.delivery.reply``), paced by ``bot.delivery.stream`` and inside its
+rate tiers (``bot.delivery.rates``). The whole contract of a platform is ``bot.platform``.
 """
 
 from __future__ import annotations
@@ -33,16 +31,16 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from bot.conversation import Accepted, Conversations
+from bot.delivery.pending import PendingTurn, PostsMessages
+from bot.delivery.reply import StreamedReply
+from bot.delivery.turns import Accepted, Arrival, Turns
 from bot.messages import say
-from bot.pending import PendingTurn, PostsMessages
 from bot.state import Claim, TaskSet
-from bot.streaming import RetryAfter, StreamWriter
-from bot.types import Answer, Inquiry, Reply
+from bot.types import Answer, Reply
 
 log = logging.getLogger("kbbot.delivery")
 
@@ -79,7 +77,7 @@ def _click_names_a_turn(access: Access) -> str | None:
     return None
 
 
-class Platform(Protocol):
+class PlatformMessages(Protocol):
     """What a chat platform supplies to its ``Delivery``."""
 
     name: str
@@ -123,8 +121,8 @@ class RefusedCapabilities:
 class Delivery:
     """One platform account's side of every turn: gate, claims, tracking, take-over (see the module)."""
 
-    def __init__(self, conversations: Conversations, platform: Platform):
-        self.conversations = conversations
+    def __init__(self, turns: Turns | None, platform: PlatformMessages):
+        self.turns = turns
         self.platform = platform
         self.name = platform.name
         self.tasks = TaskSet()
@@ -196,7 +194,8 @@ class Delivery:
     # --- claims and turns -----------------------------------------------------------------------
     async def claim(self, keys: list[str], ttl_s: float, lease_s: float) -> Claim | None:
         """The event's claim on a renewed lease, or None: it was already handled (a redelivery)."""
-        return await self.conversations.claim(keys, ttl_s, lease_s=lease_s)
+        assert self.turns is not None
+        return await self.turns.claim(keys, ttl_s, lease_s=lease_s)
 
     @contextlib.asynccontextmanager
     async def claimed(self, keys: list[str], ttl_s: float, lease_s: float) -> AsyncIterator[Claim | None]:
@@ -209,22 +208,21 @@ class Delivery:
             if claim is not None:
                 await claim.finish(answered=True)
 
-    async def accept(self, inquiry: Inquiry, keys: list[str], ttl_s: float, lease_s: float, *, event_id: str,
-                     kind: str, crashed: str, target: dict[str, Any]) -> Accepted | None:
+    async def accept(self, arrival: Arrival) -> Accepted | None:
         """A question's event taken: recorded as pending for this account, then claimed on a lease; None
         for a redelivery (answered, or in another turn or take-over). Called before the platform is told
-        the event arrived: an adapter acknowledges only once this returned (``Conversations.accept``)."""
-        return await self.conversations.accept(inquiry, keys, ttl_s=ttl_s, lease_s=lease_s, event_id=event_id,
-                                               kind=kind, crashed=crashed, target=target,
-                                               account=await self.account())
+        the event arrived: a platform acknowledges only once this returned (``Turns.accept``)."""
+        assert self.turns is not None
+        return await self.turns.accept(arrival, await self.account())
 
-    async def answer(self, inquiry: Inquiry, reply: Reply, accepted: Accepted, *, event_id: str, kind: str,
-                     crashed: str) -> Answer | None:
+    async def answer(self, accepted: Accepted, reply: Reply) -> Answer | None:
         """An accepted question's turn (after its acknowledgement), pending for this account while it runs;
         tracked like a handler (the task that runs it may not be the one the gate saw)."""
+        assert self.turns is not None
         self.tasks.track_current()
-        return await self.conversations.answer(inquiry, reply, claimed=accepted, event_id=event_id, kind=kind,
-                                               crashed=crashed)
+        a = accepted.arrival
+        return await self.turns.answer(a.inquiry, reply, claimed=accepted, event_id=a.event_id, kind=a.kind,
+                                       crashed=a.crashed)
 
     # --- answers outside a turn -------------------------------------------------------------------
     async def post_answer(self, target: dict[str, Any], answer: Answer) -> Reply:
@@ -281,98 +279,3 @@ class Delivery:
             await self.platform.edit(target, message_id, say("interrupted", language))
         except Exception as exc:  # noqa: BLE001 - a courtesy: the new answer follows anyway
             log.warning("%s: the interrupted message %s stays as it was (%s)", self.name, message_id, exc)
-
-
-# --- what every platform's reply does ---------------------------------------------------------------
-class FailureShown(Protocol):
-    async def show_failure(self, message: str) -> None:
-        """The failed turn's message in place of what was being filled, else posted (``show_failure``)."""
-
-
-class StreamedReply:
-    """What every chat platform's ``Reply`` does the same way, in this order: ``start`` acknowledges the
-    question (if the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``,
-    ``finish`` adds the platform's sources and buttons and completes the text, ``fail`` closes the
-    stream and shows the failure, and after either the acknowledgement is taken back.
-
-    A platform's reply supplies ``acknowledge``, ``final_extras`` (what goes with the final text),
-    ``settle_acknowledgement`` (before a failure is shown: no acknowledgement may land after it) and
-    ``take_back`` (the acknowledgement's undoing once the answer or failure is shown).
-    """
-
-    writer: StreamWriter
-    sink: FailureShown
-    #: The failure message shown, when the turn failed.
-    failed: str | None = None
-
-    async def acknowledge(self) -> None:
-        raise NotImplementedError
-
-    def final_extras(self, answer: Answer) -> None:
-        raise NotImplementedError
-
-    async def settle_acknowledgement(self) -> None:
-        raise NotImplementedError
-
-    async def take_back(self, *, failed: bool) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> None:
-        await self.acknowledge()  # already done when the Answerer acknowledged first
-
-    async def push(self, delta: str) -> None:
-        self.writer.push(delta)
-
-    async def finish(self, answer: Answer) -> None:
-        self.final_extras(answer)
-        try:
-            await self.writer.finish(answer.text)
-        finally:
-            await self.take_back(failed=False)
-
-    async def fail(self, message: str) -> None:
-        self.failed = message
-        await self.writer.close()
-        await self.settle_acknowledgement()
-        try:
-            await self.sink.show_failure(message)
-        except Exception:
-            log.exception("%s: could not show the failure message", self.writer.name)
-        await self.take_back(failed=True)
-
-
-async def show_failure(replace: Callable[[], Awaitable[bool]], post: Callable[[], Awaitable[None]], *,
-                       attempts: int = 4) -> None:
-    """A failed turn's message: ``replace`` puts it in the message being filled (False: there is none,
-    or the platform refused), else ``post`` sends it; a ``RetryAfter`` is slept out, ``attempts`` times."""
-    for attempt in range(attempts):
-        try:
-            if not await replace():
-                await post()
-            return
-        except RetryAfter as wait:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(wait.seconds)
-
-
-Shown = TypeVar("Shown")
-Part = TypeVar("Part")
-
-
-async def reconcile(shown: list[Shown], parts: Sequence[Part], *, same: Callable[[Shown, Part, bool], bool],
-                    edit: Callable[[Shown, Part, bool], Awaitable[None]], add: Callable[[Part, bool], Awaitable[None]],
-                    delete: Callable[[Shown], Awaitable[None]]) -> None:
-    """The final text, as ``parts``, over the messages already ``shown`` for an answer: each shown
-    message that already holds its part (``same``; the last part carries sources and buttons) stays, the
-    others are edited, the parts beyond them are added (``add`` appends to ``shown``) and the messages
-    beyond the parts are deleted (``delete`` removes from ``shown``)."""
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if i < len(shown):
-            if not same(shown[i], part, last):
-                await edit(shown[i], part, last)
-        else:
-            await add(part, last)
-    while len(shown) > len(parts):  # the final text is shorter than what was shown
-        await delete(shown[-1])

@@ -1,0 +1,1 @@
+"""Delivery: one owner of a chat turn's life, platform-free."""
