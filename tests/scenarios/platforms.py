@@ -64,6 +64,8 @@ class Asked:
 class Shown:
     """A message of kbbot's as a reader sees it now."""
 
+    #: The platform's id of the message (Slack: its ts; Telegram: its message id).
+    id: str
     text: str
     #: The sources part of the message ("" without sources).
     sources: str
@@ -366,7 +368,7 @@ class SlackDriver(Driver):
             sources = " ".join(e["text"] for b in m.blocks_of("context") for e in b["elements"])
             feedback = [tuple(e[f"{kind}_button"]["value"].split(":", 1)) for b in m.blocks_of("context_actions")
                         for e in b["elements"] for kind in ("positive", "negative")]
-            found.append(Shown(m.body, sources, feedback, m.deleted, m))  # type: ignore[arg-type]
+            found.append(Shown(m.ts, m.body, sources, feedback, m.deleted, m))  # type: ignore[arg-type]
         return found
 
     def states(self, asked: Asked) -> int:
@@ -510,7 +512,7 @@ class TelegramDriver(Driver):
             sources = m.text.partition("Sources")[2]
             feedback = [tuple(b["callback_data"].split(":")[1:3]) for b in m.buttons()
                         if b["callback_data"].startswith("kbfb:")]
-            found.append(Shown(m.text, sources, feedback, m.deleted, m))  # type: ignore[arg-type]
+            found.append(Shown(str(m.message_id), m.text, sources, feedback, m.deleted, m))  # type: ignore[arg-type]
         return found
 
     def states(self, asked: Asked) -> int:

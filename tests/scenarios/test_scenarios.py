@@ -68,8 +68,8 @@ async def test_a_question_is_answered_where_it_was_asked_streamed_with_sources_a
         assert shown.feedback == [("up", turn_id), ("down", turn_id)]
 
         await bot.click_feedback(shown, "down", user=bob)
-    assert [(f.turn_id, f.rating, f.user_id, f.platform) for f in bot.feedback.items] == \
-        [(turn_id, "down", bob, platform.name)]
+    assert [(f.turn_id, f.rating, f.user_id, f.platform, f.message_id) for f in bot.feedback.items] == \
+        [(turn_id, "down", bob, platform.name, shown.id)]
 
 
 # --- 2. a not-found question; an expert's reply offered to reviewers --------------------------------------
@@ -116,7 +116,7 @@ async def test_the_question_of_a_replica_that_died_mid_answer_is_answered_once_b
         assert await b.recover() == 1
 
     [answer] = b.answers(asked)
-    assert answer.native is not orphan.native and orphan.native in [s.native for s in b.shown(asked) if s.deleted], \
+    assert answer.id != orphan.id and orphan.id in [s.id for s in b.shown(asked) if s.deleted], \
         "the half-written message is gone"
     assert PARTIAL[:40] not in answer.text and answer.sources
     [turn] = b.turns
