@@ -1,5 +1,7 @@
 """A replica killed in the middle of an answer, on the real adapters against the fake platforms: another
-replica takes the question over, removes the half-written message and answers once."""
+replica takes the question over, removes what the first wrote and answers once. The plain case (a
+replica dies mid-answer) is a scenario of every platform (tests/scenarios); here, a turn taken over while
+its replica is alive, and replicas killed at named steps before the platform had its acknowledgement."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from bot.types import Answer, Inquiry, Outcome, Reply
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
 from tests.kill import RENEWALS, die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
-from tests.replies import Stuck
 from tests.test_slack import fake_slack, slack_app  # noqa: F401  (fake_slack is a fixture)
 from tests.test_telegram import QUESTION, fake_tg, telegram_bot  # noqa: F401  (fake_tg is a fixture)
 
@@ -26,61 +27,6 @@ async def until(condition, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.05)
-
-
-async def test_slack_half_written_answer_of_a_dead_replica_is_replaced_by_one_whole_answer(kb_runtime: Runtime,
-                                                                                          fake_slack: FakeSlack):
-    stuck = Stuck(PARTIAL)
-    async with slack_app(kb_runtime, fake_slack, answerer=stuck, replica="A", claim_lease_s=LEASE) as a, \
-            slack_app(kb_runtime, fake_slack, replica="B", claim_lease_s=LEASE) as b:
-        for replica in (a, b):  # as adapters.platforms.build_platforms does for kbbot serve
-            replica.adapter.conversations.turns.serve(replica.adapter.delivery)
-        body = await a.send(a.mention(), settle=False)
-        event = body["event"]
-        await until(lambda: any(m.body.strip() for m in fake_slack.thread(event["channel"], event["ts"])))
-        [orphan] = fake_slack.thread(event["channel"], event["ts"])
-        await asyncio.sleep(0.5)  # A's lease records the message's id
-        for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from A
-            task.cancel()
-        conversations = b.adapter.conversations
-        assert await conversations.turns.recover() == 0, "A's lease has not expired yet"
-        await asyncio.sleep(LEASE * 1.6)
-        assert await conversations.turns.recover() == 1
-        await conversations.turns.recovering.settle(0.05)
-
-    answers = [m for m in fake_slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()]
-    assert len(answers) == 1 and answers[0].ts != orphan.ts, [m.body[:40] for m in answers]
-    assert orphan.deleted, "the half-written message is gone"
-    [turn] = b.turns
-    assert turn.answer is not None and turn.answer.outcome is Outcome.ANSWERED
-    assert stuck.cancelled_at is not None and not a.turns, "A wrote nothing after it died"
-
-
-async def test_telegram_half_written_answer_of_a_dead_process_is_replaced_by_one_whole_answer(kb_runtime: Runtime,
-                                                                                             fake_tg: FakeTelegram):
-    stuck = Stuck(PARTIAL)
-    async with telegram_bot(kb_runtime, fake_tg, answerer=stuck, stream_mode="edit", claim_lease_s=LEASE) as a:
-        a.adapter.conversations.turns.serve(a.adapter.delivery)  # as adapters.platforms.build_platforms does for kbbot serve
-        fake_tg.push(message_update(QUESTION, chat_id=7002))
-        await until(lambda: bool(fake_tg.chat(7002)))
-        [orphan] = fake_tg.chat(7002)
-        await asyncio.sleep(0.5)  # the lease records the message's id
-        for task in list(a.adapter.delivery.tasks._tasks):  # SIGKILL: nothing more from this process
-            task.cancel()
-    async with telegram_bot(kb_runtime, fake_tg, stream_mode="edit", claim_lease_s=LEASE) as b:
-        conversations = b.adapter.conversations
-        assert conversations.takeover is not None
-        conversations.takeover.replica = "B"
-        conversations.turns.serve(b.adapter.delivery)
-        await asyncio.sleep(LEASE * 1.6)
-        assert await conversations.turns.recover() == 1
-        await conversations.turns.recovering.settle(0.05)
-
-    [answer] = fake_tg.chat(7002)
-    assert answer.message_id != orphan.message_id and orphan.deleted, "the half-written message is gone"
-    [turn] = b.turns
-    assert turn.answer is not None and turn.answer.outcome is Outcome.ANSWERED and turn.inquiry.text == QUESTION
-    assert stuck.cancelled_at is not None and not a.turns
 
 
 class LateWriter:

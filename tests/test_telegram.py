@@ -102,7 +102,8 @@ def streamed(body: dict) -> str:
 
 
 # --- the tests -------------------------------------------------------------------------------------
-async def test_a_private_message_becomes_drafts_then_one_final_message_with_sources_and_buttons(claude, fake_tg):
+async def test_a_private_message_is_answered_with_growing_drafts_then_one_message_with_entities(claude, fake_tg):
+    # The answer itself (streamed, sources, feedback recorded): tests/scenarios. Here: Telegram's way.
     model, runtime = claude
     model.responder = lambda req: Script(streamed(req), tokens_per_second=60)
     async with telegram_bot(runtime, fake_tg) as tg:
@@ -122,18 +123,10 @@ async def test_a_private_message_becomes_drafts_then_one_final_message_with_sour
         assert all(c.args.get("parse_mode") is None for c in fake_tg.calls)
 
         expected = render(answer.text)
-        assert message.text.startswith(expected.text), "the final message holds the whole answer"
         assert "**" not in message.text and {"type": "bold", "offset": expected.entities[0]["offset"],
                                               "length": expected.entities[0]["length"]} in message.entities
-        for citation in answer.citations:
-            assert f"[{citation.index}] {citation.title}" in message.text
         assert message.text.index("Sources") > len(expected.text) - 1
-        turn_id = answer.trace.turn_id
-        assert [b["callback_data"] for b in message.buttons()] == [f"kbfb:up:{turn_id}", f"kbfb:down:{turn_id}"]
-
-        await tg.send(callback_update(f"kbfb:down:{turn_id}", message=message, from_user=user(7002)))
-        stored = tg.adapter.conversations.kept.feedback.items  # type: ignore[attr-defined]
-    assert [(f.turn_id, f.rating, f.user_id, f.platform) for f in stored] == [(turn_id, "down", "7002", "telegram")]
+        await tg.send(callback_update(message.buttons()[1]["callback_data"], message=message, from_user=user(7002)))
     [ack] = fake_tg.ok_calls("answerCallbackQuery")
     assert ack.args["text"] == "Thanks for the feedback!"
 
@@ -162,24 +155,6 @@ async def test_groups_only_when_enabled_and_mentioned_then_answered_by_edits(cla
     assert json.loads(posts[0].args["reply_parameters"])["message_id"] == asked["message"]["message_id"]
     gaps = [b.at - a.at for a, b in zip([posts[0], *edits], edits)]
     assert min(gaps) >= 0.3 - 0.02, "edits keep the configured interval"
-
-
-async def test_a_429_storm_delays_but_loses_nothing(claude, fake_tg):
-    model, runtime = claude
-    model.responder = lambda req: Script(streamed(req), tokens_per_second=150)
-    fake_tg.rate_limit("sendMessageDraft", times=2, retry_after=1)
-    fake_tg.rate_limit("sendMessage", times=2, retry_after=1)
-    async with telegram_bot(runtime, fake_tg) as tg:
-        await tg.send(message_update(QUESTION))
-    answer = tg.only_turn().answer
-    assert answer is not None and answer.outcome is Outcome.ANSWERED
-    [message] = fake_tg.chat(7001)
-    assert message.text.startswith(render(answer.text).text) and message.buttons()
-    limited = [c for c in fake_tg.calls if c.status == 429]
-    methods = [c.method for c in limited]
-    assert methods[0] == "sendMessageDraft" and methods.count("sendMessage") == 2
-    [final] = fake_tg.ok_calls("sendMessage")
-    assert final.at - limited[0].at >= len(limited) - 0.05, "each retry_after was waited out"
 
 
 async def test_edit_mode_survives_a_429_storm_on_edits(claude, fake_tg):

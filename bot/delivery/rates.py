@@ -162,7 +162,7 @@ class TokenBucket:
 @dataclass
 class PlatformRates:
     """Token buckets by ``(scope, method)``: every answer with the same scope shares them, in this
-    process (``MemoryBuckets``, the default) or across replicas (``bot.rate_buckets.RedisBuckets``).
+    process (``MemoryBuckets``, the default) or across replicas (``bot.delivery.buckets.RedisBuckets``).
 
     ``rates`` maps a method name to its allowance; methods without one use ``default``, or are
     not limited when ``default`` is ``None``.
