@@ -71,6 +71,11 @@ class ConsoleSink:
         self.screen.removed.append(line.id)
         self.posted.remove(line)
 
+    platform = "console"
+
+    async def ready(self, final: bool) -> bool:
+        return True
+
     async def send(self, text: str, final: bool) -> bool:
         await reconcile(self.posted, split_message(text, self.width), same=lambda line, part, last: line.text == part,
                         edit=self._edit, add=self._post, delete=self._delete)

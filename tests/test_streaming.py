@@ -24,6 +24,11 @@ class RecordingSink:
         self.max_in_flight = 0
         self.attempts = 0
 
+    platform = "test"
+
+    async def ready(self, final: bool) -> bool:
+        return True
+
     async def send(self, text: str, final: bool) -> bool:
         self.attempts += 1
         attempt = self.attempts
@@ -353,6 +358,11 @@ async def test_concurrent_answers_of_one_workspace_stay_inside_the_tier_together
     class BudgetedSink:
         def __init__(self) -> None:
             self.final: str | None = None
+
+        platform = "test"
+
+        async def ready(self, final: bool) -> bool:
+            return True
 
         async def send(self, text: str, final: bool) -> bool:
             await rates.acquire("T1", "update")

@@ -143,6 +143,8 @@ class SlackSink:
     to the last one.
     """
 
+    platform = "slack"
+
     def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
                  *, native: bool = True, on_fallback: Callable[[str], None] | None = None,
                  on_defer: Callable[[], None] | None = None,

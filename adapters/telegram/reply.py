@@ -106,6 +106,8 @@ class TelegramSink:
     filled. The final call reconciles every posted message with the final parts.
     """
 
+    platform = "telegram"
+
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
         self.bot = bot

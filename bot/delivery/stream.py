@@ -60,17 +60,21 @@ class DeliveryFailed(RuntimeError):
 class Sink(Protocol):
     """Where a writer's text goes; one sink per answer, called by one writer only (never concurrently)."""
 
+    #: The platform's name, the label of the writer's metrics.
+    platform: str
+
+    async def ready(self, final: bool) -> bool:
+        """Awaited *before* the writer takes the text, so a wait for a shared rate budget ends with the
+        latest text being sent. An intermediate ``ready`` may return ``False`` ("not now": no budget to
+        spare); the writer then tries again after ``Cadence.min_interval_s`` with the latest text. A final
+        ``ready`` must wait (and return True)."""
+
     async def send(self, text: str, final: bool) -> bool:
         """Show ``text``, the whole answer so far (``final``: the last call, with the final text).
 
         Return ``False`` when nothing needed sending (the visible text did not change), so the
         writer does not count it against the cadence. Raise ``RetryAfter`` to be called again
         later; the writer then passes the latest text, which may be longer.
-
-        A sink may also define ``async ready(final: bool)``: the writer awaits it *before* it takes
-        the text, so a wait for a shared rate budget ends with the latest text being sent. An
-        intermediate ``ready`` may return ``False`` ("not now": no budget to spare); the writer then
-        tries again after ``Cadence.min_interval_s`` with the latest text. A final ``ready`` must wait.
         """
 
 
@@ -116,9 +120,7 @@ class StreamWriter:
         self.sink = sink
         self.cadence = cadence or Cadence()
         self.name = name
-        # The metrics label: the sink's ``platform``, else its class name (SlackSink -> slack).
-        self.platform = str(getattr(sink, "platform", "") or type(sink).__name__.removesuffix("Sink").lower()
-                            or "unknown")
+        self.platform = sink.platform
         self.stats = WriterStats()
         self._clock = clock
         self._sleep = sleep
@@ -201,16 +203,14 @@ class StreamWriter:
                     return
             if self._final is None and not self._grew_enough(self._text):
                 continue
-            ready = getattr(self.sink, "ready", None)
-            if ready is not None:
-                go = await ready(self._final is not None)
-                if self._closed:
-                    return
-                if go is False and self._final is None:
-                    # No budget to spare for an intermediate state: look again later (or at the final).
-                    self._next_allowed = max(self._next_allowed, self._clock() + self.cadence.min_interval_s)
-                    self._wake.set()
-                    continue
+            go = await self.sink.ready(self._final is not None)
+            if self._closed:
+                return
+            if not go and self._final is None:
+                # No budget to spare for an intermediate state: look again later (or at the final).
+                self._next_allowed = max(self._next_allowed, self._clock() + self.cadence.min_interval_s)
+                self._wake.set()
+                continue
             final = self._final is not None
             text = self._final if final else self._text
             assert text is not None

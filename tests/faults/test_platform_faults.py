@@ -4,7 +4,7 @@ Telegram servers. Each turn ends with the final text or a clear message, and the
 
 from __future__ import annotations
 
-from adapters.server import instrument
+from adapters.telegram.session import instrument
 from bot.types import Outcome
 from tests.fakes.anthropic_server import Script
 from tests.fakes.telegram_server import _ApiError, message_update
@@ -50,7 +50,7 @@ async def test_telegram_5xx_on_drafts_and_the_final_message_loses_nothing(claude
     server_errors(fake_tg, "sendMessageDraft", 2)
     server_errors(fake_tg, "sendMessage", 1)
     async with telegram_bot(runtime, fake_tg) as tg:
-        instrument(tg.adapter)  # as kbbot serve does: 5xx are retried in the bot's session
+        instrument(tg.adapter.bot)  # as kbbot serve does: 5xx are retried in the bot's session
         await tg.send(message_update(QUESTION))
         await tg.send(message_update("What grease type should be used?"))
     outcomes = [t.answer.outcome if t.answer else None for t in tg.turns]
