@@ -37,9 +37,9 @@ from aiohttp import web
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from adapters.admin_charts import OUTCOME_COLOURS, legend, rate_line, stacked_days
-from bot.insights.records import GAP_OUTCOMES, TurnRecord
-from bot.insights.report import build_report, embedder_function, gaps_closed, source_health
-from bot.refresh import parse_iso, schedule_zone
+from bot.knowledge.insights.report import build_report, embedder_function, gaps_closed, source_health
+from bot.knowledge.refresh import parse_iso, schedule_zone
+from bot.state.turn_log.records import GAP_OUTCOMES, TurnRecord
 
 log = logging.getLogger("kbbot.admin")
 
@@ -78,7 +78,7 @@ def _matches(record: TurnRecord, words: list[str]) -> bool:
 
 
 class AdminSite:
-    """The pages on a started runtime; ``knowledge`` is ``bot.scheduler.KnowledgeAdmin``."""
+    """The pages on a started runtime; ``knowledge`` is ``bot.knowledge.scheduler.KnowledgeAdmin``."""
 
     def __init__(self, runtime: Any, knowledge: Any, *, token: str, clock: Any = time.time):
         if runtime.turns is None:

@@ -14,13 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from adapters.admin import AdminSite
-from bot.insights.digest import WeeklyDigest
-from bot.insights.report import report_of
-from bot.knowledge_loop.owners import owners_resolver
+from bot.knowledge.insights.digest import WeeklyDigest
+from bot.knowledge.insights.report import report_of
+from bot.knowledge.loop.owners import owners_resolver
+from bot.knowledge.refresh import schedule_zone
 from bot.permissions import Audience
 from bot.platform import Platform
-from bot.refresh import schedule_zone
-from bot.settings_base import reveal
+from bot.settings.base import reveal
 from pipelines.filters import PUBLIC
 
 log = logging.getLogger("kbbot.insights")

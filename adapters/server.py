@@ -1,6 +1,6 @@
 """``kbbot serve``: one asyncio process, one HTTP server, every configured platform.
 
-The refresh scheduler (``bot.scheduler``) runs every configured source on its schedule in the same
+The refresh scheduler (``bot.knowledge.scheduler``) runs every configured source on its schedule in the same
 event loop (the refreshes themselves in a worker thread). The platforms are the registry's
 (``adapters.platforms``: each a ``bot.platform.Platform``); the web server listens on ``KBBOT_PORT``
 (default 3000) and serves ``/healthz``, ``/metrics`` and the routes the platforms mount (Slack's
@@ -32,13 +32,12 @@ from adapters.platforms import build_platforms
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
 from bot.delivery.pending import RecoveryLoop
 from bot.errors import SettingsError
-from bot.health import check_redis, check_store
-from bot.knowledge_loop.golden import golden_results
-from bot.knowledge_loop.reviewers import ReviewerMessages
+from bot.knowledge.loop.golden import golden_results
 from bot.metrics import CONTENT_TYPE, METRICS, Metrics
-from bot.platform import Platform
-from bot.server_settings import ServerSettings
-from bot.settings_base import reveal
+from bot.platform import Platform, ReviewerMessages
+from bot.settings.base import reveal
+from bot.settings.server import ServerSettings
+from bot.state.health import check_redis, check_store
 
 log = logging.getLogger("kbbot.server")
 
@@ -170,7 +169,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     conversations = runtime.conversations(admin=knowledge)
     platforms = build_platforms(runtime, conversations)
     adapters = list(platforms.values())
-    # After a refresh changed documents (bot/knowledge_loop): the gaps it closed answered where they were
+    # After a refresh changed documents (bot/knowledge/loop): the gaps it closed answered where they were
     # asked, approved answers re-checked, the golden set replayed.
     start_follow_ups(runtime, knowledge, adapters)
     knowledge.refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages(adapters)).after_refresh)

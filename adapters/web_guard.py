@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.server_settings import ServerSettings
+from bot.settings.server import ServerSettings
 
 log = logging.getLogger("kbbot.server")
 

@@ -57,9 +57,9 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from weaviate.classes.query import MetadataQuery
 
-from bot.capacity import usable_cores
 from bot.runtime import Runtime
 from bot.settings import load_settings
+from bot.turn.capacity import usable_cores
 from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.components.retrievers import retriever_for

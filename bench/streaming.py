@@ -305,7 +305,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 
         asked: dict[str, float] = {}
         from adapters.slack.reply import make_rates
-        from bot.platform_settings import SlackSettings
+        from bot.settings.platforms import SlackSettings
 
         rates = make_rates(SlackSettings(), redis, prefix=fresh_prefix())
         async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
@@ -343,7 +343,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int,
                        redis: Any = None) -> dict[str, Any]:
     from adapters.telegram.reply import make_rates
-    from bot.platform_settings import TelegramSettings
+    from bot.settings.platforms import TelegramSettings
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
 
@@ -516,7 +516,7 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
         await runtime.warm_up()  # as ``kbbot serve`` does before it listens
         redis = None
         if redis_url:
-            from bot.redis_state import connect_redis
+            from bot.state.redis import connect_redis
 
             redis = await connect_redis(redis_url)
         try:

@@ -6,7 +6,7 @@ no flow of its own. ``Conversations`` owns:
 - the turn's owner, ``turns`` (``bot.delivery.turns.Turns``: arrival, pending record, claim, lease, the
   Answerer's turn, its end or failure, take-over), built on this service's answerer and claims;
 - feedback clicks (👍 / 👎) and review clicks (approve / withdraw an answer, reviewers only);
-- expert replies offered to reviewers and their clicks (``bot.knowledge_loop.expert``);
+- expert replies offered to reviewers and their clicks (``bot.knowledge.loop.expert``);
 - admin commands (status, refresh a source) and preference commands (prefs, remember, forget, and
   starting a thread afresh).
 
@@ -22,18 +22,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.answering import Answerer
-from bot.cache import AnswerCache
 from bot.delivery.turns import HandledTurn, TakeOver, Turns
-from bot.feedback import Feedback, FeedbackStore, MemoryFeedback
-from bot.history import HistoryStore
-from bot.insights.recorder import TurnRecorder
-from bot.knowledge_loop.expert import ExpertReplies, ExpertStatus
-from bot.knowledge_loop.expert import Result as ExpertResult
+from bot.knowledge.loop.expert import ExpertReplies, ExpertStatus
+from bot.knowledge.loop.expert import Result as ExpertResult
+from bot.knowledge.scheduler import KnowledgeAdmin
 from bot.preference_commands import run_command
-from bot.preferences import PreferenceStore
-from bot.scheduler import KnowledgeAdmin
 from bot.state import Idempotency, ThreadLocks
+from bot.state.cache import AnswerCache
+from bot.state.feedback import Feedback, FeedbackStore, MemoryFeedback
+from bot.state.history import HistoryStore
+from bot.state.preferences import PreferenceStore
+from bot.state.turn_log.recorder import TurnRecorder
+from bot.turn.answering import Answerer
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.conversation")
@@ -97,7 +97,7 @@ class Conversations:
     on_turn: Callable[[HandledTurn], None] | None = None
     #: None: turns are not recorded as pending (nothing is taken over).
     takeover: TakeOver | None = None
-    #: Expert replies kept (``bot.knowledge_loop.expert``); None: not offered.
+    #: Expert replies kept (``bot.knowledge.loop.expert``); None: not offered.
     expert: ExpertReplies | None = None
     #: Every chat turn's life (``bot.delivery.turns``), on this service's answerer and claims.
     turns: Turns = field(init=False, repr=False)
@@ -203,7 +203,7 @@ class Conversations:
     async def decide_recheck(self, turn_id: str, *, keep: bool, reviewer: bool, user: str,
                              display_name: str) -> Review:
         """"Keep approved" (the re-checked answer becomes the approved one) or "Retire" on an approval
-        held after its sources changed (``bot/knowledge_loop/recheck.py``); reviewers only."""
+        held after its sources changed (``bot/knowledge/loop/recheck.py``); reviewers only."""
         if not reviewer:
             log.info("refused the re-check decision on turn %s by %s: not a reviewer", turn_id, user)
             return Review(ReviewStatus.NOT_REVIEWER)

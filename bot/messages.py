@@ -182,7 +182,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "review_disabled": {"en": "Approved answers are turned off (approvals.enabled).",
                         "zh": "已关闭批准回答功能（approvals.enabled）。"},
-    # --- approved answers re-checked after a refresh (bot.knowledge_loop.recheck) ---------------------------------
+    # --- approved answers re-checked after a refresh (bot.knowledge.loop.recheck) ---------------------------------
     "keep_approved": {"en": "✅ Keep approved", "zh": "✅ 保持批准"},
     "retire": {"en": "🗑 Retire", "zh": "🗑 停用"},
     "recheck_head": {"en": "An approved answer's sources changed in a refresh. Question: {question}",
@@ -304,7 +304,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "Answering preferences are not available in this kbbot process.",
         "zh": "此 kbbot 进程不支持回答偏好设置。",
     },
-    # --- admins' /status and /refresh (bot.scheduler.KnowledgeAdmin, bot.refresh) --------------------------
+    # --- admins' /status and /refresh (bot.knowledge.scheduler.KnowledgeAdmin, bot.knowledge.refresh) --------------------------
     "admin_no_sources": {"en": "No sources are configured.", "zh": "未配置任何来源。"},
     "admin_unknown_source": {"en": "There is no source named “{name}”. Sources: {sources}.",
                              "zh": "没有名为“{name}”的来源。现有来源：{sources}。"},
@@ -335,7 +335,7 @@ MESSAGES: dict[str, dict[str, str]] = {
                     "zh": "    {count} 个文档被暂扣（无人可读）"},
     "status_permissions_run": {"en": "    permissions alone read {when} ({trigger}): {outcome}",
                                "zh": "    仅读取权限 {when}（{trigger}）：{outcome}"},
-    # --- the golden set (bot.knowledge_loop.golden): the status's line and the reviewers' alert ---------------
+    # --- the golden set (bot.knowledge.loop.golden): the status's line and the reviewers' alert ---------------
     "golden_replayed": {"en": "golden set replayed {when} (knowledge version {version}): {passed} passed, {failed} failed",
                         "zh": "黄金测试集于 {when} 重放（知识版本 {version}）：通过 {passed}，失败 {failed}"},
     "status_golden_replayed": {
@@ -353,7 +353,7 @@ MESSAGES: dict[str, dict[str, str]] = {
                      "zh": "kbbot：刷新后黄金测试集未通过。\n{summary}"},
     # --- reviewers: the notification of a re-check (adapters.slack.loop) -----------------------------------
     "recheck_notice": {"en": "Re-check an approved answer: {question}", "zh": "请复核一个已批准的回答：{question}"},
-    # --- documents' owners: their gaps of the week (bot.knowledge_loop.owners) -------------------------------
+    # --- documents' owners: their gaps of the week (bot.knowledge.loop.owners) -------------------------------
     "owners_head": {
         "en": "kbbot: questions people asked this week ({since} – {until}) that the knowledge base could not answer, "
               "nearest to documents you own. Adding the answer there lets kbbot answer them:",
@@ -364,7 +364,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     "owners_withheld": {"en": "   closest: a document you may not read (withheld)",
                         "zh": "   最接近：一份您无权阅读的文档（已隐去）"},
     "owners_closest": {"en": "   closest: {title} ({source}): {excerpt}", "zh": "   最接近：{title}（{source}）：{excerpt}"},
-    # --- the weekly digest (bot.insights.digest) ---------------------------------------------------------------
+    # --- the weekly digest (bot.knowledge.insights.digest) ---------------------------------------------------------------
     "digest_head": {"en": "kbbot weekly digest ({since} – {until})", "zh": "kbbot 每周摘要（{since} – {until}）"},
     "digest_counts": {"en": "{turns} questions, {rate} answered, {up} 👍 / {down} 👎.",
                       "zh": "共 {turns} 个问题，已回答 {rate}，{up} 👍 / {down} 👎。"},

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from bot.insights.recorder import TurnRecorder
 from bot.messages import say
-from bot.preferences import PreferenceError, Preferences, PreferenceStore, apply_command
+from bot.state.preferences import PreferenceError, Preferences, PreferenceStore, apply_command
+from bot.state.turn_log.recorder import TurnRecorder
 
 log = logging.getLogger("kbbot.preferences")
 
@@ -50,7 +50,7 @@ async def run_command(store: PreferenceStore | None, platform: str, tenant: str,
 
     ``language`` is the platform's hint; a language the user chose wins. ``forget`` also deletes
     the user's turn records (``turns``). ``channel`` is where the command was given: ``prefs followups
-    off here`` mutes follow-ups (``bot.knowledge_loop``) there only.
+    off here`` mutes follow-ups (``bot.knowledge.loop``) there only.
     """
     if store is None:
         return say("prefs_unavailable", language)

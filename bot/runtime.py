@@ -1,8 +1,8 @@
 """The composition root: settings in, a ready store, indexer, pipeline and answerer out.
 
 Pipeline builders get explicit values, never settings. In ``bot/`` this module reads the settings and
-hands each part the section it needs: the refresh (``bot/refresh``, ``bot/scheduler.py``), the health
-report (``bot/health.py``) and the insights report read theirs; adapters read their platform's.
+hands each part the section it needs: the refresh (``bot/knowledge/refresh``, ``bot/knowledge/scheduler.py``), the health
+report (``bot/state/health.py``) and the insights report read theirs; adapters read their platform's.
 """
 
 from __future__ import annotations
@@ -19,31 +19,33 @@ from typing import Any
 
 from haystack import Document
 
-from bot.answering import Admission, Answerer, Approvals, Permissions, Probe, TurnLimits
-from bot.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
-from bot.capacity import TurnGate
 from bot.conversation import Conversations, HandledTurn, Kept, TakeOver
 from bot.delivery.pending import MemoryPendingTurns, PendingTurns, replica_id
-from bot.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
-from bot.history import HistoryStore, SqliteHistory
-from bot.insights.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
-from bot.insights.store import RedisTurnLog, SqliteTurnLog
-from bot.knowledge_loop.expert import Capture, ConfluenceCapture, ExpertReplies, FolderCapture
-from bot.knowledge_loop.expert_store import MemoryExpertStore, RedisExpertStore
-from bot.knowledge_loop.followups import GapFollowUps
-from bot.knowledge_loop.golden import golden_results
-from bot.knowledge_loop.hook import KnowledgeLoop
-from bot.knowledge_loop.recheck import ApprovalRecheck, ReviewerDesk
-from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter
-from bot.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
+from bot.delivery.redis_pending import RedisPendingTurns
+from bot.knowledge.loop.expert import Capture, ConfluenceCapture, ExpertReplies, FolderCapture
+from bot.knowledge.loop.expert_store import MemoryExpertStore, RedisExpertStore
+from bot.knowledge.loop.followups import GapFollowUps
+from bot.knowledge.loop.golden import golden_results
+from bot.knowledge.loop.hook import KnowledgeLoop
+from bot.knowledge.loop.recheck import ApprovalRecheck, ReviewerDesk
+from bot.knowledge.refresh import Refresher, run_log
+from bot.knowledge.scheduler import KnowledgeAdmin, RefreshScheduler
+from bot.knowledge.status import knowledge_status
 from bot.permissions import Audiences, KnownPrincipals, UnmappedNotice
-from bot.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
-from bot.redis_state import RedisHistory, RedisIdempotency, RedisLock, RedisPendingTurns, connect_redis
-from bot.refresh import Refresher, knowledge_status, run_log
-from bot.scheduler import KnowledgeAdmin, RefreshScheduler
 from bot.settings import Settings
-from bot.settings_base import reveal
+from bot.settings.base import reveal
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
+from bot.state.cache import AnswerCache, MemoryAnswerCache, RedisAnswerCache
+from bot.state.feedback import FeedbackStore, JsonlFeedback, RedisFeedback
+from bot.state.history import HistoryStore, SqliteHistory
+from bot.state.preferences import LEARN_SYSTEM, MemoryPreferenceStore, PreferenceStore, RedisPreferenceStore
+from bot.state.redis import RedisHistory, RedisIdempotency, RedisLock, connect_redis
+from bot.state.turn_log.recorder import RecordingApprovals, RecordingFeedback, TurnRecorder
+from bot.state.turn_log.store import RedisTurnLog, SqliteTurnLog
+from bot.turn.answering import Admission, Answerer, Approvals, Permissions, Probe, TurnLimits
+from bot.turn.capacity import TurnGate
+from bot.turn.limits import Limits, MemoryRateLimiter, RedisRateLimiter
+from bot.turn.model_calls import Adaptation, AdaptiveModelCalls, MemoryModelCalls, RedisModelCalls
 from pipelines.components.converter import FileLimits, OcrOptions
 from pipelines.components.embedders import SentenceVectors, make_embedders
 from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embedding_similarity
@@ -184,7 +186,7 @@ class Runtime:
     def model_calls(self) -> ModelCallSlots | AdaptiveModelCalls:
         """What admits model calls: the model kbbot runs itself, a fixed number at once in this process
         (``limits.concurrent_model_calls``); a hosted one, a number adapted to its provider's limits and
-        shared by the replicas in Redis once ``start()`` connected it (``bot/model_calls.py``)."""
+        shared by the replicas in Redis once ``start()`` connected it (``bot/turn/model_calls.py``)."""
         s = self.settings
         if s.generator_kind == "local":
             return ModelCallSlots(s.limits.concurrent_model_calls)
@@ -386,7 +388,7 @@ class Runtime:
         return Refresher(self.settings, self.store, self.indexer, redis=redis if redis is not None else self._redis)
 
     def knowledge_loop(self, desk: ReviewerDesk | None = None) -> KnowledgeLoop:
-        """What runs after a refresh changed documents (``bot.knowledge_loop``), reaching reviewers through ``desk``
+        """What runs after a refresh changed documents (``bot.knowledge.loop``), reaching reviewers through ``desk``
         (the adapters'); on a started runtime."""
         s = self.settings
         results = golden_results(self._redis, s.redis_prefix, s.data_dir)
@@ -405,7 +407,7 @@ class Runtime:
         return KnowledgeAdmin(refresher, scheduler)
 
     def gap_follow_ups(self) -> GapFollowUps | None:
-        """Gaps answered when the knowledge arrives (``bot.knowledge_loop.followups``), on this started
+        """Gaps answered when the knowledge arrives (``bot.knowledge.loop.followups``), on this started
         runtime; None when turns are not recorded (``insights.enabled`` off). Platforms register their
         delivery layers with ``serve``; the hook goes on a refresher's ``after_change``."""
         if self._turns is None:
@@ -416,7 +418,7 @@ class Runtime:
 
     @cached_property
     def expert_replies(self) -> ExpertReplies:
-        """Expert replies kept (``bot.knowledge_loop.expert``), on this started runtime: shared in Redis when
+        """Expert replies kept (``bot.knowledge.loop.expert``), on this started runtime: shared in Redis when
         it is connected; approvals through the approved-answer cache; "Add to the knowledge base" writes to
         ``insights.capture_source``."""
         if self._preferences is None:

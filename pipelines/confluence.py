@@ -251,7 +251,7 @@ class Entry:
     title: str
     link: str  # the web link people follow (the page), for an attachment its download
     suffix: str = ".md"
-    #: Who owns it (``bot/knowledge_loop/owners.py``): the page's author (an attachment: its page's), and its
+    #: Who owns it (``bot/knowledge/loop/owners.py``): the page's author (an attachment: its page's), and its
     #: space key (also whose space permissions apply).
     author: str = ""
     space: str = ""

@@ -14,7 +14,7 @@ from pipelines.components.extractive import ExtractiveAnswerer
 GENERATOR_KINDS = ("anthropic", "openai", "local", "extractive")
 
 #: Called with the status and headers of every response of the model's API (retried ones included):
-#: how a hosted model's admission learns the provider's limits (``bot.model_calls``).
+#: how a hosted model's admission learns the provider's limits (``bot.turn.model_calls``).
 ResponseHook = Callable[[int, Mapping[str, str]], Awaitable[None]]
 
 

@@ -18,9 +18,9 @@ from adapters.insights import mount_admin
 from adapters.server import build_web_app
 from adapters.slack.platform import SlackAdapter
 from bot.conversation import HandledTurn
-from bot.platform_settings import SlackSettings
-from bot.refresh import Refresher
-from bot.scheduler import KnowledgeAdmin
+from bot.knowledge.refresh import Refresher
+from bot.knowledge.scheduler import KnowledgeAdmin
+from bot.settings.platforms import SlackSettings
 from tests.fakes.slack_server import FakeSlack
 from tests.test_slack import SECRET, TEAM, Slack, feedback_values
 

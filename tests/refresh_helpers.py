@@ -19,7 +19,7 @@ from aiohttp import web
 
 from adapters.cli import SilentReply
 from adapters.console.platform import console_inquiry
-from bot.refresh import Refresher
+from bot.knowledge.refresh import Refresher
 from bot.runtime import build_runtime
 from bot.settings import SourceSettings
 from bot.types import Answer
@@ -160,7 +160,7 @@ class Site:
 
 
 async def drop_prefix(redis_url: str, prefix: str) -> None:
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(redis_url)
     try:

@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
-from bot.refresh import Refresher
-from bot.scheduler import KnowledgeAdmin
+from bot.knowledge.refresh import Refresher
+from bot.knowledge.scheduler import KnowledgeAdmin
 from bot.settings import SourceSettings
 from tests.conftest import make_settings
 from tests.fakes.telegram_server import message_update

@@ -110,7 +110,7 @@ async def test_gaps_closed_by_a_refresh_are_counted_and_listed_apart(kb_runtime,
         closed = await site.ask("What is the torque of the HL-Q7 flange bolts?")
         still = await site.ask("How do I reset the password of the web portal?", channel="C0HELP")
         assert closed.answer.outcome.value == still.answer.outcome.value == "not_found"
-        # What bot/knowledge_loop/followups.py records once it posted the follow-up (tested end to end in
+        # What bot/knowledge/loop/followups.py records once it posted the follow-up (tested end to end in
         # tests/test_knowledge_loop.py).
         await kb_runtime.turns.log.set_follow_up(closed.answer.trace.turn_id, {
             "state": "posted", "at": closed.inquiry.received_at + 60, "refresh": "docs",

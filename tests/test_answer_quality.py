@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.capacity import process_cores
 from bot.runtime import build_runtime
+from bot.turn.capacity import process_cores
 from bot.types import Inquiry, Outcome
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import FakeAnthropic, Script

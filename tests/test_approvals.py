@@ -20,9 +20,9 @@ from uuid import uuid4
 import pytest
 
 from adapters.slack.text import APPROVE_ACTION, REVIEW_BLOCK, WITHDRAW_ACTION
-from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.runtime import Runtime, build_runtime
 from bot.settings import Settings, SettingsError, load_settings
+from bot.settings.platforms import SlackSettings, TelegramSettings
 from bot.types import Outcome
 from tests.conftest import make_settings
 from tests.fakes.slack_server import Message
@@ -259,7 +259,7 @@ async def test_slack_a_refresh_that_changed_the_cited_document_makes_the_approve
         assert after.answer.outcome is Outcome.ANSWERED, "a changed cited document misses the old approval"
         assert "blocked or has failed" in after_message.body
         assert button(after_message, APPROVE_ACTION) is not None, "and the new answer can be approved"
-        # Without a re-check (bot/knowledge_loop) the stale approval is kept, unserved, until withdrawn.
+        # Without a re-check (bot/knowledge/loop) the stale approval is kept, unserved, until withdrawn.
         await click(slack, message, WITHDRAW_ACTION, REVIEWER, value=first.answer.trace.turn_id)
         assert f"Approval withdrawn by <@{REVIEWER}>" in review_note(message)
 

@@ -1,7 +1,7 @@
 from haystack import Document
 from haystack.dataclasses import ChatMessage
 
-from bot.answering import resolve_citations
+from bot.turn.answering import resolve_citations
 from pipelines.components.budget import NO_FACTS, NO_HISTORY, NO_SOURCES, ContextBudget, format_source
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bot.capacity import TurnGate, usable_cores
+from bot.turn.capacity import TurnGate, usable_cores
 
 
 async def hold(gate: TurnGate, party: str, started: list[str], release: asyncio.Event) -> None:

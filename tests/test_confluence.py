@@ -203,7 +203,7 @@ def test_confluence_settings_are_checked(tmp_path: Path, entry: dict, message: s
 
 
 async def test_a_pages_author_and_space_reach_its_chunks_and_name_its_owners(wiki):
-    from bot.knowledge_loop.owners import owners_resolver
+    from bot.knowledge.loop.owners import owners_resolver
 
     server, stack = wiki
     seals = server.add_page("OPS", "HL-K8 seal replacement", SEALS, author="Grace Hopper", editor="Alan Turing")

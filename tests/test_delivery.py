@@ -17,8 +17,8 @@ from bot.delivery.pending import MemoryPendingTurns, PendingTurn
 from bot.delivery.reply import StreamedReply, reconcile, show_failure
 from bot.delivery.stream import Cadence, StreamWriter, split_message
 from bot.delivery.turns import Arrival, TakeOver
-from bot.history import SqliteHistory
 from bot.state import MemoryIdempotency
+from bot.state.history import SqliteHistory
 from bot.types import Answer, Inquiry, Outcome
 from tests.replies import Stuck
 

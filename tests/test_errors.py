@@ -8,7 +8,7 @@ import httpx2
 import redis.exceptions
 from haystack.core.errors import PipelineRuntimeError
 
-from bot.redis_state import RedisUnavailable
+from bot.state.redis import RedisUnavailable
 from pipelines.errors import EmptyModelReply, ErrorKind, KbbotError, diagnose
 from pipelines.weaviate_store import WeaviateUnavailable
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.redis_state import parse_sentinel_url, sentinel_url
 from bot.settings import SettingsError
+from bot.state.redis import parse_sentinel_url, sentinel_url
 from pipelines.weaviate_store import (
     chunk_collection_settings,
     consistency_level,

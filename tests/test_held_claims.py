@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from bot.redis_state import RedisIdempotency
 from bot.state import Idempotency, MemoryIdempotency, take_claim
+from bot.state.redis import RedisIdempotency
 
 REDIS_URL = os.environ.get("REDIS_URL")
 LEASE = 0.6

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,4 +107,55 @@ def test_type_checking_and_in_function_imports_count():
 def test_layers_import_only_downwards(package):
     upward = sorted(f"{name} -> {other}" for name, deps in import_graph().items() if name.split(".")[0] == package
                     for other in deps if LAYER[other.split(".")[0]] > LAYER[package])
+    assert upward == []
+
+
+#: ``bot/`` drawn as floors, lowest first: a part imports only parts on its own floor or below. The
+#: vocabulary (types, words, errors, logs, metrics, who may read what) under the settings, state (what is
+#: kept: locks, claims, history, caches, the turn log; memory and Redis versions), the turn, delivery (a
+#: turn's life on a chat platform), knowledge (refresh, its loop, insights), the platform contract, the
+#: conversation service and the composition root.
+BOT_FLOORS = [
+    {"bot", "bot.types", "bot.errors", "bot.messages", "bot.logs", "bot.metrics", "bot.permissions"},
+    {"bot.settings"},
+    {"bot.state"},
+    {"bot.turn"},
+    {"bot.delivery"},
+    {"bot.knowledge"},
+    {"bot.platform"},
+    {"bot.preference_commands", "bot.conversation"},
+    {"bot.runtime"},
+]
+#: Inside a package of ``bot/``, its parts' floors likewise (those not listed import none of the others).
+PART_FLOORS = {
+    "bot.knowledge": ["refresh", "loop", "status", ("insights", "scheduler")],
+    "bot.delivery": ["buckets", "rates", "stream", "reply", "pending", ("redis_pending", "turns"), "gate"],
+}
+
+
+def floor_of(module: str, floors: list[Any]) -> int | None:
+    for i, floor in enumerate(floors):
+        names = {floor} if isinstance(floor, str) else set(floor)
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return i
+    return None
+
+
+def test_bot_parts_import_only_their_floor_or_below():
+    graph = import_graph()
+    assert all(floor_of(m, BOT_FLOORS) is not None for m in graph if m.split(".")[0] == "bot"), \
+        "every module of bot/ is on a floor"
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.split(".")[0] == "bot" for d in deps
+                    if d.split(".")[0] == "bot" and floor_of(d, BOT_FLOORS) > floor_of(m, BOT_FLOORS))
+    assert upward == []
+
+
+@pytest.mark.parametrize("package", sorted(PART_FLOORS))
+def test_a_packages_parts_import_only_their_floor_or_below(package):
+    floors = [f"{package}.{p}" if isinstance(p, str) else tuple(f"{package}.{q}" for q in p)
+              for p in PART_FLOORS[package]]
+    graph = import_graph()
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith(package + ".") for d in deps
+                    if d.startswith(package + ".") and floor_of(m, floors) is not None
+                    and floor_of(d, floors) is not None and floor_of(d, floors) > floor_of(m, floors))
     assert upward == []

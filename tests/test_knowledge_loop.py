@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from adapters.insights import start_follow_ups
-from bot.insights.report import build_report, format_report
-from bot.preferences import PreferenceError, Preferences, apply_command
-from bot.scheduler import KnowledgeAdmin
+from bot.knowledge.insights.report import build_report, format_report
+from bot.knowledge.scheduler import KnowledgeAdmin
+from bot.state.preferences import PreferenceError, Preferences, apply_command
 from bot.types import Outcome
 from tests.fakes.telegram_server import message_update
 from tests.refresh_helpers import SERVICES_MISSING, isolated_stack

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from bot.limits import Limits, MemoryRateLimiter, RedisRateLimiter, Refusal, refusal_message
 from bot.metrics import METRICS
+from bot.turn.limits import Limits, MemoryRateLimiter, RedisRateLimiter, Refusal, refusal_message
 from bot.types import Inquiry, Outcome
 from tests.replies import RecordingReply
 
@@ -52,7 +52,7 @@ async def test_zero_turns_a_limit_off():
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (make test starts Redis)")
 async def test_redis_windows_are_shared_by_replicas():
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     prefix = f"test-{uuid.uuid4().hex[:8]}:"
     one, two = await connect_redis(os.environ["REDIS_URL"]), await connect_redis(os.environ["REDIS_URL"])

@@ -16,8 +16,8 @@ from pydantic import SecretStr
 from adapters.server import build_web_app
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION
 from adapters.slack.text import APPROVE_ACTION
-from bot.knowledge_loop.reviewers import ReviewerMessages
-from bot.refresh import format_status
+from bot.knowledge.status import format_status
+from bot.platform import ReviewerMessages
 from bot.runtime import Runtime, build_runtime, status_of
 from bot.types import Outcome
 from tests.fakes.slack_server import Message
@@ -254,7 +254,7 @@ async def test_the_golden_replay_fails_when_a_source_is_removed_and_status_healt
 
 
 def test_a_golden_file_with_mistakes_is_refused_with_where_and_why(tmp_path):
-    from bot.knowledge_loop.golden import GoldenError, load_golden
+    from bot.knowledge.loop.golden import GoldenError, load_golden
 
     assert load_golden(tmp_path / "absent.yaml") == []
     bad = tmp_path / "golden.yaml"
@@ -278,8 +278,8 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
     from adapters.insights import digest_poster, make_digest
     from adapters.slack.platform import SlackAdapter
     from adapters.telegram.platform import TelegramAdapter
-    from bot.insights.records import TurnRecord, ranked_chunks
-    from bot.platform_settings import SlackSettings, TelegramSettings
+    from bot.settings.platforms import SlackSettings, TelegramSettings
+    from bot.state.turn_log.records import TurnRecord, ranked_chunks
     from pipelines.query import retrieval_inputs
 
     docs = tmp_path / "docs"
@@ -464,7 +464,7 @@ def test_owners_of_web_pages_by_the_longest_url_prefix_and_bad_owner_ids_refused
     import pytest
     from pydantic import ValidationError
 
-    from bot.knowledge_loop.owners import owners_resolver
+    from bot.knowledge.loop.owners import owners_resolver
     from tests.refresh_helpers import url_source
 
     web = url_source("site", ["https://docs.example.com/sitemap.xml"],

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from bot.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache, cached_label, wants_fresh
-from bot.preferences import (
+from bot.state.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache, cached_label, wants_fresh
+from bot.state.preferences import (
     MemoryPreferenceStore,
     PreferenceError,
     Preferences,
@@ -32,7 +32,7 @@ async def stores(request):
         return
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set (make test starts Redis)")
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(REDIS_URL)
     prefix = f"test-{uuid.uuid4().hex[:8]}:"

@@ -6,10 +6,10 @@ import string
 
 import pytest
 
-from bot.insights.digest import digest_text
-from bot.knowledge_loop.owners import owner_text
+from bot.knowledge.insights.digest import digest_text
+from bot.knowledge.loop.owners import owner_text
+from bot.knowledge.status import format_status
 from bot.messages import MESSAGES, say
-from bot.refresh import format_status
 
 
 def fields(text: str) -> set[str]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from bot.model_calls import (
+from bot.runtime import Runtime, build_runtime
+from bot.turn.model_calls import (
     Adaptation,
     AdaptiveModelCalls,
     MemoryModelCalls,
@@ -23,7 +24,6 @@ from bot.model_calls import (
     Signal,
     read_signal,
 )
-from bot.runtime import Runtime, build_runtime
 from bot.types import Inquiry, Outcome
 from pipelines.components.throttle import ModelCallSlots
 from tests.conftest import make_settings
@@ -219,7 +219,7 @@ async def test_the_model_kbbot_runs_itself_keeps_its_fixed_cap(kb_data_dir: Path
 async def test_redis_out_of_reach_the_model_calls_go_on_with_this_processes_count(private_redis):  # noqa: F811
     """Redis stops: calls are admitted by a state of this process (a 429 still teaches it) rather than
     fail; when Redis is back the replicas share its state again."""
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(private_redis.url, retries=0, socket_timeout=0.5, connect_timeout=0.5)
     state = RedisModelCalls(client, "test-model:", Adaptation(start=4, maximum=4), outage_retry_s=0.2)
@@ -245,7 +245,7 @@ async def test_a_call_holds_its_place_while_it_runs_and_a_dead_replicas_places_c
     """Places are leased briefly and renewed while their calls run: a live call keeps its place however
     long it runs; a replica killed mid-call (its renewals stop) frees its places after one lease, not a
     turn's time (with the limit brought down to its calls by 429s, the survivors waited that long)."""
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     assert REDIS_URL
     client = await connect_redis(REDIS_URL)

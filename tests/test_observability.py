@@ -217,7 +217,7 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
     tokens_before = METRICS.value("kbbot_model_tokens_total", direction="output")
     answer = await runtime.answerer.answer(inquiry(platform="metrics-test"), RecordingReply())
     assert answer.outcome is Outcome.ANSWERED
-    from bot.refresh import RunRecord, log_run
+    from bot.knowledge.refresh import RunRecord, log_run
 
     log_run(RunRecord(source="metrics-src", trigger="manual", started_at="2026-01-01T00:00:00Z", duration_s=1.5,
                       ok=True, added=3, changed=1, removed=2, failed=[{"source": "x.pdf", "reason": "corrupt"}],
@@ -244,7 +244,7 @@ async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer(
     from adapters.slack.platform import SlackAdapter
     from adapters.telegram.platform import TelegramAdapter
     from adapters.telegram.session import instrument
-    from bot.platform_settings import SlackSettings, TelegramSettings
+    from bot.settings.platforms import SlackSettings, TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
 
@@ -328,7 +328,7 @@ class _Scheduler:
 @pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
                     reason="REDIS_URL and WEAVIATE_URL are not set (make test starts them)")
 async def test_healthz_checks_redis_weaviate_scheduler_and_adapters(tmp_path: Path, private_redis):  # noqa: F811
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     settings = make_settings(tmp_path, REDIS_URL=private_redis.url, WEAVIATE_URL=os.environ["WEAVIATE_URL"])
     client = await connect_redis(private_redis.url)

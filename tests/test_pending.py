@@ -23,10 +23,11 @@ from redis.asyncio import Redis
 from bot.conversation import Conversations
 from bot.delivery.gate import Delivery
 from bot.delivery.pending import MemoryPendingTurns, PendingTurn, PendingTurns
+from bot.delivery.redis_pending import RedisPendingTurns
 from bot.delivery.turns import CRASHED, Arrival, TakeOver
-from bot.history import SqliteHistory
-from bot.redis_state import RedisIdempotency, RedisLock, RedisPendingTurns
 from bot.state import Idempotency, MemoryIdempotency, ThreadLocks
+from bot.state.history import SqliteHistory
+from bot.state.redis import RedisIdempotency, RedisLock
 from bot.types import Answer, Inquiry, Outcome, Reply
 from tests.kill import die_at, died, disarmed  # noqa: F401  (disarmed is a fixture)
 from tests.replies import RecordingReply, Stuck
@@ -372,7 +373,7 @@ class Partitionable:
 
 # --- kill points (issue #28): a replica dies at one exact step of a turn, another takes over -----------
 class UnderThreadLock:
-    """An Answerer that answers holding its thread's lock, as ``bot.answering.Answerer`` does
+    """An Answerer that answers holding its thread's lock, as ``bot.turn.answering.Answerer`` does
     (``Admission.thread_locks``): across replicas a lock in Redis of 30 s, renewed while held, waited
     for as long as a turn may take (``bot.runtime``)."""
 

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from slack_sdk.signature import SignatureVerifier
 
-from bot.preferences import Preferences
+from bot.state.preferences import Preferences
 from bot.types import Outcome
 from tests.fakes.telegram_server import message_update, user
 from tests.test_approvals import REDIS_URL, memory_claude  # noqa: F401 - fixture

@@ -24,7 +24,7 @@ needs_redis = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_
 @pytest.fixture
 async def replicas() -> AsyncIterator[tuple[PlatformRates, PlatformRates]]:
     """Two budgets, each on a Redis client of its own, with one prefix: two replicas of one app."""
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
     clients = [await connect_redis(os.environ["REDIS_URL"]) for _ in range(2)]
@@ -98,7 +98,7 @@ async def test_several_buckets_are_taken_all_or_none_across_replicas(replicas: t
 
 @needs_redis
 async def test_a_full_bucket_leaves_no_key_behind():
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(os.environ["REDIS_URL"])
     prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
@@ -119,7 +119,7 @@ async def bucket_stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[s
         return
     if not os.environ.get("REDIS_URL"):
         pytest.skip("REDIS_URL is not set")
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(os.environ["REDIS_URL"])
     prefix = f"test-rate-{uuid.uuid4().hex[:8]}:"
@@ -145,7 +145,7 @@ async def test_both_stores_count_the_same(bucket_stores: tuple[str, Callable[[],
 async def test_redis_out_of_reach_falls_back_to_this_processes_buckets(private_redis, caplog):  # noqa: F811
     """Redis stops: the budget goes on with local buckets at the full rate (logged once) rather than
     stop the answers; when Redis is back the replicas share its buckets again."""
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(private_redis.url, retries=0, socket_timeout=0.5, connect_timeout=0.5)
     store = RedisBuckets(client, "test-rate:", outage_retry_s=0.2)

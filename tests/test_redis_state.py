@@ -23,8 +23,9 @@ import redis.exceptions
 from haystack.dataclasses import ChatMessage
 from redis.asyncio import Redis
 
-from bot.history import HistoryStore
-from bot.redis_state import (
+from bot.state import Idempotency, Lock, LockNotAcquired
+from bot.state.history import HistoryStore
+from bot.state.redis import (
     RedisHistory,
     RedisIdempotency,
     RedisLock,
@@ -33,7 +34,6 @@ from bot.redis_state import (
     connect_redis,
     redact_url,
 )
-from bot.state import Idempotency, Lock, LockNotAcquired
 
 REPO = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -307,7 +307,7 @@ async def test_renewal_keeps_the_lock_past_its_ttl(client_a: Redis, client_b: Re
 
 HOLDER = """
 import asyncio, sys
-from bot.redis_state import RedisLock, connect_redis
+from bot.state.redis import RedisLock, connect_redis
 
 async def main():
     client = await connect_redis(sys.argv[1])

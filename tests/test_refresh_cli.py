@@ -132,9 +132,9 @@ def test_index_path_is_a_refresh_of_that_path(deployment, tmp_path, capsys):
 @needs_services
 async def test_serve_runs_the_configured_sources_on_schedule(deployment):
     from adapters.server import serve
-    from bot.redis_state import connect_redis
-    from bot.refresh import RedisRunLog
+    from bot.knowledge.refresh import RedisRunLog
     from bot.runtime import build_runtime
+    from bot.state.redis import connect_redis
 
     settings = load_settings()
     settings.sources = settings.sources[:1]

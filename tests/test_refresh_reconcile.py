@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.refresh import FileRunLog, knowledge_status
+from bot.knowledge.refresh import FileRunLog
+from bot.knowledge.status import knowledge_status
 from pipelines.indexing import FolderSource
 from tests.refresh_helpers import (
     SERVICES_MISSING,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 
-from bot.refresh import RunRecord, is_due, next_due, utcnow
-from bot.scheduler import RefreshScheduler
+from bot.knowledge.refresh import RunRecord, is_due, next_due, utcnow
+from bot.knowledge.scheduler import RefreshScheduler
 from bot.settings import SourceSettings
 from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, Stack, drop_prefix, folder_source
 

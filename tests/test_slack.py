@@ -29,9 +29,9 @@ from adapters.slack.text import neutralise, question_text, stable_prefix
 from bot.conversation import HandledTurn
 from bot.delivery.rates import PlatformRates, Rate
 from bot.delivery.stream import split_message
-from bot.feedback import Feedback, MemoryFeedback, RedisFeedback
-from bot.platform_settings import SlackSettings
 from bot.runtime import Runtime
+from bot.settings.platforms import SlackSettings
+from bot.state.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
@@ -650,7 +650,7 @@ def test_an_acknowledging_reaction_must_be_an_emoji_name():
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (scripts/services.sh start)")
 async def test_two_replicas_sharing_redis_answer_a_redelivered_event_once(kb_runtime, fake_slack):
-    from bot.redis_state import RedisIdempotency, connect_redis
+    from bot.state.redis import RedisIdempotency, connect_redis
 
     client = await connect_redis(os.environ["REDIS_URL"])
     prefix = f"kbbot-test:{uuid4().hex[:12]}:"

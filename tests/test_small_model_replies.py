@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from haystack import Document
 
-from bot.answering import resolve_citations
+from bot.turn.answering import resolve_citations
 from pipelines.citations import attach_missing_markers, normalize_markers, sentence_citations
 from pipelines.components.grader import RelevanceGrader
 from pipelines.components.guard import TopicGuard

@@ -23,10 +23,10 @@ from adapters.server import build_web_app
 from adapters.telegram.platform import TelegramAdapter
 from adapters.telegram.text import render, render_parts, utf16_len
 from bot.conversation import HandledTurn
-from bot.feedback import MemoryFeedback
-from bot.platform_settings import TelegramSettings
 from bot.runtime import Runtime
+from bot.settings.platforms import TelegramSettings
 from bot.state import Claim, MemoryIdempotency
+from bot.state.feedback import MemoryFeedback
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script

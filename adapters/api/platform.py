@@ -35,9 +35,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
 
-from bot.api_settings import ApiSettings, ApiToken
 from bot.conversation import Conversations
 from bot.platform import NoChat
+from bot.settings.api import ApiSettings, ApiToken
 from bot.state import Claim, TaskSet
 from bot.types import Answer, Citation, Inquiry, Outcome
 from pipelines.text import link_host, restrict_links

@@ -1,4 +1,4 @@
-"""Slack's part of the knowledge loop (``bot/knowledge_loop``): a re-checked approval as a message with "Keep
+"""Slack's part of the knowledge loop (``bot/knowledge/loop``): a re-checked approval as a message with "Keep
 approved" and "Retire" (Block Kit buttons, like the approval buttons: the value is only the turn id,
 the server holds both answers), and plain messages to the reviewers (golden set failures).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.slack.text import mrkdwn_escape, neutralise, review_note, sources_block
-from bot.knowledge_loop.recheck import RecheckRequest
+from bot.knowledge.loop.recheck import RecheckRequest
 from bot.messages import say
 
 KEEP_ACTION = "kbbot_recheck_keep"

@@ -19,7 +19,7 @@ and next runs, services) and ``/kbbot refresh [SOURCE]``; the command is acknowl
 the result is posted to its ``response_url`` (visible to the admin only). Others are politely refused,
 in the language of their preferences.
 
-What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
+What kbbot remembers (``bot/state/cache.py``, ``bot/state/preferences.py``):
 
 - reviewers (``slack.reviewers``: user ids, or team id -> user ids) see "✅ Approve" under a thread's
   first answer (one the Answerer offered to the answer cache). A click approves by turn id (the
@@ -28,13 +28,13 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
 - after a refresh changed what an approved answer cites, its reviewer (or ``approvals.reviewers_channel``)
   gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack_loop.py``,
-  ``bot/knowledge_loop/recheck.py``), reviewers only like the approval buttons;
+  ``bot/knowledge/loop/recheck.py``), reviewers only like the approval buttons;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
   ephemerally in the ack);
 - a reply in a thread kbbot could not answer (or whose answer got a 👎), by someone other than the asker,
   is not answered but shown to the reviewers in ephemeral notes with "Save as approved answer" and "Add
-  to the knowledge base" (``bot/knowledge_loop/expert.py``); follow-ups of questions a refresh answered
-  are posted here through ``reply_to`` (``bot/knowledge_loop/followups.py``).
+  to the knowledge base" (``bot/knowledge/loop/expert.py``); follow-ups of questions a refresh answered
+  are posted here through ``reply_to`` (``bot/knowledge/loop/followups.py``).
 """
 
 from __future__ import annotations
@@ -78,14 +78,14 @@ from bot.delivery.pending import PendingTurn
 from bot.delivery.rates import PlatformRates
 from bot.delivery.stream import split_message
 from bot.delivery.turns import Accepted, Arrival
-from bot.feedback import Feedback
-from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
-from bot.knowledge_loop.recheck import RecheckRequest
+from bot.knowledge.loop.expert import MAX_REPLY_CHARS, ExpertReplies
+from bot.knowledge.loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.platform import Reviewers
-from bot.platform_settings import SlackSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
-from bot.settings_base import reveal
+from bot.settings.base import reveal
+from bot.settings.platforms import SlackSettings
+from bot.state.feedback import Feedback
 from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.slack")
@@ -321,7 +321,7 @@ class SlackAdapter:
             return None
         return await self._accept(body, event, context, thread_ts=thread_ts, kind="follow_up", is_dm=False)
 
-    # --- expert replies (bot/knowledge_loop/expert.py) ------------------------------------------------
+    # --- expert replies (bot/knowledge/loop/expert.py) ------------------------------------------------
     async def _expert_reply(self, body: dict[str, Any], event: dict[str, Any], context: Any, thread_ts: str) -> bool:
         """A reply by someone other than the asker in a thread kbbot could not answer: offered to the
         workspace's reviewers after the acknowledgement (ephemeral notes with the two buttons)."""
@@ -461,7 +461,7 @@ class SlackAdapter:
             log.warning("turn %s: could not update the reviewed message (%s)", turn_id, error_code(exc))
             await self._ephemeral(client, channel, user, note, thread_ts)
 
-    # --- the knowledge loop (bot/knowledge_loop): re-checked approvals, messages to reviewers ----------------------
+    # --- the knowledge loop (bot/knowledge/loop): re-checked approvals, messages to reviewers ----------------------
     async def post_recheck(self, channel: str, request: RecheckRequest) -> bool:
         """The re-check of an approval with "Keep approved" / "Retire" in ``channel`` (a user id: their DM)."""
         team = request.tenant.partition(":")[2]

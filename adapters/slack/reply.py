@@ -50,8 +50,8 @@ from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
 from bot.delivery.reply import StreamedReply, reconcile, show_failure
 from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, cut_point, in_background, split_message
 from bot.metrics import METRICS
-from bot.platform_settings import SlackSettings
-from bot.settings_base import reveal
+from bot.settings.base import reveal
+from bot.settings.platforms import SlackSettings
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.slack")

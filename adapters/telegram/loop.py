@@ -1,4 +1,4 @@
-"""Telegram's part of the knowledge loop (``bot/knowledge_loop``): a re-checked approval as a plain-text message
+"""Telegram's part of the knowledge loop (``bot/knowledge/loop``): a re-checked approval as a plain-text message
 (never ``parse_mode``: a document's or model's markup stays literal) with an inline keyboard
 "Keep approved" / "Retire" whose callback data carries only the turn id."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup
 
-from bot.knowledge_loop.recheck import RecheckRequest
+from bot.knowledge.loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.types import Citation
 

@@ -24,7 +24,7 @@ its answer (released when the turn fails), a command's is finished whatever the 
 Admins (``telegram.admins``) can send ``/status`` (knowledge version, sources, last and next runs,
 services) and ``/refresh [SOURCE]``; anyone else is politely refused.
 
-What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
+What kbbot remembers (``bot/state/cache.py``, ``bot/state/preferences.py``):
 
 - reviewers (``telegram.reviewers``) get "✅ Approve" under a chat's first answer (one the Answerer
   offered to the answer cache) and "↩️ Withdraw approval" under an answer served from the cache. In a
@@ -33,7 +33,7 @@ What kbbot remembers (``bot/cache.py``, ``bot/preferences.py``):
   server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
 - after a refresh changed what an approved answer cites, its reviewer (else every reviewer) gets the
   old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram_loop.py``,
-  ``bot/knowledge_loop/recheck.py``); the buttons go once one is clicked;
+  ``bot/knowledge/loop/recheck.py``); the buttons go once one is clicked;
 - everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """
 
@@ -85,15 +85,15 @@ from bot.delivery.pending import PendingTurn
 from bot.delivery.rates import PlatformRates
 from bot.delivery.stream import RetryAfter
 from bot.delivery.turns import Arrival
-from bot.feedback import Feedback
-from bot.knowledge_loop.expert import MAX_REPLY_CHARS, ExpertReplies
-from bot.knowledge_loop.recheck import RecheckRequest
+from bot.knowledge.loop.expert import MAX_REPLY_CHARS, ExpertReplies
+from bot.knowledge.loop.recheck import RecheckRequest
 from bot.messages import say
 from bot.platform import Reviewers
-from bot.platform_settings import TelegramSettings
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
-from bot.settings_base import reveal
+from bot.settings.base import reveal
+from bot.settings.platforms import TelegramSettings
 from bot.state import Claim
+from bot.state.feedback import Feedback
 from bot.types import Inquiry
 from pipelines.text import detect_language
 
@@ -435,7 +435,7 @@ class TelegramAdapter:
                              on_drafts_unavailable=self._drafts_unavailable, review=review,
                              background=self.delivery.background, first_acks=self.first_acks)
 
-    # --- expert replies (bot/knowledge_loop/expert.py) -------------------------------------------------
+    # --- expert replies (bot/knowledge/loop/expert.py) -------------------------------------------------
     def _link(self, message: Message) -> str:
         chat = message.chat
         if chat.username:
@@ -590,7 +590,7 @@ class TelegramAdapter:
             return
         await self._answer_callback(query, say(f"review_{review.status.value}", language, **NAMES), alert=True)
 
-    # --- the knowledge loop (bot/knowledge_loop): re-checked approvals, messages to reviewers ----------------------
+    # --- the knowledge loop (bot/knowledge/loop): re-checked approvals, messages to reviewers ----------------------
     async def post_recheck(self, chat_id: str, request: RecheckRequest) -> bool:
         """The re-check of an approval with "Keep approved" / "Retire" to ``chat_id`` (a reviewer's user id)."""
         parts = plain_parts(recheck_text(request), self.settings.max_message_units)

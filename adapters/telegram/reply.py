@@ -50,8 +50,8 @@ from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
 from bot.delivery.reply import StreamedReply, reconcile, show_failure
 from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, in_background
-from bot.platform_settings import TelegramSettings
-from bot.settings_base import reveal
+from bot.settings.base import reveal
+from bot.settings.platforms import TelegramSettings
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")

@@ -29,7 +29,7 @@ key                             type  contents and lifetime
 ==============================  ====  ==============================================================
 
 Every operation is one Lua script against Redis' own clock (no replica clock skew), as
-``bot.limits`` does its windows. When Redis cannot be reached, ``RedisBuckets`` goes on with buckets of
+``bot.turn.limits`` does its windows. When Redis cannot be reached, ``RedisBuckets`` goes on with buckets of
 its own in this process at the full rate for ``outage_retry_s`` and then tries Redis again (logged once
 per outage): the platform may answer some calls with 429, which the callers hold and retry, so an
 outage slows answers down and loses none.
@@ -44,9 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from bot.state.redis import SharedScript
 
 log = logging.getLogger("kbbot.rate")
 
@@ -284,37 +282,6 @@ return '0'
 
 
 #: Redis out of reach: down, cut off, timing out, or a primary demoted during a failover (read-only).
-OUT_OF_REACH: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
-
-
-class SharedScript:
-    """A Lua script every replica runs on Redis, answering None while Redis is out of reach: its caller
-    then keeps to a state of this process, and Redis is tried again ``retry_s`` later. The outage and
-    the return are logged once each (``what``: whose script; ``meanwhile``: what the process does)."""
-
-    def __init__(self, client: Any, source: str, *, what: str, meanwhile: str, back: str, retry_s: float,
-                 logger: logging.Logger = log):
-        self._script = client.register_script(source)
-        self.what, self.meanwhile, self.back, self.retry_s, self.log = what, meanwhile, back, retry_s, logger
-        self.down_until = float("-inf")
-
-    async def __call__(self, keys: list[str], args: list[Any]) -> str | None:
-        if time.monotonic() < self.down_until:
-            return None
-        try:
-            answer = await self._script(keys=keys, args=args)
-        except OUT_OF_REACH as exc:
-            if self.down_until == float("-inf"):
-                self.log.warning("%s: Redis out of reach (%s); %s, retrying Redis every %g s", self.what,
-                                 type(exc).__name__, self.meanwhile, self.retry_s)
-            self.down_until = time.monotonic() + self.retry_s
-            return None
-        if self.down_until != float("-inf"):
-            self.log.warning("%s: Redis is back; %s", self.what, self.back)
-            self.down_until = float("-inf")
-        return answer.decode() if isinstance(answer, bytes) else str(answer)
-
-
 @dataclass
 class RedisBuckets:
     """Buckets in Redis, shared by every replica with the same ``prefix``; see the module docstring."""

@@ -43,7 +43,7 @@ Turns taken over more than ``max_attempts`` times (a question that kills every r
 are given up: the user sees the turn's failure message. A turn that ended with the Answerer's error
 outcome already showed the user its message and is not retried.
 
-``MemoryPendingTurns`` is the embedded default (one process); ``bot.redis_state.RedisPendingTurns``
+``MemoryPendingTurns`` is the embedded default (one process); ``bot.state.redis.RedisPendingTurns``
 is shared by replicas.
 """
 

@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.answering import Answerer
 from bot.delivery.pending import (
     LeasedReply,
     PendingTurn,
@@ -40,6 +39,7 @@ from bot.delivery.pending import (
 )
 from bot.messages import say
 from bot.state import KILL_POINTS, TURN_LOCKS, Claim, Idempotency, TaskSet, take_claim
+from bot.turn.answering import Answerer
 from bot.types import Answer, Inquiry, Outcome, Reply
 
 log = logging.getLogger("kbbot.conversation")

@@ -4,7 +4,7 @@
 ``CallAdmission`` for the whole call, streaming included; the answer generator and the helper
 generator (rewrite, guard, grade, reformulate) share one. ``ModelCallSlots`` is a fixed number of
 places in this process (the model kbbot runs itself); a hosted model's admission adapts to what its
-provider allows (``bot.model_calls``). A call that finds no place waits: the turn's own timeout
+provider allows (``bot.turn.model_calls``). A call that finds no place waits: the turn's own timeout
 bounds the wait.
 """
 

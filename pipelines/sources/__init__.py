@@ -32,7 +32,7 @@
 Modules: ``fetcher`` (HTTP with its bounds), ``sitemaps``, ``robots``, ``urls`` (``UrlSource``).
 
 ``states`` (url -> ``FetchState``) are what the caller keeps between refreshes (Redis or a file, see
-``bot.refresh``); ``updated_states`` after a scan holds the ones to keep next time.
+``bot.knowledge.refresh``); ``updated_states`` after a scan holds the ones to keep next time.
 """
 
 from pipelines.sources.fetcher import Fetched, Fetcher, FetchError, FetchState, Gone, Refused, normalise_url

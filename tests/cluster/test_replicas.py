@@ -52,7 +52,7 @@ KILLED = ("What torque do the terminal screws need?", "What does fault code E07 
 
 
 async def pending_turns(redis: Any, prefix: str) -> int:
-    """Entries in the pending turns' due sets, one set per platform account (``bot.redis_state``)."""
+    """Entries in the pending turns' due sets, one set per platform account (``bot.state.redis``)."""
     return sum([await redis.zcard(key) async for key in redis.scan_iter(match=f"{prefix}pending-due:*")])
 
 

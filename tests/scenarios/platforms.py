@@ -32,9 +32,9 @@ from adapters.server import build_web_app
 from adapters.slack.text import neutralise
 from adapters.telegram.text import render
 from bot.conversation import HandledTurn
-from bot.feedback import MemoryFeedback
-from bot.knowledge_loop.reviewers import ReviewerMessages
+from bot.platform import ReviewerMessages
 from bot.runtime import Runtime
+from bot.state.feedback import MemoryFeedback
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update
 from tests.fakes.telegram_server import user as tg_user

@@ -11,8 +11,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from bot.platform_settings import SlackSettings, TelegramSettings
 from bot.settings import SettingsError
+from bot.settings.platforms import SlackSettings, TelegramSettings
 from bot.types import Inquiry, Outcome
 from pipelines.store import space_filter
 from tests.conftest import REPO

@@ -12,7 +12,7 @@ import uuid
 import aiohttp
 import pytest
 
-from bot.insights.store import RedisTurnLog
+from bot.state.turn_log.store import RedisTurnLog
 from tests.admin_site import TOKEN, admin_site
 from tests.fakes.slack_server import FakeSlack
 from tests.test_slack import BOT, TEAM
@@ -77,7 +77,7 @@ async def test_a_cookie_from_before_a_logout_opens_nothing(kb_runtime, fake_slac
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="REDIS_URL is not set (make test starts Redis)")
 async def test_a_revoked_session_is_known_to_every_replica_until_it_would_have_expired():
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(os.environ["REDIS_URL"])
     prefix = f"kbbot-test-{uuid.uuid4().hex}:"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.capacity import TurnGate
-from bot.limits import Limits, MemoryRateLimiter
-from bot.model_calls import Adaptation, MemoryModelCalls
 from bot.runtime import build_runtime
+from bot.turn.capacity import TurnGate
+from bot.turn.limits import Limits, MemoryRateLimiter
+from bot.turn.model_calls import Adaptation, MemoryModelCalls
 from bot.types import Inquiry, Outcome
 from tests.conftest import make_settings
 from tests.replies import RecordingReply

@@ -25,7 +25,8 @@ import aiohttp
 import pytest
 
 from adapters.cli import SilentReply
-from bot.refresh import Refresher, format_status, knowledge_status
+from bot.knowledge.refresh import Refresher
+from bot.knowledge.status import format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
 from bot.settings import ConfluenceSettings, PermissionsSettings, SourceSettings
 from bot.types import Answer, Inquiry

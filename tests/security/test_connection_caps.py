@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from adapters.web_guard import ClientConnections
-from bot.server_settings import ServerSettings
+from bot.settings.server import ServerSettings
 from tests.security.test_server_guards import HALF_HEADERS, _answer, served
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from adapters.server import health_report
-from bot.redis_state import RedisUnavailable, connect_redis
-from bot.refresh import format_status, knowledge_status
+from bot.knowledge.status import format_status, knowledge_status
 from bot.runtime import build_runtime
 from bot.settings import SettingsError
+from bot.state.redis import RedisUnavailable, connect_redis
 from pipelines.store import open_store
 from tests.conftest import make_settings
 

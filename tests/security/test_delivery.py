@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.delivery.pending import MemoryPendingTurns, PendingTurn, PendingTurns
-from bot.redis_state import RedisPendingTurns
+from bot.delivery.redis_pending import RedisPendingTurns
 from bot.runtime import Runtime
 from bot.state import MemoryIdempotency
 from bot.types import Inquiry, Outcome

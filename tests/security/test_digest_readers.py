@@ -12,9 +12,9 @@ import pytest
 
 from adapters.insights import digest_poster, make_digest
 from adapters.slack.platform import SlackAdapter
-from bot.insights.records import TurnRecord, ranked_chunks
-from bot.platform_settings import SlackSettings
 from bot.runtime import build_runtime
+from bot.settings.platforms import SlackSettings
+from bot.state.turn_log.records import TurnRecord, ranked_chunks
 from pipelines.query import retrieval_inputs
 from tests.conftest import make_settings
 from tests.refresh_helpers import REDIS_URL, folder_source

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from haystack.dataclasses import ChatMessage
 
-from bot.history import SqliteHistory
+from bot.state.history import SqliteHistory
 
 
 def stored_threads(path: Path) -> dict[str, int]:

@@ -29,9 +29,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.cli import SilentReply
 from adapters.slack.directory import SlackDirectory
-from bot.refresh import Refresher, format_status, knowledge_status
+from bot.knowledge.refresh import Refresher
+from bot.knowledge.scheduler import RefreshScheduler
+from bot.knowledge.status import format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
-from bot.scheduler import RefreshScheduler
 from bot.settings import ConfluenceSettings, SourceSettings
 from bot.types import Answer, Inquiry, Outcome
 from pipelines.components.facts import FactLookup

@@ -10,7 +10,7 @@ import contextlib
 from pathlib import Path
 
 from adapters.slack.text import APPROVE_ACTION
-from bot.knowledge_loop.reviewers import ReviewerMessages
+from bot.platform import ReviewerMessages
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.types import Outcome

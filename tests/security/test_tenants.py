@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache
-from bot.preferences import Preferences, apply_command
+from bot.state.cache import CacheKey, MemoryAnswerCache, RedisAnswerCache
+from bot.state.preferences import Preferences, apply_command
 from bot.types import Answer, Citation, Inquiry, Outcome
 from tests.replies import RecordingReply
 
@@ -27,7 +27,7 @@ async def cache_kind(request) -> AsyncIterator[tuple[type, dict]]:
         return
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set (make test starts Redis)")
-    from bot.redis_state import connect_redis
+    from bot.state.redis import connect_redis
 
     client = await connect_redis(REDIS_URL)
     prefix = f"test-sec-{uuid.uuid4().hex[:8]}:"

@@ -218,7 +218,7 @@ async def test_acl_prefixes_match_any_case_of_scheme_and_host_whole_segments_and
 
 
 async def test_a_permissions_only_refresh_keeps_the_readers_of_the_url_a_redirect_ended_at(tmp_path):
-    from bot.refresh import Refresher
+    from bot.knowledge.refresh import Refresher
     from bot.runtime import build_runtime
     from tests.conftest import make_settings
     from tests.refresh_helpers import url_source

@@ -1,0 +1,1 @@
+"""The turn: one question answered by the Answerer (limits, capacity, the thread's lock, the query pipeline, history)."""
