@@ -14,7 +14,7 @@ What a platform supplies:
   ``delivery`` (``bot.delivery.Delivery``: gate, pending record, claim, take-over, the turn), and the
   operations that layer asks of it (``bot.delivery.PlatformMessages``: its account, a reply rebuilt
   from a pending turn's target or for a place, delete and edit one of its messages); its replies post,
-  edit, stream and react with its own SDK inside its rate tiers (``bot.delivery.stream.PlatformRates``). A way in
+  edit, stream and react with its own SDK inside its rate tiers (``bot.delivery.reply.PlatformRates``). A way in
   whose caller holds the request (the HTTP API) has no ``delivery``;
 - **who**: ``owns(user)`` (an id of its users: an owner's or a reviewer's), ``tenant`` (the account its
   principals are read under) and, registered with ``bot.permissions.Audiences`` when it is built, which

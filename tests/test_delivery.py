@@ -14,8 +14,7 @@ from typing import Any
 from bot.conversation import Conversations
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import MemoryPendingTurns, PendingTurn
-from bot.delivery.reply import StreamedReply, reconcile, show_failure
-from bot.delivery.stream import Cadence, StreamWriter, split_message
+from bot.delivery.reply import Cadence, StreamedReply, StreamWriter, reconcile, show_failure, split_message
 from bot.delivery.turns import Arrival, TakeOver
 from bot.state import MemoryIdempotency
 from bot.state.history import SqliteHistory

@@ -28,7 +28,7 @@ from adapters.slack.reply import make_rates
 from adapters.slack.text import neutralise, question_text, stable_prefix
 from bot.conversation import HandledTurn
 from bot.delivery.rates import PlatformRates, Rate
-from bot.delivery.stream import split_message
+from bot.delivery.reply import split_message
 from bot.runtime import Runtime
 from bot.settings.platforms import SlackSettings
 from bot.state.feedback import Feedback, MemoryFeedback, RedisFeedback

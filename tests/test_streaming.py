@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Rate, TokenBucket
-from bot.delivery.stream import Cadence, DeliveryFailed, RetryAfter, StreamWriter
+from bot.delivery.reply import Cadence, DeliveryFailed, RetryAfter, StreamWriter
 
 
 class RecordingSink:

@@ -76,7 +76,7 @@ from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import PendingTurn
 from bot.delivery.rates import PlatformRates
-from bot.delivery.stream import split_message
+from bot.delivery.reply import split_message
 from bot.delivery.turns import Accepted, Arrival
 from bot.knowledge.loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge.loop.recheck import RecheckRequest

@@ -47,8 +47,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
-from bot.delivery.reply import StreamedReply, reconcile, show_failure
-from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, cut_point, in_background, split_message
+from bot.delivery.reply import (
+    Cadence,
+    RetryAfter,
+    StreamedReply,
+    StreamWriter,
+    cut_point,
+    in_background,
+    reconcile,
+    show_failure,
+    split_message,
+)
 from bot.metrics import METRICS
 from bot.settings.base import reveal
 from bot.settings.platforms import SlackSettings

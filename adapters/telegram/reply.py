@@ -48,8 +48,7 @@ from aiogram.utils.token import extract_bot_id
 from adapters.telegram.text import Rendered, answer_markup, final_parts, render_parts
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
-from bot.delivery.reply import StreamedReply, reconcile, show_failure
-from bot.delivery.stream import Cadence, RetryAfter, StreamWriter, in_background
+from bot.delivery.reply import Cadence, RetryAfter, StreamedReply, StreamWriter, in_background, reconcile, show_failure
 from bot.settings.base import reveal
 from bot.settings.platforms import TelegramSettings
 from bot.types import Answer, Citation

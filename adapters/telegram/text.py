@@ -21,7 +21,7 @@ from typing import Any
 import telegramify_markdown
 from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup, MessageEntity
 
-from bot.delivery.stream import cut_point
+from bot.delivery.reply import cut_point
 from bot.messages import say
 from bot.types import Answer, Citation, Outcome
 from pipelines.text import detect_language, web_link_host

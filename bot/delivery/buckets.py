@@ -3,7 +3,7 @@
 A platform's rate limits belong to the app (Slack: per workspace and channel; Telegram: per chat and
 per bot), whichever replica calls. With ``REDIS_URL`` every replica draws from one bucket per
 ``(scope, method)`` in Redis, so together they stay inside the tier however many of them run, idle
-or die; without it the buckets live in this process (``MemoryBuckets``). ``bot.delivery.stream.TokenBucket``
+or die; without it the buckets live in this process (``MemoryBuckets``). ``bot.delivery.reply.TokenBucket``
 puts its waiting callers in priority order on top of either store.
 
 A bucket holds up to ``burst`` tokens and gains ``per_minute / 60`` a second. Both stores give:

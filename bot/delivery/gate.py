@@ -19,7 +19,7 @@ between them, for every platform:
 
 What a platform supplies here is ``PlatformMessages``: its name and account, how to rebuild a reply
 from a pending turn's target, how to delete and edit one of its messages; its replies post, edit, stream
-and react through its own SDK (``bot.delivery.reply``), paced by ``bot.delivery.stream`` and inside its
+and react through its own SDK (``bot.delivery.reply``), paced by ``bot.delivery.reply`` and inside its
 rate tiers (``bot.delivery.rates``). The whole contract of a platform is ``bot.platform``.
 """
 
