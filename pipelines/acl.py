@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Annotated
 from urllib.parse import unquote, urlsplit
 
-from pipelines.indexing import SourceItem
+from pydantic import AfterValidator
+
 from pipelines.records import PUBLIC, DocRecord
+from pipelines.sources.kind import ConfiguredSource, SourceItem
 
 KINDS = ("user:", "group:", "channel:", "space:", "confluence:")
 
@@ -33,6 +36,24 @@ def principal(text: str) -> str:
                          "channel:<channel id>, space:<Confluence space key> or confluence:everyone (a bare "
                          "e-mail address is a user)")
     return value
+
+
+def _checked_acl(acl: dict[str, list[str]]) -> dict[str, list[str]]:
+    checked = {}
+    for prefix, principals in acl.items():
+        if not str(prefix).strip():
+            raise ValueError("has an empty prefix; use a path (hr/) or a URL prefix")
+        if isinstance(principals, str) or not principals:
+            raise ValueError(f"[{prefix!r}] must be a non-empty list of principals")
+        try:
+            checked[str(prefix).strip()] = [principal(p) for p in principals]
+        except ValueError as exc:
+            raise ValueError(f"[{prefix!r}]: {exc}") from None
+    return checked
+
+
+#: A source entry's ``acl:`` setting (folders, URLs): prefix -> principals, each spelt as ``principal`` does.
+Acl = Annotated[dict[str, list[str]], AfterValidator(_checked_acl)]
 
 
 def readers_for(acl: Mapping[str, list[str]], key: str) -> list[str]:
@@ -123,7 +144,7 @@ class AclOnlyScan:
         return iter(self.items)
 
 
-class AclOnlySource:
+class AclOnlySource(ConfiguredSource):
     """A permissions-only refresh of a source whose permissions are its settings' ``acl``: each
     document it has in the store, with the readers the settings give it now, nothing read or fetched.
     ``readers`` answers None for a document whose key it does not know (held back: ``unknown``)."""

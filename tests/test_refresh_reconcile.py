@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.refresh import FileRunLog, knowledge_status
-from pipelines.indexing import FolderSource
+from pipelines.sources.folder import FolderSource
 from tests.refresh_helpers import (
     SERVICES_MISSING,
     Site,

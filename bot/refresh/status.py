@@ -10,7 +10,6 @@ from typing import Any
 from bot.health import check_redis, check_store
 from bot.knowledge_loop.golden import golden_line, golden_results
 from bot.messages import say
-from bot.refresh.orphans import source_roots
 from bot.refresh.runs import RunLog, RunRecord
 from bot.refresh.schedule import iso, next_due, permissions_run_name, schedule_zone
 from bot.settings import Settings
@@ -44,7 +43,7 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                 log.warning("cannot read the last run of %s: %s", src.name, exc)
         documents = chunks = held = None
         if records is not None:
-            roots = set(source_roots(src))
+            roots = set(src.kind.roots(src))
             mine = [r for r in records.values() if r.root in roots]
             documents, chunks = len(mine), sum(r.chunks for r in mine)
             held = sum(1 for r in mine if r.readers == [NOBODY])
