@@ -30,8 +30,8 @@ from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.turn import TurnBudget
 from pipelines.errors import ErrorKind, ServiceUnavailable, diagnose
 from pipelines.evaluation import corpus_documents, evaluate, evaluate_abstention, index_corpus, load_queries
-from pipelines.indexing import FolderSource
 from pipelines.redact import scrub
+from pipelines.sources.folder import FolderSource
 from pipelines.topics import Topics
 
 

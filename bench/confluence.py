@@ -22,8 +22,9 @@ import uuid
 import pipelines  # noqa: F401  (telemetry off)
 from bench.report import emit
 from bot.runtime import build_runtime
-from bot.settings import ConfluenceSettings, SourceSettings, load_settings
+from bot.settings import SourceSettings, load_settings
 from pipelines.components.embedders import load_e5
+from pipelines.sources.confluence import ConfluenceSettings
 from tests.fakes.confluence_server import FakeConfluence
 
 TOKEN_ENV = "KBBOT_BENCH_CONFLUENCE_TOKEN"

@@ -27,7 +27,8 @@ from bot.runtime import build_runtime
 from bot.settings import load_settings
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import read_jsonl
-from pipelines.indexing import Indexer, SourceItem
+from pipelines.indexing import Indexer
+from pipelines.sources.kind import SourceItem
 
 
 class CorpusSource:

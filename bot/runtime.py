@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from haystack import Document
 from bot.conversation import Conversations, HandledTurn, Kept, TakeOver
 from bot.delivery.pending import MemoryPendingTurns, PendingTurns, replica_id
 from bot.delivery.redis_pending import RedisPendingTurns
-from bot.knowledge.loop.expert import Capture, ConfluenceCapture, ExpertReplies, FolderCapture
+from bot.knowledge.loop.expert import ExpertReplies
 from bot.knowledge.loop.expert_store import MemoryExpertStore, RedisExpertStore
 from bot.knowledge.loop.followups import GapFollowUps
 from bot.knowledge.loop.golden import golden_results
@@ -53,7 +52,6 @@ from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled, warm_up_async
 from pipelines.components.turn import TurnBudget, consult
-from pipelines.confluence import ConfluenceClient
 from pipelines.errors import ServiceUnavailable
 from pipelines.generators import ResponseHook, make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
@@ -66,6 +64,7 @@ from pipelines.query import (
     build_retrieval_pipeline,
     retrieval_inputs,
 )
+from pipelines.sources.kind import Capture
 from pipelines.store import KnowledgeStore, open_store
 
 log = logging.getLogger("kbbot.runtime")
@@ -439,23 +438,7 @@ class Runtime:
     def _capture(self) -> Capture | None:
         name = self.settings.insights.capture_source
         src = next((x for x in self.settings.sources if x.name == name), None) if name else None
-        if src is None:
-            return None
-        if src.path:
-            return FolderCapture(src.path)
-        c, r = src.confluence, self.settings.refresh
-        assert c is not None and c.spaces  # checked by the settings
-
-        def client() -> ConfluenceClient:
-            token = os.environ.get(c.token_env, "").strip()
-            if not token:
-                raise ValueError(f"the environment variable {c.token_env} (the Confluence token) is not set")
-            return ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
-                                    connect_timeout_s=r.connect_timeout_s, max_retries=c.max_retries,
-                                    max_retry_wait_s=c.max_retry_wait_s, user_agent=r.user_agent,
-                                    allow_hosts=r.allow_hosts)
-
-        return ConfluenceCapture(client, c.spaces[0])
+        return src.kind.capture(src, self.settings.source_context) if src is not None else None
 
     def conversations(self, *, admin: KnowledgeAdmin | None = None, feedback: FeedbackStore | None = None,
                       on_turn: Callable[[HandledTurn], None] | None = None) -> Conversations:

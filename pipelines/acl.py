@@ -10,13 +10,14 @@ every Confluence account) and grants in ``permissions.principals``; a bare e-mai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import PurePosixPath
+from typing import Annotated
 from urllib.parse import unquote, urlsplit
 
-from pipelines.indexing import SourceItem
-from pipelines.records import PUBLIC, DocRecord
+from pydantic import AfterValidator
+
+from pipelines.records import PUBLIC
 
 KINDS = ("user:", "group:", "channel:", "space:", "confluence:")
 
@@ -33,6 +34,24 @@ def principal(text: str) -> str:
                          "channel:<channel id>, space:<Confluence space key> or confluence:everyone (a bare "
                          "e-mail address is a user)")
     return value
+
+
+def _checked_acl(acl: dict[str, list[str]]) -> dict[str, list[str]]:
+    checked = {}
+    for prefix, principals in acl.items():
+        if not str(prefix).strip():
+            raise ValueError("has an empty prefix; use a path (hr/) or a URL prefix")
+        if isinstance(principals, str) or not principals:
+            raise ValueError(f"[{prefix!r}] must be a non-empty list of principals")
+        try:
+            checked[str(prefix).strip()] = [principal(p) for p in principals]
+        except ValueError as exc:
+            raise ValueError(f"[{prefix!r}]: {exc}") from None
+    return checked
+
+
+#: A source entry's ``acl:`` setting (folders, URLs): prefix -> principals, each spelt as ``principal`` does.
+Acl = Annotated[dict[str, list[str]], AfterValidator(_checked_acl)]
 
 
 def readers_for(acl: Mapping[str, list[str]], key: str) -> list[str]:
@@ -109,36 +128,3 @@ def folder_key(path: str, root: str | None) -> str:
     if root and path.startswith(root.rstrip("/") + "/"):
         return path[len(root.rstrip("/")) + 1:]
     return PurePosixPath(path).name
-
-
-@dataclass
-class AclOnlyScan:
-    items: list[SourceItem]
-
-    @property
-    def total(self) -> int:
-        return len(self.items)
-
-    def __iter__(self) -> Iterator[SourceItem]:
-        return iter(self.items)
-
-
-class AclOnlySource:
-    """A permissions-only refresh of a source whose permissions are its settings' ``acl``: each
-    document it has in the store, with the readers the settings give it now, nothing read or fetched.
-    ``readers`` answers None for a document whose key it does not know (held back: ``unknown``)."""
-
-    def __init__(self, roots: list[str], readers: Callable[[DocRecord], list[str] | None], unknown: str = ""):
-        self._roots = roots
-        self._readers = readers
-        self._unknown = unknown
-        self.permissions_only = True
-
-    @property
-    def roots(self) -> list[str]:
-        return list(self._roots)
-
-    def scan(self, current: dict[str, DocRecord], space: str) -> AclOnlyScan:
-        return AclOnlyScan([SourceItem(doc_id=r.doc_id, source=r.source, root=r.root, not_modified=True,
-                                       readers=self._readers(r), held=self._unknown)
-                            for r in current.values() if r.root in self._roots])

@@ -16,9 +16,8 @@ from typing import Any
 
 from haystack import Document, Pipeline
 
-from pipelines.indexing import content_hash
 from pipelines.query import OUTCOME_COMPONENTS, query_inputs, retrieval_inputs, turn_outcome
-from pipelines.records import PUBLIC
+from pipelines.records import PUBLIC, content_hash
 from pipelines.store import KnowledgeStore
 
 

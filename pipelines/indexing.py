@@ -1,6 +1,6 @@
 """The indexing pipeline: convert -> clean -> split -> embed -> write, and the incremental indexer.
 
-A refresh reads a *source* (a ``Source``: local folders and files here, URLs in
+A refresh reads a *source* (a ``Source``: folders, URLs, Confluence, one kind each in
 ``pipelines.sources``) as a sequence of ``SourceItem`` s and compares each with the store's current
 record: an unchanged item (same content hash, or a 304 from its server) costs no conversion and no
 embedding; a changed one is published as a new version (atomically: the previous version is served
@@ -12,15 +12,12 @@ paths as an ad-hoc source.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from haystack import Pipeline
 from haystack.components.preprocessors import DocumentCleaner
@@ -30,7 +27,9 @@ from pipelines.components.converter import SUPPORTED_SUFFIXES, Failure, FileLimi
 from pipelines.components.splitter import SectionSplitter
 from pipelines.components.writer import KnowledgeWriter
 from pipelines.errors import ServiceUnavailable, root_cause
-from pipelines.records import NOBODY, PUBLIC
+from pipelines.records import content_hash
+from pipelines.sources.folder import FolderSource
+from pipelines.sources.kind import Source, SourceItem
 from pipelines.store import DEFAULT_SPACE, DocRecord, KnowledgeStore
 
 log = logging.getLogger(__name__)
@@ -140,251 +139,6 @@ class IndexReport:
 class RefreshAborted(RuntimeError):
     """A refresh stopped before its end (``should_stop``); what was published stays, the rest keeps
     its previous version."""
-
-
-# Bumped whenever conversion, cleaning or splitting changes what a file becomes, so the next
-# refresh re-indexes everything once instead of keeping chunks made the old way.
-INDEX_FORMAT = "4"
-
-
-def content_hash(data: bytes) -> str:
-    """The content hash a document version is known by: its bytes and the index format."""
-    return hashlib.sha256(INDEX_FORMAT.encode() + b"\x00" + data).hexdigest()
-
-
-@dataclass
-class SourceItem:
-    """One document as a source sees it during a refresh.
-
-    Exactly one of: ``data`` (its bytes), ``not_modified`` (the server answered 304: the current
-    version stands), ``error`` (it could not be read: the current version stands, the reason is
-    reported), ``gone`` (the source says it no longer exists: it is revoked).
-    """
-
-    doc_id: str
-    source: str  # as people see it: a path relative to the working directory, or the URL
-    root: str | None  # the source root it belongs to; documents of a refreshed root not seen are revoked
-    suffix: str = ""  # picks the converter: .md .txt .html .pdf
-    data: bytes | None = None
-    not_modified: bool = False
-    error: str | None = None
-    gone: bool = False
-    name: str = ""  # a file name for the title fallback
-    #: More of the document's meta, kept on each chunk (a Confluence page's ``author``, ``confluence_space``).
-    meta: dict[str, str] = field(default_factory=dict)
-    #: Who may read it at the source (principals, ``pipelines.filters``; ``public``: everyone of the
-    #: space). A source states them for every item with content: None (not established) and ``[]`` (no
-    #: one passes every restriction) both mean nobody (``NOBODY``), never public; ``held`` says why.
-    readers: list[str] | None = None
-    held: str = ""
-
-    @property
-    def principals(self) -> list[str]:
-        return sorted(set(self.readers)) if self.readers else [NOBODY]
-
-    @property
-    def held_back(self) -> str | None:
-        """Why nobody may read it (the refresh and ``kbbot status`` count it under this reason); None: someone may."""
-        if self.principals != [NOBODY]:
-            return None
-        if self.held:
-            return self.held
-        return ("its source did not establish who may read it" if self.readers is None
-                else "no one passes every read restriction at its source")
-
-
-class Scan(Protocol):
-    """What one refresh of a source yields: ``total`` items (for progress), then the items."""
-
-    total: int
-
-    def __iter__(self) -> Iterator[SourceItem]: ...
-
-
-class Source(Protocol):
-    """Anything a refresh can read: its roots (the revocation scope) and a scan of its items."""
-
-    @property
-    def roots(self) -> list[str]: ...
-
-    def scan(self, current: dict[str, DocRecord], space: str) -> Scan:
-        """The items; ``current`` (the store's records) lets a source skip downloads (conditional requests)."""
-        ...
-
-
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob over ``/``-separated relative paths: ``*`` and ``?`` stay within a folder, ``**``
-    spans folders (``**/`` also matches none), a glob without ``/`` matches file names at any depth."""
-    pattern = pattern.strip().removeprefix("./")
-    if "/" not in pattern.rstrip("/"):
-        pattern = "**/" + pattern
-    if pattern.endswith("/"):
-        pattern += "**"
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
-def discover(paths: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = SUPPORTED_SUFFIXES, *,
-             include: Iterable[str] = (), exclude: Iterable[str] = (),
-             outside: list[tuple[Path, Path]] | None = None) -> list[Path]:
-    """Supported files under ``paths`` (files given directly are kept whatever their type).
-
-    In folders, hidden files and folders are skipped, and ``include`` / ``exclude`` globs (relative to
-    the folder, see ``glob_regex``) select files: included when no include glob is given or one
-    matches, unless an exclude glob matches. A symbolic link (to a file, or a folder on the way) that
-    leads out of the folder is not followed: whoever can write to a knowledge folder must not be able to
-    publish any file the bot's user can read. Such links are added to ``outside`` as (link, target).
-    A link inside the folder is followed only when its target would be found too (not hidden, not
-    excluded, included): else a link would publish what the settings keep out.
-    """
-    wanted = {s.lower() for s in suffixes}
-    includes = [glob_regex(g) for g in include]
-    excludes = [glob_regex(g) for g in exclude]
-
-    def selected(rel: Path) -> bool:
-        posix = rel.as_posix()
-        return (rel.suffix.lower() in wanted and not any(p.startswith(".") for p in rel.parts)
-                and (not includes or any(g.match(posix) for g in includes))
-                and not any(g.match(posix) for g in excludes))
-
-    found: list[Path] = []
-    listed: set[Path] = set()
-    for raw in paths:
-        path = Path(raw)
-        if not path.exists():
-            raise FileNotFoundError(f"no such file or folder: {raw}")
-        if path.is_file():
-            found.append(path.resolve())
-            continue
-        folder = path.resolve()
-        for child in sorted(path.rglob("*")):
-            if not child.is_file() or not selected(child.relative_to(path)):
-                continue
-            target = child.resolve()
-            if not target.is_relative_to(folder):
-                log.warning("%s links to %s, outside the folder %s: not followed", child, target, folder)
-                if outside is not None:
-                    outside.append((child.absolute(), target))
-                continue
-            if not selected(target.relative_to(folder)):
-                log.info("%s links to %s, which the folder's settings leave out: not followed", child, target)
-                continue
-            if target not in listed:  # two links to one file: one document
-                listed.add(target)
-                found.append(target)
-    return found
-
-
-def display_source(path: Path) -> str:
-    """The path as people see it: relative to the working directory when inside it."""
-    try:
-        return path.relative_to(Path.cwd()).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def read_capped(path: Path, max_bytes: int | None) -> bytes:
-    """The file's bytes; ``ValueError`` (the reason) when it holds more than ``max_bytes``, checked
-    before reading and while reading (a file may grow meanwhile), so a huge file is never read whole."""
-    with path.open("rb") as handle:
-        if max_bytes is None:
-            return handle.read()
-        size = os.fstat(handle.fileno()).st_size
-        data = handle.read(max_bytes + 1) if size <= max_bytes else b""
-        if size > max_bytes or len(data) > max_bytes:
-            raise ValueError(f"file too large ({max(size, len(data)) / 1e6:.1f} MB > {max_bytes / 1e6:.0f} MB limit)")
-        return data
-
-
-@dataclass
-class _FileScan:
-    files: list[tuple[Path, str | None]]
-    max_bytes: int | None = None
-    outside: list[tuple[Path, Path, str | None]] = field(default_factory=list)  # (link, target, root)
-    revoke: list[Path] = field(default_factory=list)  # outside targets published earlier
-    #: (path, root) -> who may read the file; see ``pipelines.acl``.
-    readers: Callable[[str, str | None], list[str]] = field(default=lambda path, root: [PUBLIC])
-
-    @property
-    def total(self) -> int:
-        return len(self.files) + len(self.outside) + len(self.revoke)
-
-    def __iter__(self) -> Iterator[SourceItem]:
-        for link, target, root in self.outside:
-            yield SourceItem(doc_id=link.as_posix(), source=display_source(link), root=root,
-                             error=f"a symbolic link to {target}, outside the source's folder: not followed")
-        for target in self.revoke:
-            yield SourceItem(doc_id=target.as_posix(), source=display_source(target), root=None, gone=True,
-                             error="outside the source's folder (published through a symbolic link): revoked")
-        for path, root in self.files:
-            item = SourceItem(doc_id=path.as_posix(), source=display_source(path), root=root, suffix=path.suffix,
-                              name=path.stem, readers=self.readers(path.as_posix(), root))
-            try:
-                item.data = read_capped(path, self.max_bytes)
-            except OSError as exc:
-                item.error = f"cannot read the file ({exc.strerror or exc})"
-            except ValueError as exc:
-                item.error = str(exc)
-            yield item
-
-
-class FolderSource:
-    """Local folders (and single files): every supported file, filtered by include/exclude globs.
-
-    A folder is the root of the files found in it, so a file deleted from it is revoked by the next
-    refresh; a file given directly has no root and is only ever replaced. A folder that does not
-    exist is an error (``FileNotFoundError``), never "everything was deleted".
-
-    ``readers(path, root)``: who may read a file (a source's ``acl:``, ``pipelines.acl``); without it,
-    everyone of the space: the operator who indexes files by hand (``kbbot index``) publishes them.
-    """
-
-    def __init__(self, paths: Iterable[str | os.PathLike[str]], *, suffixes: Iterable[str] = SUPPORTED_SUFFIXES,
-                 include: Iterable[str] = (), exclude: Iterable[str] = (), max_file_mb: float | None = None,
-                 readers: Callable[[str, str | None], list[str]] | None = None):
-        self.paths = list(paths)
-        self.readers = readers or (lambda path, root: [PUBLIC])
-        self.suffixes = set(suffixes)
-        self.include = list(include)
-        self.exclude = list(exclude)
-        # The converter's limit, applied already when reading (its unit: MiB).
-        self.max_bytes = None if max_file_mb is None else int(max_file_mb * 1024 * 1024)
-
-    @property
-    def roots(self) -> list[str]:
-        return [Path(p).resolve().as_posix() for p in self.paths if Path(p).is_dir()]
-
-    def scan(self, current: dict[str, DocRecord], space: str) -> Scan:
-        roots = self.roots
-
-        def root_of(path: Path) -> str | None:
-            return next((r for r in roots if path.as_posix().startswith(r + "/")), None)
-
-        outside: list[tuple[Path, Path]] = []
-        found = discover(self.paths, self.suffixes, include=self.include, exclude=self.exclude, outside=outside)
-        # A target an earlier version published through the link (under its own path, with no root):
-        # revoked now, since no refresh of the folder would ever revoke it otherwise.
-        leaked = [target for _, target in outside
-                  if (record := current.get(target.as_posix())) is not None and record.root is None]
-        return _FileScan([(path, root_of(path)) for path in found], self.max_bytes,
-                         [(link, target, root_of(link)) for link, target in outside], leaked, self.readers)
 
 
 Progress = Callable[[Iterable[Any], int], Iterable[Any]]

@@ -19,6 +19,16 @@ PUBLIC = "public"
 #: restriction. No asker holds it and no setting may grant it (``pipelines.acl.principal`` refuses it).
 NOBODY = "nobody"
 
+# Bumped whenever conversion, cleaning or splitting changes what a file becomes, so the next
+# refresh re-indexes everything once instead of keeping chunks made the old way.
+INDEX_FORMAT = "4"
+
+
+def content_hash(data: bytes) -> str:
+    """The content hash a document version is known by: its bytes and the index format (the sources'
+    validators keep it too, to know whether the store still holds what they describe)."""
+    return hashlib.sha256(INDEX_FORMAT.encode() + b"\x00" + data).hexdigest()
+
 
 @dataclass
 class DocRecord:

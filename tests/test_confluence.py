@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import ConfluenceSettings, SettingsError, SourceSettings, load_settings
-from pipelines.confluence import retry_after_s, storage_to_markdown
+from bot.settings import SettingsError, SourceSettings, load_settings
+from pipelines.sources.confluence import ConfluenceSettings
+from pipelines.sources.confluence.client import retry_after_s
+from pipelines.sources.confluence.source import storage_to_markdown
 from tests.conftest import REPO
 from tests.fakes.confluence_server import FakeConfluence
 from tests.refresh_helpers import SERVICES_MISSING, Stack, isolated_stack

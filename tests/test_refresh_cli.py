@@ -202,7 +202,7 @@ def test_the_shipped_settings_have_the_examples_source():
 
 
 def test_include_and_exclude_globs_select_files(tmp_path: Path):
-    from pipelines.indexing import discover
+    from pipelines.sources.folder import discover
 
     for rel in ("a.md", "b.txt", "guides/c.md", "guides/old/d.md", "drafts/e.md", ".hidden/f.md", "g.png"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

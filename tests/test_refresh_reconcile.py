@@ -14,7 +14,7 @@ import pytest
 
 from bot.knowledge.refresh import FileRunLog
 from bot.knowledge.status import knowledge_status
-from pipelines.indexing import FolderSource
+from pipelines.sources.folder import FolderSource
 from tests.refresh_helpers import (
     SERVICES_MISSING,
     Site,

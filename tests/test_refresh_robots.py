@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sources import Fetcher, Robots, parse_robots, product_token
+from pipelines.sources.fetcher import Fetcher
+from pipelines.sources.robots import Robots, parse_robots, product_token
 from tests.refresh_helpers import (
     SERVICES_MISSING,
     Site,

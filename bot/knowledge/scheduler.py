@@ -75,7 +75,7 @@ class RefreshScheduler:
                                        args=[source.name, permissions], id=job_id, name=f"refresh {job_id}",
                                        max_instances=1, coalesce=True, misfire_grace_time=None, next_run_time=first)
                 schedule = f"every {source.permissions_interval}" if permissions else source.schedule
-                log.info("source %s (%s, %s): next %s at %s", source.name, source.kind, schedule,
+                log.info("source %s (%s, %s): next %s at %s", source.name, source.kind.name, schedule,
                          "permissions refresh" if permissions else "refresh", first.isoformat(timespec="seconds"))
         self.scheduler.start()
 

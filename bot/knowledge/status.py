@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from bot.knowledge.loop.golden import golden_line, golden_results
-from bot.knowledge.refresh.orphans import source_roots
 from bot.knowledge.refresh.runs import RunLog, RunRecord
 from bot.knowledge.refresh.schedule import iso, next_due, permissions_run_name, schedule_zone
 from bot.messages import say
@@ -44,7 +43,7 @@ async def knowledge_status(settings: Settings, *, store: KnowledgeStore | None, 
                 log.warning("cannot read the last run of %s: %s", src.name, exc)
         documents = chunks = held = None
         if records is not None:
-            roots = set(source_roots(src))
+            roots = set(src.kind.roots(src))
             mine = [r for r in records.values() if r.root in roots]
             documents, chunks = len(mine), sum(r.chunks for r in mine)
             held = sum(1 for r in mine if r.readers == [NOBODY])

@@ -51,6 +51,8 @@ from pipelines.acl import principal
 from pipelines.fusion import check_alpha
 from pipelines.local_model import missing_packages
 from pipelines.redact import redact_url
+from pipelines.sources import SOURCE_KINDS, kind_of
+from pipelines.sources.kind import SourceContext, SourceKind
 from pipelines.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -376,92 +378,13 @@ def parse_interval(text: str) -> float:
     return float(seconds)
 
 
-class ConfluenceSettings(Section):
-    """A Confluence site (Cloud or Data Center) as a source: the pages of some spaces or of a CQL query."""
-
-    #: The base URL: ``https://<site>.atlassian.net/wiki`` (Cloud) or ``https://confluence.example.com``.
-    url: str = ""
-    #: Space keys, or (instead) a CQL query selecting the pages (``type = page`` is added).
-    spaces: Texts = []
-    cql: str | None = None
-    #: The environment variable holding the API token (Cloud) or personal access token (Data Center).
-    token_env: str = Field("CONFLUENCE_TOKEN", min_length=1, pattern=r"\S")
-    #: Cloud only: the account e-mail the API token belongs to (Basic auth); unset: the token is a Bearer PAT.
-    user: str | None = None
-    #: Index the pages' attachments of the indexed file types.
-    attachments: StrictBool = True
-    #: Record who may read each page (read restrictions of the page and its ancestors, the space's
-    #: permissions); false: every page is readable by everyone of the source's knowledge space.
-    permissions: StrictBool = True
-    #: Groups meaning "every Confluence account": a space (or page restriction) naming one is readable by
-    #: ``everyone_readers``, which page restrictions narrow.
-    everyone_groups: Texts = ["confluence-users"]
-    #: Who reads what every Confluence account may: a principal to grant in ``permissions.principals``
-    #: (``public`` only if everyone who can reach kbbot has a Confluence account).
-    everyone_readers: Texts = ["confluence:everyone"]
-    #: Spaces whose read permissions the API user cannot see (Data Center; Cloud without the right):
-    #: space key (or ``"*"``: any such space) -> principals, e.g. ``{OPS: [space:ops]}`` or
-    #: ``{"*": [confluence:everyone]}`` (page restrictions then decide). A hidden space not listed is
-    #: held back: readable by nobody.
-    hidden_space_readers: dict[str, list[str]] = {}
-
-    @field_validator("everyone_readers")
-    @classmethod
-    def _everyone_readers(cls, readers: list[str]) -> list[str]:
-        if not readers:
-            raise ValueError("must name at least one principal (confluence:everyone, public, group:<name>)")
-        return [principal(p) for p in readers]
-
-    @field_validator("hidden_space_readers")
-    @classmethod
-    def _hidden_space_readers(cls, spaces: dict[str, list[str]]) -> dict[str, list[str]]:
-        checked = {}
-        for key, principals in spaces.items():
-            if not str(key).strip():
-                raise ValueError("has an empty space key; use the key (OPS) or \"*\"")
-            if isinstance(principals, str) or not principals:
-                raise ValueError(f"[{key!r}] must be a non-empty list of principals")
-            try:
-                checked[str(key).strip().upper()] = [principal(p) for p in principals]
-            except ValueError as exc:
-                raise ValueError(f"[{key!r}]: {exc}") from None
-        return checked
-    #: 429/503 answers are retried after their Retry-After, this many times, never waiting longer than this.
-    max_retries: int = Field(5, ge=0)
-    max_retry_wait_s: Positive = 120
-
-    @field_validator("url")
-    @classmethod
-    def _site(cls, url: str) -> str:
-        try:
-            return _http_url(url) or ""
-        except ValueError:
-            raise ValueError("must be the site's http(s) base URL (Cloud: https://<site>.atlassian.net/wiki), "
-                             f"got {url!r}") from None
-
-    @model_validator(mode="after")
-    def _spaces_or_cql(self) -> ConfluenceSettings:
-        if bool(self.spaces) == bool(self.cql and self.cql.strip()):
-            raise Problem("needs exactly one of spaces (space keys) or cql (a CQL query)")
-        return self
-
-
-class SourceSettings(Section):
-    """One entry of ``sources:``: a local folder or a list of URLs, refreshed on a schedule."""
+# Made of every kind's settings model (``pipelines.sources``): a new kind's keys join it by its registry line.
+class SourceSettings(*(kind.settings for kind in SOURCE_KINDS.values())):  # type: ignore[misc]
+    """One entry of ``sources:``: what one kind of source reads (a local folder's ``path``, ``urls``, a
+    ``confluence`` site: ``pipelines.sources``), refreshed on a schedule."""
 
     name: str = ""
     space: str = Field("default", pattern=r"\S")
-    #: A local folder (relative to the settings file's folder), or None for a URL source.
-    path: str | None = None
-    #: Globs relative to ``path``; without ``/`` a glob matches file names at any depth.
-    include: Texts = []
-    exclude: Texts = []
-    #: Pages and sitemaps (a URL ending in .xml or .xml.gz is read as a sitemap).
-    urls: Texts = []
-    #: Read each host's robots.txt and keep to it (Disallow, Crawl-delay); false only for hosts you own.
-    respect_robots: StrictBool = True
-    #: A Confluence site (see ``ConfluenceSettings``), instead of path or urls.
-    confluence: ConfluenceSettings | None = None
     #: Exactly one of the two: an interval (``30m``, ``6h``) or a crontab line (``0 3 * * *``).
     interval: str | None = None
     cron: str | None = None
@@ -490,26 +413,6 @@ class SourceSettings(Section):
             out[str(prefix)] = [str(one) for one in ids]
         return out
 
-    #: Folders and URLs: who may read what (a path relative to ``path``, or a URL prefix -> principals:
-    #: ``user:<e-mail>``, ``group:<name>``, ``channel:<id>``, ``public``); the longest prefix wins; a
-    #: document no prefix covers is public to its space. Confluence records its own permissions.
-    acl: dict[str, list[str]] = {}
-
-    @field_validator("acl")
-    @classmethod
-    def _acl(cls, acl: dict[str, list[str]]) -> dict[str, list[str]]:
-        checked = {}
-        for prefix, principals in acl.items():
-            if not str(prefix).strip():
-                raise ValueError("has an empty prefix; use a path (hr/) or a URL prefix")
-            if isinstance(principals, str) or not principals:
-                raise ValueError(f"[{prefix!r}] must be a non-empty list of principals")
-            try:
-                checked[str(prefix).strip()] = [principal(p) for p in principals]
-            except ValueError as exc:
-                raise ValueError(f"[{prefix!r}]: {exc}") from None
-        return checked
-
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
@@ -517,15 +420,6 @@ class SourceSettings(Section):
             raise ValueError(f"must be 1-64 letters, digits, '_', '.' or '-' (starting with a letter or digit), "
                              f"got {name!r}")
         return name
-
-    @field_validator("urls")
-    @classmethod
-    def _http_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f": {url!r} is not an http:// or https:// URL")
-        return urls
 
     @field_validator("interval", "permissions_interval")
     @classmethod
@@ -544,9 +438,8 @@ class SourceSettings(Section):
 
     @model_validator(mode="after")
     def _one_origin_and_schedule(self) -> SourceSettings:
-        if sum(map(bool, (self.path, self.urls, self.confluence))) != 1:
-            raise Problem("needs exactly one of path (a local folder) or urls (pages and sitemaps) or "
-                          "confluence (a Confluence site)")
+        if sum(kind.selected(self) for kind in SOURCE_KINDS.values()) != 1:
+            raise Problem("needs exactly one of " + " or ".join(kind.label for kind in SOURCE_KINDS.values()))
         if self.urls and (self.include or self.exclude):
             raise Problem(": include/exclude apply to folders; a URL source lists its urls")
         if self.confluence and self.acl:
@@ -557,8 +450,8 @@ class SourceSettings(Section):
         return self
 
     @property
-    def kind(self) -> str:
-        return "path" if self.path else "confluence" if self.confluence else "urls"
+    def kind(self) -> SourceKind:
+        return kind_of(self)
 
     @property
     def interval_s(self) -> float | None:
@@ -738,13 +631,23 @@ class Settings(BaseSettings):
             if src is None:
                 known = ", ".join(s.name for s in self.sources) or "none configured"
                 raise Problem(f"names no configured source (sources: {known})", at=("insights", "capture_source"))
-            if not (src.path or (src.confluence and src.confluence.spaces)):
+            if src.kind.capture(src, self.source_context) is None:
                 raise Problem(f"is source {capture!r}, which kbbot cannot write to: it must be a folder source, or a "
                               "Confluence source with spaces (the draft goes to the first)",
                               at=("insights", "capture_source"))
         return self
 
     # --- derived ---------------------------------------------------------------------------
+    @property
+    def source_context(self) -> SourceContext:
+        """What every kind of source builds with (``pipelines.sources``): the indexing and download limits."""
+        i, r = self.indexing, self.refresh
+        return SourceContext(extensions=tuple(i.extensions), max_file_mb=i.max_file_mb,
+                             fetch_timeout_s=r.fetch_timeout_s, connect_timeout_s=r.connect_timeout_s,
+                             max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent,
+                             allow_hosts=tuple(r.allow_hosts), concurrency=r.concurrency, max_urls=r.max_urls,
+                             max_sitemaps=r.max_sitemaps)
+
     @property
     def anthropic_key_set(self) -> bool:
         return self.anthropic_api_key is not None

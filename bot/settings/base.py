@@ -1,6 +1,7 @@
-"""What every settings section shares: pydantic models that refuse unknown keys, the environment
-variables that set them (declared on their fields), and a bad value explained in one line that names
-its key, or the variable it came from."""
+"""What every settings section shares: pydantic models that refuse unknown keys (``Section``, with
+``Problem`` and ``Texts`` from ``pipelines.sections``, where the source kinds' settings use them too), the
+environment variables that set them (declared on their fields), and a bad value explained in one line
+that names its key, or the variable it came from."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from bot.errors import SettingsError
 from pipelines.redact import redact_url
+from pipelines.sections import Problem as Problem
+from pipelines.sections import Section as Section
+from pipelines.sections import Texts as Texts
 
 
 @dataclass(frozen=True)
@@ -28,24 +32,6 @@ class Env:
 
     name: str
     only: bool = False
-
-
-class Section(BaseModel):
-    """A section of the settings file: an unknown (or misspelt) key is refused; assignments are checked too."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class Problem(ValueError):
-    """A validator's complaint about a key below the one it validates: ``at`` is the rest of the key path.
-
-    The text follows the key: ``"must be …"`` reads ``key must be …``; a text starting with ``:`` is
-    joined without the space (``key: 'soon' is not an interval``).
-    """
-
-    def __init__(self, text: str, *, at: tuple[str | int, ...] = ()) -> None:
-        super().__init__(text)
-        self.at = at
 
 
 def reveal(secret: SecretStr | None) -> str:
@@ -66,13 +52,6 @@ def as_ids(value: Any) -> list[str]:
     return [str(v).strip() for v in value]
 
 
-def _texts(value: Any) -> list[str]:
-    value = [value] if isinstance(value, str) else ([] if value is None else value)
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ValueError("must be a list of non-empty strings")
-    return [v.strip() for v in value]
-
-
 def _spaces(value: Any) -> list[str]:
     # An empty list would switch the space filter off (every space searchable) and a plain string
     # would be read as one space per character: both are refused.
@@ -87,8 +66,6 @@ def _text(value: Any) -> Any:
 
 
 Ids = Annotated[list[str], BeforeValidator(as_ids)]
-#: Non-empty strings, stripped; a bare string is a list of one.
-Texts = Annotated[list[str], BeforeValidator(_texts)]
 #: Knowledge spaces: a non-empty list.
 Spaces = Annotated[list[str], BeforeValidator(_spaces)]
 Text = Annotated[str, BeforeValidator(_text)]

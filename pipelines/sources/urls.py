@@ -1,4 +1,40 @@
-"""``UrlSource``: configured pages and sitemaps as a ``pipelines.indexing.Source``, fetched ahead in order."""
+"""URL sources: single pages and sitemaps, fetched with conditional requests.
+
+``UrlSource`` is a ``Source`` (``pipelines.sources.kind``): a refresh reads it as ``SourceItem`` s, one per
+page. Kind ``urls`` (``URLS``): ``urls``, ``respect_robots``, ``acl``; its root is ``urls:<name>``.
+
+- A URL whose path ends in ``.xml`` or ``.xml.gz`` is a sitemap (``<urlset>``, or a ``<sitemapindex>``
+  of further sitemaps, up to ``MAX_SITEMAP_DEPTH`` deep); its ``<loc>`` pages join the source.
+- Each URL is fetched with ``If-None-Match`` / ``If-Modified-Since`` from the validators (ETag,
+  Last-Modified) of its last download, but only while the store still holds the version that download
+  produced (same content hash, space and root): a 304 then costs no download, no conversion and no
+  embedding. Without that version the request is unconditional, so a lost store heals itself.
+- Bounded: ``connect_timeout_s`` to connect, ``timeout_s`` per URL in all (headers and body), at most
+  ``max_bytes`` per body (refused from ``Content-Length`` before reading, else cut while reading and
+  decompressing; a gzipped sitemap likewise while it is inflated), ``max_urls`` pages and
+  ``max_sitemaps`` sitemap requests per source.
+- Only public addresses (``pipelines.netguard``, checked at connect time after DNS resolution, so on
+  every redirect hop) unless the host is in ``allow_hosts``; a sitemap lists pages and sitemaps of its
+  own host only. A refused URL is reported with its reason and treated as gone (``Refused``).
+- Every failure is one reason per URL: HTTP status, timeout, connection error, too large, unsupported
+  content type, not a sitemap. A page that failed keeps its previous version; a page answering 404 or
+  410 is gone and is revoked; a sitemap that failed still yields the pages it listed last time, so
+  its pages are neither lost nor revoked because of it.
+
+- robots.txt (RFC 9309) is read once per host and run (``Robots``, unless the source opts out with
+  ``respect_robots: false``), with the fetcher's user agent (its product token, e.g. ``kbbot``, picks
+  the group; else ``*``). A page it disallows is not fetched: it counts as ``disallowed`` and, if it
+  was indexed, is revoked like a page that is gone. A disallowed sitemap is a sitemap that failed.
+  ``Crawl-delay`` spaces the requests to that host (at most ``MAX_CRAWL_DELAY_S`` apart). A robots.txt
+  answering 4xx means no restrictions; one that cannot be had (5xx, 429, timeout, connection error)
+  makes the whole host disallowed for this run, but nothing of it is revoked: its URLs fail with the
+  reason and keep their versions (``UrlSource.robots_unreachable``).
+
+Modules: ``fetcher`` (HTTP with its bounds), ``sitemaps``, ``robots``, and this one (``UrlSource``).
+
+``states`` (url -> ``FetchState``) are what the caller keeps between refreshes (Redis or a file, see
+``bot.knowledge.refresh``); ``updated_states`` after a scan holds the ones to keep next time.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +45,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
-from pipelines.acl import readers_for
+from pydantic import StrictBool, field_validator
+
+from pipelines.acl import Acl, readers_for
 from pipelines.components.converter import HTML_SUFFIXES, PDF_SUFFIXES, TEXT_SUFFIXES
-from pipelines.indexing import SourceItem, content_hash
 from pipelines.netguard import normalise_host
+from pipelines.records import content_hash
+from pipelines.sections import Texts
 from pipelines.sources.fetcher import Fetcher, FetchError, FetchState, Gone, Refused, normalise_url, short_reason
+from pipelines.sources.kind import AclOnlySource, ConfiguredSource, SourceContext, SourceEntry, SourceItem, named_root
 from pipelines.sources.robots import Robots
 from pipelines.sources.sitemaps import MAX_SITEMAP_DEPTH, is_sitemap, sitemap_urls
 from pipelines.store import DocRecord
@@ -129,7 +169,7 @@ class _UrlScan:
                     future.cancel()
 
 
-class UrlSource:
+class UrlSource(ConfiguredSource):
     """Pages and sitemaps as one source; ``root`` (``urls:<name>``) scopes revocation to it."""
 
     def __init__(self, name: str, urls: list[str], fetcher: Fetcher, *, states: dict[str, FetchState] | None = None,
@@ -189,9 +229,19 @@ class UrlSource:
         """Whether this run knows every page the source lists (no sitemap failed, no host was skipped)."""
         return not self.listing_failures and not self.robots_unreachable
 
+    def run_error(self) -> str | None:
+        unreachable = self.robots_unreachable
+        if not unreachable:
+            return None
+        return ("; ".join(f"robots.txt of {host} unreachable ({why})" for host, why in unreachable.items())
+                + ": not fetched this run, its pages keep their indexed versions")
+
+    def close(self) -> None:
+        self.fetcher.close()
+
     @property
     def root(self) -> str:
-        return f"urls:{self.name}"
+        return named_root(URLS.name, self.name)
 
     @property
     def roots(self) -> list[str]:
@@ -266,3 +316,69 @@ class UrlSource:
             self.listing_failures.append((self.name, f"{len(pages) + self.overflow} pages listed; only the first "
                                                      f"{self.max_urls} (refresh.max_urls) are kept"))
         return _UrlScan(self, list(pages), current, space, failures=self.listing_failures + self.refused)
+
+
+class UrlSettings(SourceEntry):
+    #: Pages and sitemaps (a URL ending in .xml or .xml.gz is read as a sitemap).
+    urls: Texts = []
+    #: Read each host's robots.txt and keep to it (Disallow, Crawl-delay); false only for hosts you own.
+    respect_robots: StrictBool = True
+    #: Who may read what: a URL prefix -> principals (see ``FolderSettings.acl``).
+    acl: Acl = {}
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f": {url!r} is not an http:// or https:// URL")
+        return urls
+
+
+class UrlKind:
+    name = "urls"
+    label = "urls (pages and sitemaps)"
+    settings = UrlSettings
+    named_roots = True
+    keeps_states = True
+
+    def selected(self, entry: UrlSettings) -> bool:
+        return bool(entry.urls)
+
+    def roots(self, entry: UrlSettings) -> list[str]:
+        return [named_root(self.name, entry.name)]
+
+    def build(self, entry: UrlSettings, context: SourceContext, states: dict[str, FetchState], *,
+              permissions_only: bool = False) -> ConfiguredSource:
+        if permissions_only:  # the settings' acl is all there is to read: nothing is fetched
+            def page_readers(record: DocRecord) -> list[str] | None:
+                state = states.get(record.doc_id)
+                return readers_for(entry.acl, state.final_url) if state is not None and state.final_url else None
+
+            # A page is matched where its redirects ended, which only a fetch tells: until a refresh has
+            # fetched it since kbbot recorded that, nobody reads it.
+            return AclOnlySource(self.roots(entry), page_readers,
+                                 unknown="the URL its redirects end at is not known yet (the next refresh of its "
+                                         "source fetches it)")
+        fetcher = Fetcher(timeout_s=context.fetch_timeout_s, connect_timeout_s=context.connect_timeout_s,
+                          max_bytes=context.max_bytes, user_agent=context.user_agent,
+                          allow_hosts=list(context.allow_hosts))
+        return UrlSource(entry.name, entry.urls, fetcher, states=states, concurrency=context.concurrency,
+                         max_urls=context.max_urls, max_sitemaps=context.max_sitemaps,
+                         robots=Robots(fetcher) if entry.respect_robots else None, acl=entry.acl)
+
+    def claims(self, entry: UrlSettings, doc_ids: list[str], states: dict[str, FetchState],
+               context: SourceContext) -> set[str]:
+        """Its pages, configured or from its sitemaps' last listings: a page's doc id is its URL."""
+        listed = {u for u in map(normalise_url, entry.urls) if not is_sitemap(u)}
+        for url, state in states.items():
+            listed.add(url)
+            listed.update(map(normalise_url, state.urls))
+        return listed & set(doc_ids)
+
+    def capture(self, entry: UrlSettings, context: SourceContext) -> None:
+        return None
+
+
+URLS = UrlKind()

@@ -1,6 +1,6 @@
 """A local Confluence that speaks the REST API (``/rest/api``) Cloud and Data Center share.
 
-What ``pipelines.confluence`` uses, served the way Confluence serves it:
+What ``pipelines.sources.confluence`` uses, served the way Confluence serves it:
 
 - ``GET /rest/api/content/search?cql=...&expand=...&limit=...&start=...``: CQL clauses joined by
   ``and``: ``space = KEY``, ``space in ("A", "B")``, ``type = page|attachment``, ``label = x``;

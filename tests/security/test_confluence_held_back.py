@@ -28,8 +28,9 @@ from adapters.cli import SilentReply
 from bot.knowledge.refresh import Refresher
 from bot.knowledge.status import format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
-from bot.settings import ConfluenceSettings, PermissionsSettings, SourceSettings
+from bot.settings import PermissionsSettings, SourceSettings
 from bot.types import Answer, Inquiry
+from pipelines.sources.confluence import ConfluenceSettings
 from tests.admin_site import admin_site
 from tests.conftest import make_settings
 from tests.fakes.confluence_server import FakeConfluence
@@ -201,7 +202,8 @@ def test_confluence_principals_pass_the_settings_and_nobody_cannot_be_granted():
 def test_every_source_kind_states_its_readers_and_unknown_readers_are_nobody(tmp_path: Path):
     """A source that yields content without stating its readers gives nobody, not public; a folder
     without ``acl:`` is public to its space because the operator said so, and says it explicitly."""
-    from pipelines.indexing import FolderSource, SourceItem
+    from pipelines.sources.folder import FolderSource
+    from pipelines.sources.kind import SourceItem
 
     assert SourceItem(doc_id="x", source="x", root=None, data=b"x").principals == ["nobody"]
     assert SourceItem(doc_id="x", source="x", root=None, data=b"x", readers=[]).principals == ["nobody"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from pipelines.confluence import ConfluenceClient, ConfluenceSource
-from pipelines.indexing import SourceItem
+from pipelines.sources.confluence.client import ConfluenceClient
+from pipelines.sources.confluence.source import ConfluenceSource
+from pipelines.sources.kind import SourceItem
 from tests.fakes.confluence_server import FakeConfluence
 from tests.refresh_helpers import Site
 

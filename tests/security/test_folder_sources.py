@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipelines.indexing import FolderSource
+from pipelines.sources.folder import FolderSource
 from pipelines.store import DocRecord
 from tests.security.peak import allocation_peak
 

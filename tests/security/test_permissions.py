@@ -28,16 +28,17 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.cli import SilentReply
-from adapters.slack.directory import SlackDirectory
+from adapters.slack_directory import SlackDirectory
 from bot.knowledge.refresh import Refresher
 from bot.knowledge.scheduler import RefreshScheduler
 from bot.knowledge.status import format_status, knowledge_status
 from bot.runtime import Runtime, build_runtime
-from bot.settings import ConfluenceSettings, SourceSettings
+from bot.settings import SourceSettings
 from bot.types import Answer, Inquiry, Outcome
 from pipelines.components.facts import FactLookup
 from pipelines.components.retrievers import retriever_for
 from pipelines.filters import and_filters, readers_filter, space_filter
+from pipelines.sources.confluence import ConfluenceSettings
 from tests.conftest import make_settings
 from tests.fakes.confluence_server import FakeConfluence
 from tests.fakes.slack_server import FakeSlack
@@ -398,7 +399,9 @@ def test_leaving_out_principals_no_document_names_changes_nothing_that_matches()
 
 
 def test_space_permissions_and_page_restrictions_are_intersected_with_groups_expanded():
-    from pipelines.confluence import ConfluenceClient, ConfluencePermissions, Entry
+    from pipelines.sources.confluence.client import ConfluenceClient
+    from pipelines.sources.confluence.permissions import ConfluencePermissions
+    from pipelines.sources.confluence.source import Entry
 
     with FakeConfluence(cloud=True, user="ops@example.com").run_in_thread() as server:
         server.groups = {"staff": ["alice@example.com", "bob@example.com", "carol@example.com"],

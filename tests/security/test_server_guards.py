@@ -19,7 +19,8 @@ import httpx
 
 from adapters.server import serve
 from bot.runtime import Runtime, build_runtime
-from bot.settings import ConfluenceSettings, SourceSettings
+from bot.settings import SourceSettings
+from pipelines.sources.confluence import ConfluenceSettings
 from tests.conftest import make_settings
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram

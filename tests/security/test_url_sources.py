@@ -11,9 +11,12 @@ import zlib
 import pytest
 
 from pipelines.acl import readers_for
-from pipelines.indexing import SourceItem
 from pipelines.netguard import address_kind
-from pipelines.sources import Fetcher, Robots, UrlSource, sitemap_urls
+from pipelines.sources.fetcher import Fetcher
+from pipelines.sources.kind import SourceItem
+from pipelines.sources.robots import Robots
+from pipelines.sources.sitemaps import sitemap_urls
+from pipelines.sources.urls import UrlSource
 from tests.refresh_helpers import Site
 from tests.security.peak import allocation_peak
 

@@ -14,10 +14,10 @@ two buttons naming that id:
   (``AnswerCache.approve``): the same question in the same spaces and workspace gets the reply,
   labelled with its author, under the line saying which reviewer approved it, where the place it was
   said in admits the asking audience (``place_readers``), for ``approvals.uncited_days``;
-- "Add to the knowledge base" (``capture``): a Markdown document (question, reply, author, date, link to
-  the thread) in the folder of the source ``insights.capture_source``, under the place it was said in
-  (``bot.knowledge.refresh.captured``: read by that place; indexed on its next refresh), or, where that source is
-  Confluence, a draft page in its first space (``ConfluenceClient.create_draft``).
+- "Add to the knowledge base" (``capture``): the reply written into the source ``insights.capture_source``
+  as its kind writes one (``SourceKind.capture``): a Markdown document (question, reply, author, date,
+  link to the thread) in a folder source, under the place it was said in (``pipelines.sources.folder``:
+  read by that place; indexed on its next refresh), or a draft page in a Confluence source's first space.
 
 Nothing is kept without a reviewer's click; each click counts once (``ExpertStore.take``).
 """
@@ -26,27 +26,22 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import html
 import logging
-import os
-import re
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bot.knowledge.loop.expert_store import ExpertStore
-from bot.knowledge.refresh.captured import place_folder
 from bot.messages import say
 from bot.permissions import Audience
 from bot.state.cache import AnswerCache, CacheKey, audience_record
 from bot.state.feedback import Feedback
 from bot.state.turn_log.store import TurnLog
 from bot.types import Answer, Inquiry, Outcome, Trace
+from pipelines.sources.kind import Capture, Captured
 from pipelines.text import detect_language, restrict_links
 
 log = logging.getLogger("kbbot.expert")
@@ -71,17 +66,6 @@ class Result:
     detail: str = ""
 
 
-class Capture(Protocol):
-    """Writes a kept reply into the knowledge base's source; returns where it went."""
-
-    async def write(self, reply: dict[str, Any], reviewer: str) -> str: ...
-
-
-def _slug(text: str) -> str:
-    words = re.sub(r"[^\w]+", "-", text.casefold(), flags=re.UNICODE).strip("-")
-    return words[:60].strip("-") or "answer"
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -99,70 +83,12 @@ def place_readers(place: Audience) -> list[str]:
     return sorted(readers | ({place.channel} if place.channel else set()))
 
 
-def markdown_of(reply: dict[str, Any], reviewer: str) -> str:
-    """The document a kept reply becomes: the question as its title, the reply, and where it came from."""
-    link = reply.get("link") or reply.get("thread_key") or ""
-    return (f"# {_one_line(reply['question'])}\n\n{reply['text'].strip()}\n\n---\n\n"
-            f"Answered by {_one_line(reply['author_name'] or reply['author'])} on {_date(reply['at'])} "
-            f"in {link}. Added to the knowledge base by {_one_line(reviewer)}.\n")
-
-
-class FolderCapture:
-    """A Markdown file per kept reply in ``folder`` (a folder source's, under ``expert-answers/<place>/``:
-    ``bot.knowledge.refresh.captured``)."""
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-
-    def _write(self, place: str, name: str, text: str) -> Path:
-        folder = self.folder / place
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / name
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".capture-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, target)  # a refresh never reads half a file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
-
-    async def write(self, reply: dict[str, Any], reviewer: str) -> str:
-        name = f"{_date(reply['at'])}-{_slug(reply['question'])}-{reply['id'][:8]}.md"
-        # In the folder of the place it was said in, which gives it that place's readers when indexed.
-        place = place_folder(reply["platform"], reply["channel"])
-        path = await asyncio.to_thread(self._write, place, name, markdown_of(reply, reviewer))
-        return str(path)
-
-
-class ConfluenceCapture:
-    """A draft page per kept reply in ``space`` (``client_factory()``: a ``ConfluenceClient``)."""
-
-    def __init__(self, client_factory: Callable[[], Any], space: str):
-        self.client_factory = client_factory
-        self.space = space
-
-    @staticmethod
-    def storage(reply: dict[str, Any], reviewer: str) -> str:
-        link = reply.get("link") or ""
-        where = f'<a href="{html.escape(link)}">the thread</a>' if link.startswith(("http://", "https://")) \
-            else html.escape(reply.get("thread_key") or "the thread")
-        paragraphs = "".join(f"<p>{html.escape(p.strip())}</p>" for p in reply["text"].split("\n\n") if p.strip())
-        return (f"{paragraphs}<hr/><p>Answered by {html.escape(reply['author_name'] or reply['author'])} on "
-                f"{_date(reply['at'])} in {where}. Added to the knowledge base by {html.escape(reviewer)}.</p>")
-
-    async def write(self, reply: dict[str, Any], reviewer: str) -> str:
-        def create() -> str:
-            client = self.client_factory()
-            try:
-                page = client.create_draft(self.space, _one_line(reply["question"])[:255],
-                                           self.storage(reply, reviewer))
-                return client.url(str((page.get("_links") or {}).get("webui") or f"pages/{page['id']}"))
-            finally:
-                client.close()
-
-        return await asyncio.to_thread(create)
+def captured(reply: dict[str, Any], reviewer: str) -> Captured:
+    """A kept reply as a source's ``Capture`` writes it."""
+    return Captured(id=reply["id"], question=reply["question"], text=reply["text"],
+                    author=reply["author_name"] or reply["author"], date=_date(reply["at"]),
+                    link=reply.get("link") or "", thread_key=reply.get("thread_key") or "", reviewer=reviewer,
+                    platform=reply["platform"], channel=reply["channel"])
 
 
 class ExpertReplies:
@@ -328,7 +254,7 @@ class ExpertReplies:
             return reply
         assert self.capture_to is not None
         try:
-            where = await self.capture_to.write(reply, name or reviewer)
+            where = await asyncio.to_thread(self.capture_to.write, captured(reply, name or reviewer))
         except Exception as exc:  # noqa: BLE001 - the click may be tried again
             log.error("reply %s: could not add it to the knowledge base (%s: %s)", reply_id, type(exc).__name__, exc)
             await self.store.release(reply_id, "capture")

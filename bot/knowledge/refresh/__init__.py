@@ -39,7 +39,7 @@ waits instead). A URL source reads robots.txt unless ``respect_robots: false``; 
 robots.txt cannot be had fails the run with the reason (its pages keep their versions).
 """
 
-from bot.knowledge.refresh.orphans import Orphans, source_roots
+from bot.knowledge.refresh.orphans import Orphans
 from bot.knowledge.refresh.refresher import LOCK_NAME, AfterChange, RefreshBusy, RefreshChanges, Refresher, UnknownSource
 from bot.knowledge.refresh.runs import FileRunLog, RedisRunLog, RunLog, RunRecord, log_run, run_log
 from bot.knowledge.refresh.schedule import (
@@ -74,6 +74,5 @@ __all__ = [
     "parse_iso",
     "run_log",
     "schedule_zone",
-    "source_roots",
     "utcnow",
 ]

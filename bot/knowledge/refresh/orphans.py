@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from collections.abc import Callable
 
 from bot.settings import SourceSettings
-from pipelines.indexing import discover
+from pipelines.sources import SOURCE_KINDS
+from pipelines.sources.kind import named_root
 from pipelines.store import DocRecord
 
 log = logging.getLogger("kbbot.refresh")
 
 
-def source_roots(source: SourceSettings) -> list[str]:
-    if source.path:
-        return [Path(source.path).resolve().as_posix()]
-    if source.confluence:
-        return [f"confluence:{source.name}"]
-    return [f"urls:{source.name}"]
-
-
-
 class Orphans:
     """Which documents of sources that are no longer configured one run of ``own`` revokes.
 
-    A document is an orphan when its root is no configured source's (``source_roots``): the
-    ``urls:<name>`` of a URL source renamed or removed, or a folder that a configured source once
-    completed a run with (the completed-roots registry of the ``RunLog``) and none has now. A folder
+    A document is an orphan when its root is no configured source's (``SourceKind.roots``): a named
+    root (``urls:<name>``, ``confluence:<name>``) of a source renamed or removed, or a folder that a
+    configured source once completed a run with (the completed-roots registry of the ``RunLog``) and none has now. A folder
     indexed ad hoc (``kbbot index PATH``) never was a configured source's root and is left alone.
 
     Safety, so that no answer goes missing on the way:
@@ -35,46 +27,30 @@ class Orphans:
       and a full listing (this run counts once it is through its items): a renamed source has then
       published its documents under its new name first. Until then the orphans are kept, with a warning;
     - a document that a configured source still lists is not an orphan, even if that source could not
-      read it (it keeps its version until it is read): what this run listed, the other URL sources'
-      pages (configured, or from their sitemaps' last listings) and the files in the other folders.
+      read it (it keeps its version until it is read): what this run listed and what the other sources
+      claim (``claims``: ``SourceKind.claims``, e.g. the other URL sources' pages, configured or from their
+      sitemaps' last listings, and the files in the other folders).
     """
 
     def __init__(self, own: SourceSettings, sources: list[SourceSettings], completed: dict[str, str],
-                 url_claims: set[str], suffixes: list[str]):
+                 claims: Callable[[list[str]], set[str]]):
         self.own = own
         self.sources = sources
         self.completed = set(completed)
-        self.configured = {root for src in sources for root in source_roots(src)}
-        self.url_claims = url_claims
-        self.suffixes = suffixes
+        self.configured = {root for src in sources for root in src.kind.roots(src)}
+        self.claims = claims
+        self.named = tuple(named_root(kind.name, "") for kind in SOURCE_KINDS.values() if kind.named_roots)
         #: Roots of the orphans a run kept (None until it checked): the registry forgets the others.
         self.kept_roots: set[str] | None = None
 
     def is_orphan_root(self, root: str | None) -> bool:
         return (root is not None and root not in self.configured
-                and (root.startswith(("urls:", "confluence:")) or root in self.completed))
+                and (root.startswith(self.named) or root in self.completed))
 
     def waiting_for(self, own_complete: bool) -> list[str]:
         """The configured sources that have not completed a run with their current roots."""
-        done = self.completed | (set(source_roots(self.own)) if own_complete else set())
-        return [src.name for src in self.sources if not set(source_roots(src)) <= done]
-
-    def _folder_claims(self, doc_ids: list[str]) -> set[str]:
-        claimed: set[str] = set()
-        for src in self.sources:
-            if src.name == self.own.name or not src.path:
-                continue
-            root = source_roots(src)[0]
-            inside = [d for d in doc_ids if d.startswith(root + "/")]
-            if not inside:
-                continue
-            try:
-                files = {p.as_posix() for p in discover([src.path], self.suffixes, include=src.include,
-                                                        exclude=src.exclude)}
-            except OSError:  # a folder that cannot be listed may still hold them all
-                files = set(inside)
-            claimed.update(d for d in inside if d in files)
-        return claimed
+        done = self.completed | (set(self.own.kind.roots(self.own)) if own_complete else set())
+        return [src.name for src in self.sources if not set(src.kind.roots(src)) <= done]
 
     def select(self, records: dict[str, DocRecord], seen: set[str], *, own_complete: bool) -> list[str]:
         """The doc ids to revoke now (``Indexer.refresh``'s ``orphans``); never raises: a surprise revokes nothing."""
@@ -97,7 +73,7 @@ class Orphans:
                         "completed a run", self.own.name, len(candidates), ", ".join(sorted(self.kept_roots)),
                         ", ".join(waiting))
             return []
-        claimed = (seen | self.url_claims | self._folder_claims(list(candidates))) & set(candidates)
+        claimed = (seen | self.claims(list(candidates))) & set(candidates)
         chosen = [doc_id for doc_id in candidates if doc_id not in claimed]
         self.kept_roots = {candidates[d].root for d in claimed if candidates[d].root}  # type: ignore[misc]
         by_root: dict[str, list[str]] = {}

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from bot.knowledge.refresh.captured import place_readers
-from bot.knowledge.refresh.orphans import Orphans, source_roots
+from bot.knowledge.refresh.orphans import Orphans
 from bot.knowledge.refresh.runs import RunLog, RunRecord, log_run, run_log
 from bot.knowledge.refresh.schedule import is_due, permissions_run_name, schedule_zone, utcnow
 from bot.settings import Settings, SourceSettings
 from bot.state import MemoryLock, RenewingLock
 from bot.state.redis import RedisLock
-from pipelines.acl import AclOnlySource, folder_key, readers_for
-from pipelines.confluence import ConfluenceClient, ConfluenceError, ConfluenceSource
 from pipelines.errors import ServiceUnavailable, one_line
-from pipelines.indexing import FolderSource, Indexer, IndexReport, Progress, RefreshAborted, Source
-from pipelines.sources import Fetcher, FetchState, Robots, UrlSource, is_sitemap, normalise_url
+from pipelines.indexing import Indexer, IndexReport, Progress, RefreshAborted
+from pipelines.sources.fetcher import FetchState
+from pipelines.sources.kind import ConfiguredSource, Source, SourceError
 from pipelines.store import DocRecord, KnowledgeStore
 
 log = logging.getLogger("kbbot.refresh")
@@ -70,12 +67,6 @@ class RefreshChanges:
 AfterChange = Callable[[RefreshChanges], Awaitable[Any]]
 
 
-def folder_readers(src: SourceSettings, key: str) -> list[str]:
-    """Who may read a folder source's file (``key``: its path relative to the folder): an expert's reply
-    captured there is read by the place it was said in (``bot.knowledge.refresh.captured``), the rest as ``acl:`` says."""
-    return place_readers(key) or readers_for(src.acl, key)
-
-
 class Refresher:
     """Runs sources (configured ones by name, or an ad-hoc ``Source``) under the refresh lock."""
 
@@ -121,75 +112,30 @@ class Refresher:
         runs = [await self.runs.last_run(name), await self.runs.last_run(permissions_run_name(name))]
         return max((r.started for r in runs if r is not None), default=None)
 
-    def _fetcher(self) -> Fetcher:
-        r = self.settings.refresh
-        return Fetcher(timeout_s=r.fetch_timeout_s, connect_timeout_s=r.connect_timeout_s,
-                       max_bytes=int(r.max_download_mb * 1_000_000), user_agent=r.user_agent,
-                       allow_hosts=r.allow_hosts)
-
     def build_source(self, src: SourceSettings, states: dict[str, FetchState] | None = None, *,
-                     permissions_only: bool = False) -> Source:
-        if src.confluence:
-            return self._confluence(src, states or {})
-        if permissions_only:  # the settings' acl is all there is to read: nothing is listed or fetched
-            roots = source_roots(src)
-            if src.path:
-                return AclOnlySource(roots, lambda r: folder_readers(src, folder_key(r.doc_id, r.root)))
-            known = states or {}
-
-            def page_readers(record: DocRecord) -> list[str] | None:
-                state = known.get(record.doc_id)
-                return readers_for(src.acl, state.final_url) if state is not None and state.final_url else None
-
-            # A page is matched where its redirects ended, which only a fetch tells: until a refresh has
-            # fetched it since kbbot recorded that, nobody reads it.
-            return AclOnlySource(roots, page_readers, unknown="the URL its redirects end at is not known yet "
-                                                              "(the next refresh of its source fetches it)")
-        if src.path:
-            return FolderSource([src.path], suffixes=self.settings.indexing.extensions, include=src.include,
-                                exclude=src.exclude, max_file_mb=self.settings.indexing.max_file_mb,
-                                readers=lambda path, root: folder_readers(src, folder_key(path, root)))
-        fetcher = self._fetcher()
-        return UrlSource(src.name, src.urls, fetcher, states=states or {},
-                         concurrency=self.settings.refresh.concurrency, max_urls=self.settings.refresh.max_urls,
-                         max_sitemaps=self.settings.refresh.max_sitemaps,
-                         robots=Robots(fetcher) if src.respect_robots else None, acl=src.acl)
-
-    def _confluence(self, src: SourceSettings, states: dict[str, FetchState]) -> ConfluenceSource:
-        c, r = src.confluence, self.settings.refresh
-        assert c is not None
-        token = os.environ.get(c.token_env, "").strip()
-        client = None
-        if token:
-            client = ConfluenceClient(c.url, token, user=c.user, timeout_s=r.fetch_timeout_s,
-                                      connect_timeout_s=r.connect_timeout_s, max_bytes=int(r.max_download_mb * 1_000_000),
-                                      max_retries=c.max_retries, max_retry_wait_s=c.max_retry_wait_s,
-                                      user_agent=r.user_agent, allow_hosts=r.allow_hosts)
-        return ConfluenceSource(src.name, client, spaces=c.spaces, cql=c.cql, attachments=c.attachments,
-                                states=states, max_documents=r.max_urls, permissions=c.permissions,
-                                everyone_groups=c.everyone_groups, everyone_readers=c.everyone_readers,
-                                hidden_spaces=c.hidden_space_readers,
-                                missing=None if token else f"the environment variable {c.token_env} (the Confluence "
-                                                           "token) is not set; nothing was read or revoked")
+                     permissions_only: bool = False) -> ConfiguredSource:
+        return src.kind.build(src, self.settings.source_context, states or {}, permissions_only=permissions_only)
 
     async def orphans(self, src: SourceSettings) -> Orphans | None:
         """What a run of ``src`` needs to reconcile the configuration; None (reconcile nothing) when the
         run log cannot be read."""
+        others = [other for other in self.settings.sources if other.name != src.name]
         try:
             completed = await self.runs.completed_roots()
-            url_claims: set[str] = set()
-            for other in self.settings.sources:
-                if other.name == src.name or not other.urls:
-                    continue
-                url_claims.update(u for u in map(normalise_url, other.urls) if not is_sitemap(u))
-                for url, state in (await self.runs.fetch_states(other.name)).items():
-                    url_claims.add(url)
-                    url_claims.update(map(normalise_url, state.urls))
+            # What the others' last runs listed (a URL source's sitemaps) may still claim a document.
+            states = {other.name: await self.runs.fetch_states(other.name) for other in others
+                      if other.kind.keeps_states}
         except Exception as exc:  # noqa: BLE001 - keeping documents is the safe way to fail
             log.warning("refresh source=%s: cannot read the run log (%s); documents of sources no longer "
                         "configured are not checked this run", src.name, one_line(exc))
             return None
-        return Orphans(src, list(self.settings.sources), completed, url_claims, list(self.settings.indexing.extensions))
+        context = self.settings.source_context
+
+        def claims(doc_ids: list[str]) -> set[str]:
+            return set().union(*(other.kind.claims(other, doc_ids, states.get(other.name, {}), context)
+                                 for other in others))
+
+        return Orphans(src, list(self.settings.sources), completed, claims)
 
     async def _acquire(self, wait_s: float, on_wait: Callable[[], None] | None) -> RenewingLock:
         lock = self.lock(wait_s)
@@ -242,19 +188,17 @@ class Refresher:
     async def _run_locked(self, src: SourceSettings, trigger: str, lock: RenewingLock,
                           progress: Progress | None, permissions_only: bool = False,
                           ) -> tuple[RunRecord, RefreshChanges | None]:
-        states = await self.runs.fetch_states(src.name) if src.urls or src.confluence else {}
+        kind = src.kind
+        states = await self.runs.fetch_states(src.name) if kind.keeps_states else {}
         source = self.build_source(src, states, permissions_only=permissions_only)
         orphans = await self.orphans(src)
         started = utcnow()
         report = IndexReport()
         error: str | None = None
 
-        def listed_completely() -> bool:
-            return source.listed_completely if isinstance(source, UrlSource) else True
-
         def select_orphans(records: dict[str, DocRecord], seen: set[str]) -> list[str]:
             assert orphans is not None
-            return orphans.select(records, seen, own_complete=listed_completely())
+            return orphans.select(records, seen, own_complete=source.listed_completely)
 
         def work() -> None:
             try:
@@ -263,28 +207,20 @@ class Refresher:
                                      orphans=select_orphans if orphans is not None and not permissions_only else None,
                                      permissions_only=permissions_only)
             finally:
-                if isinstance(source, UrlSource):
-                    source.fetcher.close()
-                elif isinstance(source, ConfluenceSource):
-                    source.close()
+                source.close()
 
         try:
             await asyncio.to_thread(work)
-        except (FileNotFoundError, ServiceUnavailable, RefreshAborted, ConfluenceError) as exc:
+        except (FileNotFoundError, ServiceUnavailable, RefreshAborted, SourceError) as exc:
             error = one_line(exc)
         except Exception as exc:  # noqa: BLE001 - recorded; the next run retries
             log.exception("refresh of %s failed", src.name)
             error = f"{type(exc).__name__}: {one_line(exc)}"
         finished = error is None
-        disallowed = 0
-        if isinstance(source, UrlSource):
-            disallowed = len(source.disallowed)
-            unreachable = source.robots_unreachable
-            if unreachable and error is None:
-                error = "; ".join(f"robots.txt of {host} unreachable ({why})" for host, why in unreachable.items())
-                error += ": not fetched this run, its pages keep their indexed versions"
+        if error is None:
+            error = source.run_error()
         duration = (utcnow() - started).total_seconds()
-        record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=disallowed)
+        record = RunRecord.of(src.name, trigger, started, duration, report, error, disallowed=len(source.disallowed))
         if permissions_only:
             # Not the source's last run: its content was not refreshed, so its schedule and validators stand.
             # Recorded under a name of its own, which its own schedule reads (``permissions_interval``).
@@ -298,12 +234,12 @@ class Refresher:
             return record, None
         try:
             await self.runs.save_run(record)
-            if isinstance(source, UrlSource | ConfluenceSource):
+            if kind.keeps_states:
                 # A finished run keeps the validators of what it saw; a broken one also keeps the old ones.
-                kept = source.updated_states if error is None else {**states, **source.updated_states}
+                kept = dict(source.updated_states) if error is None else {**states, **source.updated_states}
                 await self.runs.save_fetch_states(src.name, kept)
-            if error is None and listed_completely():
-                await self.runs.save_completed_roots(source_roots(src), record.started_at)
+            if error is None and source.listed_completely:
+                await self.runs.save_completed_roots(kind.roots(src), record.started_at)
             if finished and orphans is not None and orphans.forgettable():
                 await self.runs.forget_roots(orphans.forgettable())
         except Exception:  # noqa: BLE001 - the knowledge is refreshed; only its record is missing

@@ -18,7 +18,7 @@ from bot.messages import say
 from bot.metrics import METRICS
 from bot.settings import Settings
 from pipelines.indexing import FormatCounts, IndexReport
-from pipelines.sources import FetchState
+from pipelines.sources.fetcher import FetchState
 
 log = logging.getLogger("kbbot.refresh")
 
