@@ -14,7 +14,7 @@ from haystack import Document
 from bot.runtime import Runtime, make_generators
 from bot.settings import Settings
 from pipelines.answer_eval import EvalTurn, evaluate_answers, load_cases
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import TurnLedger
 from pipelines.topics import Topics
 
 
@@ -36,7 +36,7 @@ def run_answer_eval(settings: Settings, runtime: Runtime, dataset: Path, *, limi
     generators = make_generators(settings, temperature=0, similarity=runtime.sentence_similarity)
     pipeline = runtime.query_pipeline(generators, Topics(), clarify=False)
     a = settings.answering
-    budget = lambda: TurnBudget.start(max_model_calls=a.max_model_calls,  # noqa: E731
+    ledger = lambda: TurnLedger.start(max_model_calls=a.max_model_calls,  # noqa: E731
                                       timeout_s=generators.turn_timeout_s, max_retries=a.max_retries)
     out = open(turns_path, "a", encoding="utf-8") if turns_path else None  # noqa: SIM115 - closed below
     done = 0
@@ -50,7 +50,7 @@ def run_answer_eval(settings: Settings, runtime: Runtime, dataset: Path, *, limi
             out.flush()
 
     try:
-        result = evaluate_answers(pipeline, cases, budget=budget, embed=embedder_of(runtime), on_turn=on_turn)
+        result = evaluate_answers(pipeline, cases, ledger=ledger, embed=embedder_of(runtime), on_turn=on_turn)
     finally:
         if out is not None:
             out.close()

@@ -27,7 +27,7 @@ from bot.runtime import Generators, Runtime, build_runtime, make_store, status_o
 from bot.settings import Settings, SettingsError, load_settings, parse_interval
 from bot.types import Answer
 from pipelines.components.extractive import ExtractiveAnswerer
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import TurnLedger
 from pipelines.errors import ErrorKind, ServiceUnavailable, diagnose
 from pipelines.evaluation import corpus_documents, evaluate, evaluate_abstention, index_corpus, load_queries
 from pipelines.redact import scrub
@@ -252,7 +252,7 @@ def eval_abstention(settings: Settings, runtime: Runtime, mode: str, answerable:
     r, a = settings.retrieval, settings.answering
     extractive = Generators(ExtractiveAnswerer(), None, settings.prompt.budget_chars, a.turn_timeout_s)
     pipeline = runtime.query_pipeline(extractive, Topics(), clarify=False, mode=mode)
-    result = evaluate_abstention(pipeline, answerable, unanswerable, budget=lambda: TurnBudget(retries_left=0))
+    result = evaluate_abstention(pipeline, answerable, unanswerable, ledger=lambda: TurnLedger(retries_left=0))
     return {"min_similarity": r.min_similarity, "off_topic_similarity": a.off_topic_similarity,
             "off_topic_similarity_zh": a.off_topic_similarity_zh, **result}
 

@@ -51,7 +51,7 @@ from pipelines.components.extractive import ExtractiveAnswerer, Similarity, embe
 from pipelines.components.judge import ALTERNATIVES as JUDGE_ALTERNATIVES
 from pipelines.components.ranker import DiversityRanker, HttpReranker
 from pipelines.components.throttle import ModelCallSlots, Throttled, warm_up_async
-from pipelines.components.turn import TurnBudget, consult
+from pipelines.components.turn import TurnLedger, consult
 from pipelines.errors import ServiceUnavailable
 from pipelines.generators import ResponseHook, make_generator
 from pipelines.indexing import Indexer, build_indexing_pipeline
@@ -98,11 +98,11 @@ def make_ranker(settings: Settings) -> Any:
 @dataclass
 class Generators:
     """What answers a turn: the answer's generator, the helper calls' (None: rules and retrieval
-    scores decide), and the budgets that fit them."""
+    scores decide), the size of the answer prompt's context that fits them, and the turn's time."""
 
     answer: Any
     helper: Any | None
-    budget_chars: int
+    context_chars: int
     turn_timeout_s: float
     judge: Any | None = None  # the answerability judgement by token probabilities (kind local)
 
@@ -476,7 +476,7 @@ class Runtime:
             judge=s.generator.local.judge_threshold, clarify=a.clarify if clarify is None else clarify)
         return build_query_pipeline(
             self.store, text_embedder, make_ranker(s), models, topics=topics, decisions=decisions,
-            prompting=Prompting(s.template("system_template"), s.template("user_template"), generators.budget_chars),
+            prompting=Prompting(s.template("system_template"), s.template("user_template"), generators.context_chars),
             retrieval=Retrieval(mode or r.mode, r.candidates, r.fusion, r.alpha))
 
     @cached_property
@@ -499,11 +499,11 @@ class Runtime:
         pipeline = self._query_pipeline(self.text_embedder, generators, topics)
 
         async def learner(message: str) -> str | None:
-            budget = TurnBudget(max_model_calls=1, reserved=0)
-            return await consult(helper, budget, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>")
+            return await consult(helper, "preferences", LEARN_SYSTEM, f"<message>\n{message}\n</message>",
+                                 ledger=TurnLedger(max_model_calls=1, reserved=0))
 
         return Answerer(pipeline, self.history, is_current=self.store.is_current, topics=topics,
-                        handoff=a.handoff, model_answers=kind != "extractive",
+                        handoff=a.handoff,
                         limits=TurnLimits(generators.turn_timeout_s, a.max_question_chars, a.max_model_calls,
                                           a.max_retries),
                         admission=Admission(self._limiter, TurnGate(s.limits.max_turns_in_flight,

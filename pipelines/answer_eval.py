@@ -40,9 +40,9 @@ from haystack import Document, Pipeline
 
 from pipelines.citations import MARKER, attach_missing_markers, cited_numbers, normalize_markers, sentence_citations
 from pipelines.components.extractive import HEADINGS
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import TurnLedger
 from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, read_jsonl, step_value
-from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
+from pipelines.query import turn_end
 from pipelines.text import detect_language, split_sentences, terms
 
 JUDGE_SWEEP = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -178,26 +178,26 @@ def score_answer(record: EvalTurn, case: AnswerCase, sources: Sequence[Document]
     record.language_match = detect_language(body) == detect_language(case.text)
 
 
-def run_case(pipeline: Pipeline, case: AnswerCase, budget: Callable[[], TurnBudget], embed: Embed | None) -> EvalTurn:
+def run_case(pipeline: Pipeline, case: AnswerCase, ledger: Callable[[], TurnLedger], embed: Embed | None) -> EvalTurn:
     """One whole turn of ``pipeline`` (``build_query_pipeline``) on ``case``, scored."""
-    turn = budget()
+    turn = ledger()
     started = time.perf_counter()
     try:
-        result = pipeline.run(query_inputs(pipeline, case.text, budget=turn), include_outputs_from=OUTCOME_COMPONENTS)
+        with turn.running():
+            result = pipeline.run({"question": case.text})
     except Exception as exc:  # noqa: BLE001 - a failed turn is a result of the eval, not its end
         return EvalTurn(case.id, case.set, case.text, "error", seconds=time.perf_counter() - started,
                           steps=list(turn.steps), error=f"{type(exc).__name__}: {exc}"[:300])
     seconds = time.perf_counter() - started
-    outcome = turn_outcome(result)
-    sources = result.get("budget", {}).get("sources") or []
-    replies = result.get("generate", {}).get("replies") or []
-    text = (replies[0].text or "").strip() if replies and outcome == "answered" else ""
+    end = turn_end(result)
+    outcome, sources, replies = end.outcome, end.sources, end.replies
+    text = (replies[0].text or "").strip() if replies else ""
     record = EvalTurn(case.id, case.set, case.text, outcome, text=text, seconds=round(seconds, 2),
                         shown=[str((d.meta or {}).get("doc_id")) for d in sources], steps=list(turn.steps))
     _decisions(record)
     if outcome == "answered":
         score_answer(record, case, sources, embed)
-    draft = (result.get("generate", {}).get("draft") or "").strip()
+    draft = end.draft.strip()
     if draft:
         written = EvalTurn(case.id, case.set, case.text, "answered", text=draft)
         score_answer(written, case, sources, embed)
@@ -255,12 +255,12 @@ def summarize(records: list[EvalTurn]) -> dict[str, Any]:
     }
 
 
-def evaluate_answers(pipeline: Pipeline, cases: list[AnswerCase], *, budget: Callable[[], TurnBudget],
+def evaluate_answers(pipeline: Pipeline, cases: list[AnswerCase], *, ledger: Callable[[], TurnLedger],
                      embed: Embed | None = None, on_turn: Callable[[EvalTurn], Any] | None = None) -> dict[str, Any]:
     """Runs every case; metrics per set (answerable, unanswerable) and overall."""
     records = []
     for case in cases:
-        record = run_case(pipeline, case, budget, embed)
+        record = run_case(pipeline, case, ledger, embed)
         records.append(record)
         if on_turn is not None:
             on_turn(record)

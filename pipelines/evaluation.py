@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from haystack import Document, Pipeline
 
-from pipelines.query import OUTCOME_COMPONENTS, query_inputs, retrieval_inputs, turn_outcome
+from pipelines.components.end import TurnEnd
+from pipelines.components.turn import TurnLedger
+from pipelines.query import retrieval_inputs, turn_end
 from pipelines.records import PUBLIC, content_hash
 from pipelines.store import KnowledgeStore
 
@@ -173,12 +176,10 @@ _MARKER = re.compile(r"\[(\d{1,3})\]")
 ABSTAINED = ("not_found", "off_topic")
 
 
-def cited_passages(result: dict[str, Any]) -> set[str]:
-    replies = result.get("generate", {}).get("replies") or []
-    sources = result.get("budget", {}).get("sources") or []
-    text = (replies[0].text or "") if replies else ""
+def cited_passages(end: TurnEnd) -> set[str]:
+    text = (end.replies[0].text or "") if end.replies else ""
     numbers = {int(n) for n in _MARKER.findall(text)}
-    return {str(sources[n - 1].meta.get("doc_id")) for n in numbers if 1 <= n <= len(sources)}
+    return {str(end.sources[n - 1].meta.get("doc_id")) for n in numbers if 1 <= n <= len(end.sources)}
 
 
 EVIDENCE_SWEEP = (-0.6, -0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2)
@@ -229,7 +230,7 @@ def decision_sweep(answerable: list[Decided], unanswerable: list[Decided],
 
 
 def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswerable: list[EvalQuery], *,
-                        budget: Any, sweep: tuple[float, ...] = (0.78, 0.79, 0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86),
+                        ledger: Callable[[], TurnLedger], sweep: tuple[float, ...] = (0.78, 0.79, 0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86),
                         evidence_sweep: tuple[float, ...] = EVIDENCE_SWEEP) -> dict[str, Any]:
     """Runs the whole answering pipeline on both sets.
 
@@ -240,16 +241,15 @@ def evaluate_abstention(pipeline: Pipeline, answerable: list[EvalQuery], unanswe
     two shares if the not-found threshold were each of the given values, from the best dense
     similarity of each question's first retrieval (how the thresholds were chosen);
     ``evidence_sweep``: the same for the answerability decision's threshold (``decision_sweep``).
-    ``budget`` makes a fresh per-turn ``TurnBudget``.
+    ``ledger`` makes a fresh per-turn ``TurnLedger``.
     """
     def run(q: EvalQuery) -> tuple[str, set[str], float, Decided]:
-        turn = budget()
-        result = pipeline.run(query_inputs(pipeline, q.text, budget=turn),
-                              include_outputs_from=OUTCOME_COMPONENTS | {"current"})
+        with ledger().running() as turn:
+            result = pipeline.run({"question": q.text}, include_outputs_from={"current"})
         dense = result.get("current", {}).get("dense_documents") or []
         best = max((d.score for d in dense if d.score is not None), default=0.0)
-        outcome = turn_outcome(result)
-        return outcome, cited_passages(result), best, decided(outcome, turn.steps)
+        end = turn_end(result)
+        return end.outcome, cited_passages(end), best, decided(end.outcome, turn.steps)
 
     answered = cited_gold = abstained = 0
     best_answerable, best_unanswerable = [], []

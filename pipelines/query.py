@@ -1,21 +1,33 @@
 """The query pipeline, declared in one place so it reads like the diagram in docs/architecture.md:
 
-    rewrite -> guard -+-> off_topic (the scope, no answer; with a core to spare decided at grade, retrieval beside it)
-                      +-> search -> embed -> retrieve -> current -> rank -> grade -+-> clarify -+-> answerable -+
-                            ^                                                     |            |               |
-                            +------------- reformulate <- retry (bounded) <-------+-> not_found |               +-> not_found
-                                                                                               +-> "which model?"
-        answerable -+-> facts -> budget -> prompt -> judge -+-> generate (checked)
-                                                            +-> not_found
+    rewrite -> fork -+-> guard -+-> search         (the guard decides first)
+                     |          +-> off_topic -> end
+                     |          +-> verdict -> scope
+                     +-> search                    (beside_retrieval: retrieval and the guard at once)
 
-In a turn (``run_async``) with a core to spare (``TurnBudget.overlap_helpers``) the guard's model call
-runs beside retrieval and the grade: the query goes on to ``search`` at once and the grade's result waits
-for the verdict, so an off-topic question still ends off-topic (its retrieval and grade spent for nothing)
-and an on-topic one no longer waits out the guard's round trip. Otherwise the guard decides first.
+    search -> embed -> retrieve -> current -> rank -> grade -> scope -+-> clarify -+-> answerable -+-> facts -> fit
+      ^                                                              |            |               |
+      +------------- reformulate <- retry (bounded) <----------------+-> end      +-> end         +-> end
+
+    fit -> prompt -> judge -+-> generate (checked) -> end
+                            +-> end
+
+Every ending output goes to ``end``, whose one output ``turn`` is a ``TurnEnd`` (``off_topic``,
+``not_found``, ``clarify`` or ``answered``, with what the answer needs).
+
+The guard's verdict is an edge (``guard.verdict`` -> ``scope.verdict``). With the run input
+``beside_retrieval`` (the Answerer sets it while the process has a core to spare) ``fork`` sends the
+query to the guard and to ``search`` at once: Haystack's ``run_async`` runs the two branches
+concurrently, so the guard's model call goes on beside retrieval and the grade's, and ``scope`` routes
+the grade once the verdict is in (an off-topic question still ends off-topic, its retrieval and grade
+spent for nothing; an on-topic one no longer waits out the guard's round trip). Otherwise the guard
+decides first and passes the query on.
 
 ``search`` (a BranchJoiner) is the loop's entry: the rewritten query first, then each
-reformulation. A ``TurnBudget`` given per run caps the model calls and time of the turn and
-collects the trace of every step.
+reformulation. The turn's model calls, time and trace are not inputs: they are the running turn's
+``TurnLedger`` (``pipelines.components.turn``). A run takes flat inputs, each reaching every component
+with that input (``question``, ``history``, ``filters``, ``spaces``, ``preferences``,
+``streaming_callback``, ``beside_retrieval``); the result's ``end.turn`` says how the turn ended.
 """
 
 from __future__ import annotations
@@ -28,19 +40,19 @@ from haystack.components.joiners import BranchJoiner
 from haystack.dataclasses import ChatMessage
 
 from pipelines.components.answerability import EvidenceCheck
-from pipelines.components.budget import ContextBudget
 from pipelines.components.checked import checked
 from pipelines.components.clarify import ModelClarifier
+from pipelines.components.end import EndOfTurn, TurnEnd
 from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.facts import FactLookup
+from pipelines.components.fit import PromptFit
 from pipelines.components.grader import RelevanceGrader
-from pipelines.components.guard import TopicGuard
+from pipelines.components.guard import GuardFork, ScopeCheck, TopicGuard
 from pipelines.components.judge import AnswerabilityJudge
 from pipelines.components.prompt import compiled_chat_prompt_builder
 from pipelines.components.reformulate import QueryReformulator
 from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge, retriever_for
 from pipelines.components.rewrite import QueryRewriter
-from pipelines.components.turn import TurnBudget
 from pipelines.grounding import SentenceEmbedder
 from pipelines.store import KnowledgeStore
 from pipelines.topics import Topics
@@ -138,7 +150,7 @@ class Prompting:
 
     system_template: str = ""
     user_template: str = ""
-    budget_chars: int = 12000
+    context_chars: int = 12000
     max_facts: int = 40
 
 
@@ -154,6 +166,7 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     helper = models.helper
     pipe = Pipeline(max_runs_per_component=10)
     pipe.add_component("rewrite", QueryRewriter(helper, topics))
+    pipe.add_component("fork", GuardFork())
     pipe.add_component("guard", TopicGuard(helper, topics, decisions.guard_min_confidence,
                                            defer_to_retrieval=decisions.guard_weighs_retrieval))
     pipe.add_component("search", BranchJoiner(str))
@@ -162,15 +175,20 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     pipe.add_component("grade", RelevanceGrader(helper, min_similarity=decisions.min_similarity,
                                                 off_topic_similarity=decisions.off_topic_similarity,
                                                 off_topic_similarity_zh=decisions.off_topic_similarity_zh))
+    pipe.add_component("scope", ScopeCheck())
     pipe.add_component("reformulate", QueryReformulator(helper))
     pipe.add_component("clarify", ModelClarifier(topics, enabled=decisions.clarify))
     pipe.add_component("answerable", EvidenceCheck(decisions.evidence))
     pipe.add_component("facts", FactLookup(store, max_facts=prompting.max_facts))
-    pipe.add_component("budget", ContextBudget(budget_chars=prompting.budget_chars))
+    pipe.add_component("fit", PromptFit(context_chars=prompting.context_chars))
     pipe.add_component("generate", checked(models.answer, embedder=models.embedder))
+    pipe.add_component("end", EndOfTurn())
 
-    pipe.connect("rewrite.query", "guard.query")
+    pipe.connect("rewrite.query", "fork.query")
+    pipe.connect("fork.guard", "guard.query")
+    pipe.connect("fork.ahead", "search.value")
     pipe.connect("guard.query", "search.value")
+    pipe.connect("guard.verdict", "scope.verdict")
     if mode != "bm25":
         pipe.connect("search.value", "embed.text")
     pipe.connect("search.value", "retrieve.query")
@@ -181,16 +199,26 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
         pipe.connect("current.dense_documents", "grade.dense_documents")
         pipe.connect("current.dense_documents", "answerable.dense_documents")
     pipe.connect("current.documents", "answerable.candidates")
-    pipe.connect("grade.retry", "reformulate.query")
+    pipe.connect("grade.grade", "scope.grade")
+    pipe.connect("scope.retry", "reformulate.query")
     pipe.connect("reformulate.query", "search.value")
-    pipe.connect("grade.documents", "clarify.documents")
-    pipe.connect("grade.query", "clarify.query")
+    pipe.connect("scope.documents", "clarify.documents")
+    pipe.connect("scope.query", "clarify.query")
     pipe.connect("clarify.query", "answerable.query")
     pipe.connect("clarify.documents", "answerable.documents")
     pipe.connect("answerable.query", "facts.query")
-    pipe.connect("answerable.documents", "budget.documents")
-    pipe.connect("facts.facts", "budget.facts")
-    pipe.connect("budget.sources", "generate.sources")
+    pipe.connect("answerable.documents", "fit.documents")
+    pipe.connect("facts.facts", "fit.facts")
+    pipe.connect("fit.sources", "generate.sources")
+    for ending in ("guard.off_topic", "scope.off_topic"):
+        pipe.connect(ending, "end.off_topic")
+    for ending in ("scope.not_found", "reformulate.not_found", "clarify.not_found", "answerable.not_found",
+                   "generate.not_found"):
+        pipe.connect(ending, "end.not_found")
+    pipe.connect("clarify.clarify", "end.clarify")
+    pipe.connect("fit.sources", "end.sources")
+    pipe.connect("generate.replies", "end.replies")
+    pipe.connect("generate.draft", "end.draft")
     if isinstance(models.answer, ExtractiveAnswerer):
         pipe.connect("answerable.query", "generate.question")
         return pipe
@@ -200,57 +228,20 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     )
     pipe.add_component("prompt", prompt)
     for name in PROMPT_VARIABLES:
-        pipe.connect(f"budget.{name}", f"prompt.{name}")
+        pipe.connect(f"fit.{name}", f"prompt.{name}")
     if models.judge is None:
         pipe.connect("prompt.prompt", "generate.messages")
         return pipe
     pipe.add_component("judge", AnswerabilityJudge(models.judge, threshold=decisions.judge))
     pipe.connect("prompt.prompt", "judge.messages")
     pipe.connect("judge.messages", "generate.messages")
+    pipe.connect("judge.not_found", "end.not_found")
     return pipe
 
 
-# Components whose outputs end a turn or explain it; the Answerer reads them.
-OUTCOME_COMPONENTS = {"rewrite", "guard", "grade", "reformulate", "clarify", "answerable", "judge", "budget", "facts",
-                      "generate"}
-
-
-def turn_outcome(result: dict[str, Any]) -> str:
-    """How a run of ``build_query_pipeline`` ended (run with ``include_outputs_from=OUTCOME_COMPONENTS``):
-    ``off_topic``, ``not_found``, ``clarify`` or ``answered`` (``generate`` ran)."""
-    if any("off_topic" in result.get(name, {}) for name in ("guard", "grade")):
-        return "off_topic"
-    if any("not_found" in result.get(name, {}) for name in ("grade", "reformulate", "clarify", "answerable", "judge",
-                                                            "generate")):
-        return "not_found"
-    if "clarify" in result.get("clarify", {}):
-        return "clarify"
-    return "answered"
-
-
-def query_inputs(pipeline: Pipeline, question: str, *, budget: TurnBudget | None = None,
-                 filters: dict[str, Any] | None = None, spaces: list[str] | None = None,
-                 history: list[ChatMessage] | None = None, preferences: str = "",
-                 streaming_callback: Any = None) -> dict[str, Any]:
-    """The per-run data of ``pipeline`` (``build_query_pipeline``), in one place: only for the
-    components it has (an extractive pipeline has no prompt and no judge)."""
-    budget = budget or TurnBudget()
-    data: dict[str, Any] = {
-        "rewrite": {"question": question, "history": history or [], "budget": budget},
-        "guard": {"budget": budget},
-        "retrieve": {"filters": filters},
-        "grade": {"budget": budget},
-        "reformulate": {"question": question, "budget": budget},
-        "clarify": {"question": question},
-        "answerable": {"budget": budget},
-        "facts": {"spaces": spaces, "filters": filters},
-        "budget": {"question": question, "history": history or [], "preferences": preferences},
-        "judge": {"budget": budget},
-        "generate": {"budget": budget},
-    }
-    if streaming_callback is not None:
-        data["generate"]["streaming_callback"] = streaming_callback
-    return {name: inputs for name, inputs in data.items() if name in pipeline.graph.nodes}
+def turn_end(result: dict[str, Any]) -> TurnEnd:
+    """How a run of ``build_query_pipeline`` ended."""
+    return result["end"]["turn"]
 
 
 def retrieval_inputs(query: str, *, mode: str = "hybrid", filters: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -124,23 +124,22 @@ async def test_an_off_topic_verdict_that_comes_after_the_grade_still_ends_the_tu
     assert {"step": "guard", "on_topic": False, "confidence": 0.95} in answer.trace.steps
 
 
-async def test_a_turn_that_fails_before_the_grade_stops_the_guard_call_it_no_longer_needs():
-    from pipelines.components.turn import TurnBudget
+async def test_a_turn_that_fails_before_the_grade_stops_the_guard_call_it_no_longer_needs(claude, monkeypatch):
+    # The guard's call is a branch of the run beside retrieval: when retrieval fails, the run cancels it
+    # rather than waiting out (and paying for) a verdict nobody will read.
+    fake, runtime = claude
+    slow_guard(fake, on_topic=True, delay_s=30)
+    retriever = runtime.answerer.pipeline.get_component("retrieve")
 
-    budget = TurnBudget()
-    started = asyncio.Event()
+    def store_down(**inputs):
+        raise RuntimeError("the store went away")
 
-    async def slow_verdict() -> dict[str, str]:
-        started.set()
-        await asyncio.sleep(30)
-        return {"query": "q"}
-
-    budget.pending_guard = asyncio.ensure_future(slow_verdict())
-    await started.wait()
-    budget.abandon()
-    with pytest.raises(asyncio.CancelledError):
-        await budget.pending_guard
-    budget.abandon()  # a finished or cancelled verdict: nothing to do
+    monkeypatch.setattr(retriever, "run", store_down)
+    started = time.monotonic()
+    answer = await runtime.answerer.answer(inquiry("How often should the HL-M200 bearings be greased?", "down"),
+                                           RecordingReply())
+    assert answer.outcome is Outcome.ERROR and time.monotonic() - started < 10
+    assert router(fake).kinds == ["guard"]  # it was asked, beside retrieval, and never waited for
 
 
 async def test_an_unsure_guard_does_not_turn_a_question_away(claude):

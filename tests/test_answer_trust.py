@@ -16,9 +16,9 @@ from bot.types import Inquiry, Outcome
 from pipelines.components.answerability import CALIBRATION, EvidenceCheck, Signals, cover
 from pipelines.components.judge import INSTRUCTION, yes_probability
 from pipelines.components.retrievers import DenseCandidates
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import TurnLedger
 from pipelines.generators import make_generator
-from pipelines.query import query_inputs, turn_outcome
+from pipelines.query import turn_end
 from pipelines.topics import Topics
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import Script
@@ -76,20 +76,18 @@ def test_the_evidence_needs_both_closeness_and_content():
 
     def run(top: Document, cosine: float) -> dict:
         dense = DenseCandidates([Document(id=top.id, content=top.content, score=cosine)])
-        return check.run(query=question, documents=[top], budget=TurnBudget(), candidates=[top, *pool],
-                         dense_documents=dense)
+        return check.run(query=question, documents=[top], candidates=[top, *pool], dense_documents=dense)
 
     assert "documents" in run(holds, floors.similarity + 0.01)
     assert "not_found" in run(lacks, 0.95)  # close in meaning, but it never mentions what was asked
     assert "documents" in run(holds, floors.similarity - 0.01)  # far in meaning, but it holds the model and all
     plain = "Which refrigerant gas does the motor use?"  # no code: closeness in meaning is needed
     dense = DenseCandidates([Document(id=holds.id, content=holds.content, score=floors.similarity - 0.01)])
-    assert "not_found" in check.run(query=plain, documents=[holds], budget=TurnBudget(), candidates=[holds, *pool],
-                                    dense_documents=dense)
+    assert "not_found" in check.run(query=plain, documents=[holds], candidates=[holds, *pool], dense_documents=dense)
     assert CALIBRATION.margin(Signals(floors.similarity, floors.cover)) == pytest.approx(-0.2)
-    budget = TurnBudget()
-    assert "documents" in EvidenceCheck(None).run(query=question, documents=[lacks], budget=budget)
-    assert budget.steps[0]["step"] == "answerable" and budget.steps[0]["answerable"] is True
+    with TurnLedger().running() as ledger:
+        assert "documents" in EvidenceCheck(None).run(query=question, documents=[lacks])
+    assert ledger.steps[0]["step"] == "answerable" and ledger.steps[0]["answerable"] is True
 
 
 def test_a_page_edited_in_place_is_judged_on_its_new_words():
@@ -113,9 +111,9 @@ def test_a_question_about_a_code_is_answered_by_the_chunk_that_holds_it():
 
     def run(top: Document) -> dict:
         dense = DenseCandidates([Document(id=top.id, content=top.content, score=low)])
-        budget = TurnBudget()
-        out = check.run(query=question, documents=[top], budget=budget, candidates=[top, *pool], dense_documents=dense)
-        return out | {"step": budget.steps[0]}
+        with TurnLedger().running() as ledger:
+            out = check.run(query=question, documents=[top], candidates=[top, *pool], dense_documents=dense)
+        return out | {"step": ledger.steps[0]}
 
     answered = run(Document(id="a", content="| E-004 | Overcurrent during acceleration: this fault means the ramp is too short |"))
     assert "documents" in answered and answered["step"]["codes_held"] and answered["step"]["similarity"] == round(low, 4)
@@ -199,11 +197,10 @@ async def test_the_local_models_judgement_shares_the_answer_prompt_and_decides(k
         generators = Generators(make_generator("openai", base_url=url, max_tokens=200), None, 3000, 60,
                                 judge=make_generator("openai", base_url=url, max_tokens=1, logprobs=10))
         pipeline = runtime.query_pipeline(generators, Topics(), clarify=False)
-        budget = TurnBudget.start(timeout_s=60)
-        result = await pipeline.run_async(query_inputs(pipeline, "How often should the bearings be greased?",
-                                                       budget=budget), include_outputs_from={"judge", "generate"})
+        with TurnLedger.start(timeout_s=60).running() as ledger:
+            result = await pipeline.run_async({"question": "How often should the bearings be greased?"})
         runtime.store.close()
-    assert turn_outcome(result) == outcome
+    assert turn_end(result).outcome == outcome
     judged, *answered = fake.requests
     assert judged["logprobs"] is True and judged["top_logprobs"] == 10 and judged["max_completion_tokens"] == 1
     assert judged["messages"][-1]["content"].endswith(INSTRUCTION)
@@ -211,7 +208,7 @@ async def test_the_local_models_judgement_shares_the_answer_prompt_and_decides(k
         assert judged["messages"][:-1] == answered[0]["messages"][:-1]
         assert judged["messages"][-1]["content"] == f"{answered[0]['messages'][-1]['content']}\n\n{INSTRUCTION}"
     assert len(answered) == (outcome == "answered")
-    [step] = [s for s in budget.steps if s["step"] == "judge"]
+    [step] = [s for s in ledger.steps if s["step"] == "judge"]
     assert step["p_yes"] == pytest.approx(p_yes, abs=1e-3)
 
 

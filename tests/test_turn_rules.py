@@ -1,11 +1,12 @@
-"""The parts of a turn that need no model: budgets, parsing, facts, topics, rules of rewrite and clarify."""
+"""The parts of a turn that need no model: its ledger, parsing, facts, topics, rules of rewrite and clarify."""
 
 from __future__ import annotations
 
-import copy
+import asyncio
+from typing import Any
 
 import pytest
-from haystack import Document
+from haystack import Document, Pipeline, component
 from haystack.dataclasses import ChatMessage
 
 from bot.settings import SettingsError
@@ -13,7 +14,7 @@ from pipelines.components.clarify import ModelClarifier
 from pipelines.components.facts import table_facts
 from pipelines.components.grader import RelevanceGrader
 from pipelines.components.rewrite import QueryRewriter
-from pipelines.components.turn import TurnBudget, parse_json_object
+from pipelines.components.turn import TurnLedger, current_ledger, parse_json_object
 from pipelines.text import identifiers, neutralize_tags
 from pipelines.topics import Topics
 from tests.conftest import REPO, make_settings
@@ -22,14 +23,55 @@ TOPICS = Topics.from_mapping({"in_scope": ["motors"], "products": [{"name": "HL-
                                                                     "HL-M300", "HL-D50"]})
 
 
-def test_the_budget_caps_calls_keeps_one_for_the_answer_and_survives_haystack_copies():
-    budget = TurnBudget.start(max_model_calls=3)
-    assert copy.deepcopy(budget) is budget  # every component sees the same ledger
-    assert budget.take("guard") and budget.take("grade")
-    assert not budget.take("reformulate")  # the third call is the answer's
-    assert budget.steps == [{"step": "reformulate", "skipped": "model-call cap reached"}]
-    late = TurnBudget.start(max_model_calls=8, timeout_s=0.5)
+def test_the_ledger_caps_calls_and_keeps_one_for_the_answer():
+    ledger = TurnLedger.start(max_model_calls=3)
+    assert ledger.take("guard") and ledger.take("grade")
+    assert not ledger.take("reformulate")  # the third call is the answer's
+    assert ledger.steps == [{"step": "reformulate", "skipped": "model-call cap reached"}]
+    ledger.spent("answer")  # the answer's own call is counted, never refused
+    assert ledger.calls == ["guard", "grade", "answer"]
+    late = TurnLedger.start(max_model_calls=8, timeout_s=0.5)
     assert not late.take("guard") and late.steps[0]["skipped"] == "turn time almost up"
+
+
+@component
+class _SyncSpender:  # no run_async: Haystack runs it in a worker thread
+    @component.output_types(text=str)
+    def run(self, text: str) -> dict[str, Any]:
+        current_ledger().take("sync")
+        return {"text": text}
+
+
+@component
+class _AsyncSpender:
+    @component.output_types(text=str)
+    def run(self, text: str) -> dict[str, Any]:
+        raise AssertionError("run_async is used")
+
+    @component.output_types(text=str)
+    async def run_async(self, text: str) -> dict[str, Any]:
+        await asyncio.sleep(0.01)  # the other turn runs meanwhile
+        current_ledger().take("async")
+        return {"text": text}
+
+
+async def test_every_component_of_a_run_spends_from_its_own_turns_ledger_and_no_other():
+    pipe = Pipeline()
+    pipe.add_component("a", _SyncSpender())
+    pipe.add_component("b", _AsyncSpender())
+    pipe.add_component("c", _SyncSpender())
+    pipe.connect("a.text", "b.text")
+    pipe.connect("a.text", "c.text")  # b and c: two branches, run concurrently
+
+    async def turn(ledger: TurnLedger) -> None:
+        with ledger.running():
+            await pipe.run_async({"a": {"text": "q"}})
+
+    first, second = TurnLedger(max_model_calls=4, reserved=0), TurnLedger(max_model_calls=2, reserved=0)
+    await asyncio.gather(turn(first), turn(second))
+    assert sorted(first.calls) == ["async", "sync", "sync"]
+    assert len(second.calls) == 2 and second.steps[0]["skipped"] == "model-call cap reached"
+    assert current_ledger().calls == []  # outside a turn: a fresh ledger, none of theirs
 
 
 @pytest.mark.parametrize("reply, expected", [
@@ -59,17 +101,16 @@ def test_identifiers_and_tags():
 
 def test_rules_rewrite_joins_a_clarification_and_searches_follow_ups_with_the_previous_question():
     rewrite = QueryRewriter(None, TOPICS)
-    budget = TurnBudget()
-    assert rewrite.run(question="What is E-004?", budget=budget, history=[])["query"] == "What is E-004?"
+    assert rewrite.run(question="What is E-004?", history=[])["query"] == "What is E-004?"
     clarified = [ChatMessage.from_user("What is the rated current?"),
                  ChatMessage.from_assistant("Which one do you mean: HL-M200, HL-M300?", meta={"outcome": "clarify"})]
-    assert rewrite.run(question="M200", budget=budget, history=clarified)["query"] == "What is the rated current? M200"
+    assert rewrite.run(question="M200", history=clarified)["query"] == "What is the rated current? M200"
     asked = [ChatMessage.from_user("What does E-004 on the HL-D50 mean?"), ChatMessage.from_assistant("Overheat [1].")]
-    assert rewrite.run(question="How do I fix it?", budget=budget, history=asked)["query"] == \
+    assert rewrite.run(question="How do I fix it?", history=asked)["query"] == \
         "How do I fix it? What does E-004 on the HL-D50 mean?"
-    assert rewrite.run(question="And E-005?", budget=budget, history=asked)["query"] == "And E-005?"
+    assert rewrite.run(question="And E-005?", history=asked)["query"] == "And E-005?"
     small_talk = [ChatMessage.from_user("How are you?"), ChatMessage.from_assistant("Fine.")]
-    assert rewrite.run(question="How do I reset it?", budget=budget, history=small_talk)["query"] == \
+    assert rewrite.run(question="How do I reset it?", history=small_talk)["query"] == \
         "How do I reset it?"
 
 
@@ -112,9 +153,12 @@ def test_without_a_model_the_grader_sorts_by_similarity():
     def dense(score: float) -> list[Document]:
         return [Document(content="a", score=score)]
 
-    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.79)) == {"not_found": 0.79}
-    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.70)) == {"off_topic": 0.70}
-    assert grader.run(query="q", documents=docs, budget=TurnBudget(), dense_documents=dense(0.85))["documents"] == docs
+    def graded(score: float) -> dict[str, Any]:
+        return grader.run(query="q", documents=docs, dense_documents=dense(score))["grade"].outputs()
+
+    assert graded(0.79) == {"not_found": 0.79}
+    assert graded(0.70) == {"off_topic": 0.70}
+    assert graded(0.85)["documents"] == docs
     with pytest.raises(ValueError):
         RelevanceGrader(None, min_similarity=0.8, off_topic_similarity=0.9)
 

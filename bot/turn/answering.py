@@ -28,10 +28,10 @@ from bot.turn.capacity import TurnGate, process_cores
 from bot.turn.limits import RateLimiter, refusal_message
 from bot.types import Acknowledges, Answer, Citation, Inquiry, Outcome, Reply, ShowsProgress, Trace
 from pipelines.citations import attach_missing_markers, normalize_markers
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import TurnLedger
 from pipelines.errors import EmptyModelReply, ErrorKind, diagnose
 from pipelines.filters import and_filters, space_filter
-from pipelines.query import OUTCOME_COMPONENTS, query_inputs, turn_outcome
+from pipelines.query import turn_end
 from pipelines.text import detect_language, link_host, restrict_links
 from pipelines.topics import Topics
 from pipelines.tracing import install_stage_timer, record_stages
@@ -162,7 +162,6 @@ class Answerer:
         is_current: Callable[[str, int], bool] | None = None,
         topics: Topics | None = None,
         handoff: dict[str, str] | None = None,
-        model_answers: bool = True,
         limits: TurnLimits | None = None,
         admission: Admission | None = None,
         approvals: Approvals | None = None,
@@ -176,7 +175,6 @@ class Answerer:
         self.is_current = is_current
         self.topics = topics or Topics()
         self.handoff = handoff or {}
-        self.model_answers = model_answers  # False for extractive answers: they cost no model call
         self.limits = limits or TurnLimits()
         self.admission = admission or Admission()
         self.approvals = approvals or Approvals()
@@ -283,22 +281,25 @@ class Answerer:
             return Audience.public(private=inquiry.private)
         return await self.permissions.audiences.of(inquiry, await self.permissions.known_principals())
 
-    async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], budget: TurnBudget,
-                   on_chunk: Any, preferences: str = "", audience: Audience | None = None) -> dict[str, Any]:
+    async def _run(self, question: str, inquiry: Inquiry, history: list[ChatMessage], ledger: TurnLedger,
+                   on_chunk: Any, preferences: str = "", audience: Audience | None = None, *,
+                   beside_retrieval: bool = False) -> dict[str, Any]:
+        """One run of the query pipeline, spending from and noting in ``ledger``; ``beside_retrieval``: the
+        guard's model call runs beside retrieval and the grade (``pipelines.query``)."""
         spaces = list(inquiry.spaces)
         # The permission filter is part of the store's query, never applied to its results afterwards.
         known = await self.permissions.known_principals()
         filters = and_filters(space_filter(spaces), (audience or Audience.public()).filter(known))
-        data = query_inputs(self.pipeline, question, budget=budget, filters=filters, spaces=spaces or None,
-                            history=history, preferences=preferences, streaming_callback=on_chunk)
-        try:
-            return await self.pipeline.run_async(data, include_outputs_from=OUTCOME_COMPONENTS | {"rank"})
-        finally:
-            budget.abandon()
+        # Flat inputs: Haystack gives each to every component that takes it (``pipelines.query``).
+        data = {"question": question, "history": history, "filters": filters, "spaces": spaces or None,
+                "preferences": preferences, "streaming_callback": on_chunk, "beside_retrieval": beside_retrieval}
+        with ledger.running():
+            return await self.pipeline.run_async(data, include_outputs_from={"rank"})
 
     def _outcome(self, result: dict[str, Any], question: str, trace: Trace) -> Answer:
         language = detect_language(question)
-        ended = turn_outcome(result)
+        end = turn_end(result)
+        ended = end.outcome
         if ended == "off_topic":
             text = say("off_topic", language, subjects=self.topics.scope_summary() or "our products")
             return Answer(text=text, outcome=Outcome.OFF_TOPIC, trace=trace)
@@ -307,9 +308,9 @@ class Answerer:
             line = self.handoff.get(language) or self.handoff.get("en")
             return Answer(text=f"{text}\n\n{line}" if line else text, outcome=Outcome.NOT_FOUND, trace=trace)
         if ended == "clarify":
-            text = say("clarify", language, candidates=", ".join(result["clarify"]["clarify"]))
+            text = say("clarify", language, candidates=", ".join(end.candidates))
             return Answer(text=text, outcome=Outcome.CLARIFY, trace=trace)
-        replies: list[ChatMessage] = result["generate"]["replies"]
+        replies = end.replies
         text = (replies[0].text if replies else None) or ""
         if not text.strip():
             raise EmptyModelReply("the model returned no text")
@@ -323,7 +324,7 @@ class Answerer:
         if removed := meta.get("links_removed"):
             log.warning("turn %s: removed %d links to hosts none of the sources is on: %s", trace.turn_id,
                         len(removed), ", ".join(sorted({link_host(u) or u for u in removed})))
-        text, citations = resolve_citations(text.strip(), result["budget"]["sources"])
+        text, citations = resolve_citations(text.strip(), end.sources)
         return Answer(text=text, outcome=Outcome.ANSWERED, citations=citations, trace=trace)
 
     async def rerun(self, question: str, inquiry: Inquiry, audience: Audience | None = None) -> Answer:
@@ -336,15 +337,15 @@ class Answerer:
         if isinstance(inquiry.spaces, str) or not inquiry.spaces:
             raise ValueError("a question is only answered again within the spaces it was asked in")
         trace = Trace()
-        budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
+        ledger = TurnLedger.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
                                   max_retries=self.limits.max_retries)
 
         async def run() -> Answer:
-            result = await self._run(question, inquiry, [], budget, None, audience=audience)
+            result = await self._run(question, inquiry, [], ledger, None, audience=audience)
             answer = self._outcome(result, question, trace)
-            trace.steps = list(budget.steps)
+            trace.steps = list(ledger.steps)
             trace.ranked = ranked_chunks(result.get("rank", {}).get("documents"))
-            trace.model_calls = len(budget.calls) + self._answer_calls(result)
+            trace.model_calls = len(ledger.calls)
             return answer
 
         with record_stages(trace.stages, None):
@@ -361,9 +362,6 @@ class Answerer:
         (docs/benchmarks.md, "The guard beside retrieval"), while alone it saves a question the guard's round trip."""
         gate = self.admission.gate
         return gate is None or gate.running <= process_cores()
-
-    def _answer_calls(self, result: dict[str, Any]) -> int:
-        return int(self.model_answers and "generate" in result)
 
     async def _stale(self, answer: Answer) -> list[Citation]:
         """Cited chunks whose document was revoked or replaced since retrieval."""
@@ -491,14 +489,14 @@ class Answerer:
             await reply.push(chunk.content)
 
         note = prefs.prompt_note()
-        budget = TurnBudget.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
+        ledger = TurnLedger.start(max_model_calls=self.limits.max_model_calls, timeout_s=self.limits.timeout_s,
                                   max_retries=self.limits.max_retries)
-        budget.overlap_helpers = self._core_to_spare()
         with record_stages(trace.stages, reply.progress if isinstance(reply, ShowsProgress) else None):
-            result = await self._run(question, inquiry, history, budget, on_chunk, note, audience)
+            result = await self._run(question, inquiry, history, ledger, on_chunk, note, audience,
+                                     beside_retrieval=self._core_to_spare())
         answer = self._outcome(result, question, trace)
-        calls = len(budget.calls) + self._answer_calls(result)
-        steps = list(budget.steps)
+        calls = len(ledger.calls)
+        steps = list(ledger.steps)
 
         stale = await self._stale(answer)
         if stale:
@@ -507,11 +505,11 @@ class Answerer:
             log.warning("turn %s: cited %s changed during generation; regenerating", trace.turn_id,
                         ", ".join(sorted({c.doc_id for c in stale})))
             trace.regenerated = True
-            again = TurnBudget(max_model_calls=max(self.limits.max_model_calls - calls, 1), deadline=budget.deadline,
+            again = TurnLedger(max_model_calls=max(self.limits.max_model_calls - calls, 1), deadline=ledger.deadline,
                                retries_left=0)
             result = await self._run(question, inquiry, history, again, None, note, audience)
             answer = self._outcome(result, question, trace)
-            calls += len(again.calls) + self._answer_calls(result)
+            calls += len(again.calls)
             steps += [{"step": "regenerate"}, *again.steps]
             if await self._stale(answer):
                 answer.text = f"{answer.text}\n\n{say('stale_notice', detect_language(question))}"

@@ -33,7 +33,7 @@ from haystack import Document, component
 
 from pipelines.analysis import CJK_CHAR, ZH_FUNCTION, unigrams
 from pipelines.components.retrievers import DenseCandidates
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import current_ledger
 from pipelines.grounding import facts
 
 COVER_OVER = 3
@@ -146,7 +146,7 @@ class EvidenceCheck:
         self.calibration = calibration
 
     @component.output_types(documents=list[Document], query=str, not_found=float)
-    def run(self, query: str, documents: list[Document], budget: TurnBudget, candidates: list[Document] | None = None,
+    def run(self, query: str, documents: list[Document], candidates: list[Document] | None = None,
             dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
         found = signals(query, documents, candidates or documents, dense_documents)
         similarity = found.similarity  # as measured, for the trace
@@ -155,13 +155,12 @@ class EvidenceCheck:
             found = Signals(max(found.similarity, self.calibration.typical.similarity), found.cover)
         score = self.calibration.margin(found)
         answerable = self.margin is None or score >= self.margin
-        budget.note("answerable", score=round(score, 4), similarity=round(similarity, 4),
+        current_ledger().note("answerable", score=round(score, 4), similarity=round(similarity, 4),
                     cover=round(found.cover, 4), codes_held=named, answerable=answerable)
         return {"documents": documents, "query": query} if answerable else {"not_found": score}
 
     @component.output_types(documents=list[Document], query=str, not_found=float)
-    async def run_async(self, query: str, documents: list[Document], budget: TurnBudget,
-                        candidates: list[Document] | None = None,
+    async def run_async(self, query: str, documents: list[Document], candidates: list[Document] | None = None,
                         dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
         # Pure CPU well under a millisecond once the chunks' terms are known: on the event loop.
-        return self.run(query, documents, budget, candidates, dense_documents)
+        return self.run(query, documents, candidates, dense_documents)

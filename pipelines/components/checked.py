@@ -15,7 +15,7 @@ from haystack.dataclasses.streaming_chunk import StreamingCallbackT
 
 from pipelines.components.extractive import HEADINGS, ExtractiveAnswerer
 from pipelines.components.throttle import warm_up_async
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import current_ledger
 from pipelines.grounding import SentenceEmbedder, SentenceGate, SupportCheck
 from pipelines.text import link_host
 
@@ -76,14 +76,13 @@ class CheckedAnswer:
     def _chunk(text: str) -> StreamingChunk:
         return StreamingChunk(content=text, component_info=ComponentInfo(type="CheckedAnswer", name="generate"))
 
-    def _result(self, gate: SentenceGate, result: dict[str, Any], budget: TurnBudget | None) -> dict[str, Any]:
+    def _result(self, gate: SentenceGate, result: dict[str, Any]) -> dict[str, Any]:
         replies: list[ChatMessage] = result.get("replies") or []
         draft = (replies[0].text if replies else None) or ""
         stats = gate.stats
         counts = {"shown": stats.shown, "left_out": stats.left_out, "repeated": stats.repeated,
                   "markers_added": stats.markers_added, "links_removed": len(stats.links_removed)}
-        if budget is not None:
-            budget.note("check", **counts)
+        current_ledger().note("check", **counts)
         if not stats.shown:
             # Nothing the sources hold: the turn ends "not in the knowledge base", not with an empty answer.
             return {"not_found": float(stats.left_out), "draft": draft} if draft.strip() else \
@@ -91,8 +90,8 @@ class CheckedAnswer:
         meta = {**(replies[0].meta or {}), "check": counts, "links_removed": list(stats.links_removed)}
         return {"replies": [ChatMessage.from_assistant(gate.text.strip(), meta=meta)], "draft": draft}
 
-    def _checked(self, inputs: dict[str, Any], sources: list[Document], streaming_callback: StreamingCallbackT | None,
-                 budget: TurnBudget | None) -> dict[str, Any]:
+    def _checked(self, inputs: dict[str, Any], sources: list[Document], streaming_callback: StreamingCallbackT | None
+                 ) -> dict[str, Any]:
         gate = self._gate(sources)
 
         def gated(chunk: StreamingChunk) -> None:
@@ -104,10 +103,10 @@ class CheckedAnswer:
         rest = gate.close()
         if rest and streaming_callback is not None:
             streaming_callback(self._chunk(rest))
-        return self._result(gate, result, budget)
+        return self._result(gate, result)
 
     async def _checked_async(self, inputs: dict[str, Any], sources: list[Document],
-                             streaming_callback: StreamingCallbackT | None, budget: TurnBudget | None) -> dict[str, Any]:
+                             streaming_callback: StreamingCallbackT | None) -> dict[str, Any]:
         gate = self._gate(sources)
 
         async def emit(text: str) -> None:
@@ -132,7 +131,7 @@ class CheckedAnswer:
 
         result = await self.generator.run_async(**inputs, streaming_callback=gated)
         await emit(await judged(gate.close, final=True))
-        return self._result(gate, result, budget)
+        return self._result(gate, result)
 
 
 @component
@@ -142,14 +141,15 @@ class CheckedChatAnswer(CheckedAnswer):
 
     @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
     def run(self, messages: list[ChatMessage], sources: list[Document],
-            streaming_callback: StreamingCallbackT | None = None, budget: TurnBudget | None = None) -> dict[str, Any]:
-        return self._checked({"messages": messages}, sources, streaming_callback, budget)
+            streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
+        current_ledger().spent("answer")
+        return self._checked({"messages": messages}, sources, streaming_callback)
 
     @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
     async def run_async(self, messages: list[ChatMessage], sources: list[Document],
-                        streaming_callback: StreamingCallbackT | None = None,
-                        budget: TurnBudget | None = None) -> dict[str, Any]:
-        return await self._checked_async({"messages": messages}, sources, streaming_callback, budget)
+                        streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
+        current_ledger().spent("answer")
+        return await self._checked_async({"messages": messages}, sources, streaming_callback)
 
 
 @component
@@ -158,16 +158,14 @@ class CheckedExtractiveAnswer(CheckedAnswer):
     nothing else reaches the user, links included)."""
 
     @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
-    def run(self, question: str, sources: list[Document], streaming_callback: StreamingCallbackT | None = None,
-            budget: TurnBudget | None = None) -> dict[str, Any]:
-        return self._checked({"question": question, "sources": sources}, sources, streaming_callback, budget)
+    def run(self, question: str, sources: list[Document], streaming_callback: StreamingCallbackT | None = None
+            ) -> dict[str, Any]:
+        return self._checked({"question": question, "sources": sources}, sources, streaming_callback)
 
     @component.output_types(replies=list[ChatMessage], not_found=float, draft=str)
     async def run_async(self, question: str, sources: list[Document],
-                        streaming_callback: StreamingCallbackT | None = None,
-                        budget: TurnBudget | None = None) -> dict[str, Any]:
-        return await self._checked_async({"question": question, "sources": sources}, sources, streaming_callback,
-                                         budget)
+                        streaming_callback: StreamingCallbackT | None = None) -> dict[str, Any]:
+        return await self._checked_async({"question": question, "sources": sources}, sources, streaming_callback)
 
 
 def checked(generator: Any, *, embedder: SentenceEmbedder | None = None) -> CheckedAnswer:

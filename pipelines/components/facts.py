@@ -3,7 +3,7 @@
 At indexing, ``table_facts`` reads each Markdown table of a document (the splitter repeats a
 table's header row in every chunk, so chunks are enough). At query time ``FactLookup`` finds the
 facts about entities the question names (model numbers, fault codes, row names) for the prompt's
-facts block, which the context budget fills after documents and history.
+facts block, which ``PromptFit`` fills after documents and history.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from haystack import Document, component
 
 from pipelines.components.retrievers import DenseCandidates
-from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_bool, parse_json_object, parse_numbers
+from pipelines.components.turn import consult, consult_sync, current_ledger, parse_bool, parse_json_object, parse_numbers
 from pipelines.text import detect_language, identifiers, neutralize_tags
 
 log = logging.getLogger("kbbot.grade")
@@ -40,19 +40,42 @@ def best_similarity(documents: Iterable[Document]) -> float | None:
     scores = [d.score for d in documents if d.score is not None]
     return max(scores) if scores else None
 
+
+@dataclass(frozen=True)
+class Grade:
+    """What the grader found in one retrieval, before the guard's verdict is weighed in (``ScopeCheck``).
+
+    ``ending`` None: ``documents`` (the relevant chunks, in ranking order) go on with ``query``;
+    otherwise why not: ``retry`` (nothing relevant, a reformulation may find something), ``not_found``
+    or ``off_topic`` (nothing even close), sent on with ``score``. ``best``: the best dense similarity;
+    ``strong``: a chunk matches strongly enough (``strong_margin`` above the relevance floor, or it holds
+    a code the query names) to overrule a guard that doubted the question.
+    """
+
+    query: str
+    best: float
+    strong: bool
+    documents: list[Document] = field(default_factory=list)
+    ending: str | None = None
+    score: float = 0.0
+
+    def outputs(self) -> dict[str, Any]:
+        """As the grader's routes: ``documents`` and ``query``, ``retry``, ``not_found`` or ``off_topic``."""
+        if self.ending is None:
+            return {"documents": self.documents, "query": self.query}
+        return {"retry": self.query} if self.ending == "retry" else {self.ending: self.score}
+
 @component
 class RelevanceGrader:
-    """Grades the ranked chunks for relevance to the query, in one model call.
+    """Grades the ranked chunks for relevance to the query, in one model call; ``grade`` out (a ``Grade``:
+    ``ScopeCheck`` routes it once the guard's verdict is in, so this model call runs beside the guard's).
 
-    Outputs exactly one of:
-    - ``documents`` (and ``query``, passed on): the relevant chunks, in ranking order;
-    - ``retry``: the query, when nothing relevant was found and a retry is left (a model reformulates it);
+    Its finding is one of:
+    - the relevant chunks, in ranking order (and the query, passed on);
+    - ``retry``: nothing relevant was found and a retry is left (a model reformulates the query);
     - ``not_found``: nothing relevant and no retry left (the best dense similarity seen, for the trace);
-    - ``off_topic``: when the guard's verdict says so (in a turn with a core to spare its model call runs
-      beside retrieval and this grade, ``TopicGuard.run_async``; the grade's result waits for it); when even the best
-      chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh`` for a Chinese question);
-      or when the guard model doubted the question (``budget.off_topic_doubt``) and no chunk is a
-      strong match (``strong_margin`` above the relevance floor, or a named code).
+    - ``off_topic``: even the best chunk is below ``off_topic_similarity`` (``off_topic_similarity_zh``
+      for a Chinese question).
 
     The dense similarity threshold ``min_similarity`` comes first and costs no model call (a chunk
     holding a code the query names passes it whatever its similarity). A model
@@ -85,35 +108,33 @@ class RelevanceGrader:
             return 1.0 if documents else 0.0
         return best_similarity(dense_documents) or 0.0
 
-    def _doubted(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
-                 budget: TurnBudget) -> dict[str, Any] | None:
-        """Off-topic when the guard model doubted the question and retrieval has no strong match to say
-        otherwise, else None."""
-        if budget.off_topic_doubt is None:
-            return None
+    def _found(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None) -> Grade:
+        """The grade with no model's word yet: ``best`` and ``strong``, the documents going on as ranked."""
         best = self._best(documents, dense_documents)
-        if _names_a_code_in(query, documents) or best >= self._floors(query)[1] + self.strong_margin:
-            return None
-        budget.note("grade", off_topic=True, guard_doubt=budget.off_topic_doubt, best_similarity=round(best, 4))
-        return {"off_topic": best}
+        strong = _names_a_code_in(query, documents) or best >= self._floors(query)[1] + self.strong_margin
+        return Grade(query, best, strong, documents)
 
-    def _screen(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
-                budget: TurnBudget) -> dict[str, Any] | None:
-        """The outcome when similarity alone decides (nothing good enough), else None."""
-        best = self._best(documents, dense_documents)
+    def _screen(self, found: Grade) -> Grade | None:
+        """The finding when similarity alone decides (nothing good enough), else None."""
+        query, documents, best = found.query, found.documents, found.best
         off, relevant = self._floors(query)
         if documents and (best >= relevant or _names_a_code_in(query, documents)):
             return None
-        budget.note("grade", relevant=0, best_similarity=round(best, 4))
+        current_ledger().note("grade", relevant=0, best_similarity=round(best, 4))
         if best < off:  # nothing in the knowledge base is even close, whatever a model would say
-            return {"off_topic": best}
+            return self._ending(found, "off_topic", best)
         if self.generator is None:
-            return {"not_found": best}
-        return self._nothing(query, budget, best)
+            return self._ending(found, "not_found", best)
+        return self._nothing(found, best)
 
     @staticmethod
-    def _nothing(query: str, budget: TurnBudget, best: float) -> dict[str, Any]:
-        return {"retry": query} if budget.retries_left > 0 else {"not_found": best}
+    def _ending(found: Grade, ending: str, score: float) -> Grade:
+        return Grade(found.query, found.best, found.strong, ending=ending, score=score)
+
+    def _nothing(self, found: Grade, best: float) -> Grade:
+        if current_ledger().retries_left > 0:
+            return self._ending(found, "retry", 0.0)
+        return self._ending(found, "not_found", best)
 
     def _prompt(self, query: str, documents: list[Document]) -> tuple[str, str]:
         parts = []
@@ -125,54 +146,41 @@ class RelevanceGrader:
         question = neutralize_tags(query)
         return SYSTEM, "<passages>\n" + "\n".join(parts) + f"\n</passages>\n\n<question>\n{question}\n</question>"
 
-    def _decide(self, query: str, documents: list[Document], reply: str | None,
-                budget: TurnBudget) -> dict[str, Any]:
+    def _decide(self, found: Grade, reply: str | None) -> Grade:
         if reply is None:  # no model, or no call left: the ranking stands
-            return {"documents": documents, "query": query}
+            return found
+        ledger = current_ledger()
         parsed = parse_json_object(reply)
         numbers = parse_numbers(parsed.get("relevant")) if parsed else None
         if numbers is None:
             log.warning("grader reply not usable (%r); keeping the retrieval ranking", reply[:120])
-            budget.note("grade", error="unusable reply", fallback="retrieval ranking")
-            return {"documents": documents, "query": query}
-        graded = documents[: self.max_graded]
+            ledger.note("grade", error="unusable reply", fallback="retrieval ranking")
+            return found
+        graded = found.documents[: self.max_graded]
         keep = sorted({n for n in numbers if 1 <= n <= len(graded)})
         # The verdict on the answer itself; a reply without one is judged by its relevant passages.
         answerable = parse_bool(parsed.get("answerable")) if "answerable" in parsed else None
-        budget.note("grade", relevant=len(keep), of=len(graded),
+        ledger.note("grade", relevant=len(keep), of=len(graded),
                     **({"answerable": answerable} if answerable is not None else {}))
         if not keep or answerable is False:
-            return self._nothing(query, budget, best=0.0)
-        return {"documents": [graded[n - 1] for n in keep], "query": query}
+            return self._nothing(found, best=0.0)
+        return Grade(found.query, found.best, found.strong, [graded[n - 1] for n in keep])
 
-    @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
-    def run(self, query: str, documents: list[Document], budget: TurnBudget,
-            dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
-        screened = self._doubted(query, documents, dense_documents, budget) or self._screen(
-            query, documents, dense_documents, budget)
+    @component.output_types(grade=Grade)
+    def run(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None = None
+            ) -> dict[str, Any]:
+        found = self._found(query, documents, dense_documents)
+        screened = self._screen(found)
         if screened is not None:
-            return screened
-        return self._decide(query, documents, consult_sync(self.generator, budget, "grade", *self._prompt(query, documents)),
-                            budget)
+            return {"grade": screened}
+        return {"grade": self._decide(found, consult_sync(self.generator, "grade", *self._prompt(query, documents)))}
 
-    async def _graded(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None,
-                      budget: TurnBudget) -> dict[str, Any]:
-        screened = self._screen(query, documents, dense_documents, budget)
+    @component.output_types(grade=Grade)
+    async def run_async(self, query: str, documents: list[Document], dense_documents: DenseCandidates | None = None
+                        ) -> dict[str, Any]:
+        found = self._found(query, documents, dense_documents)
+        screened = self._screen(found)
         if screened is not None:
-            return screened
-        reply = await consult(self.generator, budget, "grade", *self._prompt(query, documents))
-        return self._decide(query, documents, reply, budget)
-
-    @component.output_types(documents=list[Document], query=str, retry=str, not_found=float, off_topic=float)
-    async def run_async(self, query: str, documents: list[Document], budget: TurnBudget,
-                        dense_documents: DenseCandidates | None = None) -> dict[str, Any]:
-        """As ``run``, with the guard's verdict still on its way (``TopicGuard.run_async``): the grade's own
-        model call goes on beside it and its result stands only once the verdict lets it, so neither
-        round trip waits for the other (an off-topic question's grade is spent for nothing)."""
-        graded = asyncio.ensure_future(self._graded(query, documents, dense_documents, budget))
-        try:
-            if await budget.off_topic():
-                return {"off_topic": self._best(documents, dense_documents)}
-            return self._doubted(query, documents, dense_documents, budget) or await graded
-        finally:
-            graded.cancel()  # an off-topic verdict, or the run ended: a grade nobody will read (done: no-op)
+            return {"grade": screened}
+        reply = await consult(self.generator, "grade", *self._prompt(query, documents))
+        return {"grade": self._decide(found, reply)}

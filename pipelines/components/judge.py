@@ -20,7 +20,7 @@ from typing import Any
 from haystack import component
 from haystack.dataclasses import ChatMessage
 
-from pipelines.components.turn import TurnBudget
+from pipelines.components.turn import current_ledger
 
 log = logging.getLogger("kbbot.judge")
 
@@ -71,41 +71,44 @@ class AnswerabilityJudge:
         self.generator = generator
         self.threshold = threshold
 
-    def _decide(self, messages: list[ChatMessage], result: dict[str, Any] | None,
-                budget: TurnBudget) -> dict[str, Any]:
+    @staticmethod
+    def _note(**details: Any) -> None:
+        current_ledger().note("judge", **details)
+
+    def _decide(self, messages: list[ChatMessage], result: dict[str, Any] | None) -> dict[str, Any]:
         replies = (result or {}).get("replies") or []
         p_yes = yes_probability((replies[0].meta or {}).get("logprobs")) if replies else None
         if p_yes is None:
             log.warning("answerability judgement without usable probabilities; answering")
-            budget.note("judge", error="no probabilities", fallback="answer")
+            self._note(error="no probabilities", fallback="answer")
             return {"messages": messages}
         answerable = p_yes >= self.threshold
-        budget.note("judge", p_yes=round(p_yes, 4), answerable=answerable)
+        self._note(p_yes=round(p_yes, 4), answerable=answerable)
         return {"messages": messages} if answerable else {"not_found": p_yes}
 
-    def _take(self, budget: TurnBudget) -> bool:
-        return self.generator is not None and budget.take("judge")
+    def _take(self) -> bool:
+        return self.generator is not None and current_ledger().take("judge")
 
     @component.output_types(messages=list[ChatMessage], not_found=float)
-    def run(self, messages: list[ChatMessage], budget: TurnBudget) -> dict[str, Any]:
-        if not self._take(budget):
+    def run(self, messages: list[ChatMessage]) -> dict[str, Any]:
+        if not self._take():
             return {"messages": messages}
         try:
             result = self.generator.run(messages=judge_messages(messages))
         except Exception as exc:  # noqa: BLE001 - the judgement degrades; the gate still checks the answer
             log.warning("answerability judgement failed (%s); answering", type(exc).__name__)
-            budget.note("judge", error=type(exc).__name__)
+            self._note(error=type(exc).__name__)
             return {"messages": messages}
-        return self._decide(messages, result, budget)
+        return self._decide(messages, result)
 
     @component.output_types(messages=list[ChatMessage], not_found=float)
-    async def run_async(self, messages: list[ChatMessage], budget: TurnBudget) -> dict[str, Any]:
-        if not self._take(budget):
+    async def run_async(self, messages: list[ChatMessage]) -> dict[str, Any]:
+        if not self._take():
             return {"messages": messages}
         try:
             result = await self.generator.run_async(messages=judge_messages(messages))
         except Exception as exc:  # noqa: BLE001 - see run
             log.warning("answerability judgement failed (%s); answering", type(exc).__name__)
-            budget.note("judge", error=type(exc).__name__)
+            self._note(error=type(exc).__name__)
             return {"messages": messages}
-        return self._decide(messages, result, budget)
+        return self._decide(messages, result)

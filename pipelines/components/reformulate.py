@@ -7,7 +7,7 @@ from typing import Any
 
 from haystack import component
 
-from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object
+from pipelines.components.turn import TurnLedger, consult, consult_sync, current_ledger, parse_json_object
 from pipelines.text import identifiers, neutralize_tags
 
 log = logging.getLogger("kbbot.reformulate")
@@ -35,41 +35,44 @@ class QueryReformulator:
         earlier = neutralize_tags("\n".join(f"- {q}" for q in tried))
         return system, f"<question>\n{neutralize_tags(question)}\n</question>\n\n<earlier_queries>\n{earlier}\n</earlier_queries>"
 
-    def _tried(self, query: str, budget: TurnBudget) -> list[str]:
-        tried = [s["query"] for s in budget.steps if s.get("step") == "reformulate" and "query" in s]
+    def _tried(self, query: str, ledger: TurnLedger) -> list[str]:
+        tried = [s["query"] for s in ledger.steps if s.get("step") == "reformulate" and "query" in s]
         return [query, *tried]
 
-    def _may_retry(self, budget: TurnBudget) -> bool:
-        if budget.retries_left <= 0:
+    @staticmethod
+    def _may_retry(ledger: TurnLedger) -> bool:
+        if ledger.retries_left <= 0:
             return False
-        budget.retries_left -= 1
+        ledger.retries_left -= 1
         return True
 
-    def _decide(self, question: str, tried: list[str], reply: str | None, budget: TurnBudget) -> dict[str, Any]:
+    def _decide(self, question: str, tried: list[str], reply: str | None, ledger: TurnLedger) -> dict[str, Any]:
         parsed = parse_json_object(reply)
         query = str(parsed.get("query") or "").strip() if parsed else ""
         if not query or query.lower() in {t.lower() for t in tried}:
             if reply is not None:
                 log.warning("reformulation not usable (%r); giving up", reply[:120])
-                budget.note("reformulate", error="unusable reply")
+                ledger.note("reformulate", error="unusable reply")
             return {"not_found": 0.0}
         missing = [e for e in identifiers(question) if e.lower() not in query.lower()]
         query = f"{query} {' '.join(missing)}" if missing else query
-        budget.note("reformulate", query=query)
+        ledger.note("reformulate", query=query)
         return {"query": query}
 
     @component.output_types(query=str, not_found=float)
-    def run(self, query: str, question: str, budget: TurnBudget) -> dict[str, Any]:
-        if not self._may_retry(budget):
+    def run(self, query: str, question: str) -> dict[str, Any]:
+        ledger = current_ledger()
+        if not self._may_retry(ledger):
             return {"not_found": 0.0}
-        tried = self._tried(query, budget)
-        return self._decide(question, tried, consult_sync(self.generator, budget, "reformulate",
-                                                          *self._prompt(question, tried)), budget)
+        tried = self._tried(query, ledger)
+        return self._decide(question, tried, consult_sync(self.generator, "reformulate", *self._prompt(question, tried)),
+                            ledger)
 
     @component.output_types(query=str, not_found=float)
-    async def run_async(self, query: str, question: str, budget: TurnBudget) -> dict[str, Any]:
-        if not self._may_retry(budget):
+    async def run_async(self, query: str, question: str) -> dict[str, Any]:
+        ledger = current_ledger()
+        if not self._may_retry(ledger):
             return {"not_found": 0.0}
-        tried = self._tried(query, budget)
-        reply = await consult(self.generator, budget, "reformulate", *self._prompt(question, tried))
-        return self._decide(question, tried, reply, budget)
+        tried = self._tried(query, ledger)
+        reply = await consult(self.generator, "reformulate", *self._prompt(question, tried))
+        return self._decide(question, tried, reply, ledger)

@@ -8,7 +8,7 @@ from typing import Any
 from haystack import component
 from haystack.dataclasses import ChatMessage
 
-from pipelines.components.turn import TurnBudget, consult, consult_sync, parse_json_object
+from pipelines.components.turn import consult, consult_sync, current_ledger, parse_json_object
 from pipelines.text import LANGUAGE_NAMES, detect_language, identifiers, neutralize_tags
 from pipelines.topics import Topics
 
@@ -74,13 +74,13 @@ class QueryRewriter:
         # search with both questions (the previous one holds the codes and the words around them).
         return f"{question} {previous.text}".strip()
 
-    def _accept(self, question: str, reply: str | None, budget: TurnBudget) -> str | None:
+    def _accept(self, question: str, reply: str | None) -> str | None:
         parsed = parse_json_object(reply)
         query = str(parsed.get("query") or "").strip() if parsed else ""
         if not query or len(query) > MAX_QUERY_CHARS:
             if reply is not None:
                 log.warning("rewrite reply not usable (%r); using the question", reply[:120])
-                budget.note("rewrite", error="unusable reply")
+                current_ledger().note("rewrite", error="unusable reply")
             return None
         missing = [e for e in identifiers(question) if e.lower() not in query.lower()]
         return f"{query} {' '.join(missing)}" if missing else query
@@ -91,22 +91,21 @@ class QueryRewriter:
                 f"<last_message>\n{neutralize_tags(question)}\n</last_message>")
         return system, user
 
-    def _finish(self, question: str, query: str | None, history: list[ChatMessage], budget: TurnBudget) -> dict:
+    def _finish(self, question: str, query: str | None, history: list[ChatMessage]) -> dict:
         final = query or self._fallback(question, history)
-        budget.note("rewrite", query=final, by="model" if query else "rules")
+        current_ledger().note("rewrite", query=final, by="model" if query else "rules")
         return {"query": final}
 
     @component.output_types(query=str)
-    def run(self, question: str, budget: TurnBudget, history: list[ChatMessage] | None = None) -> dict[str, Any]:
+    def run(self, question: str, history: list[ChatMessage] | None = None) -> dict[str, Any]:
         if not history:
             return {"query": question}
-        reply = consult_sync(self.generator, budget, "rewrite", *self._prompt(question, history))
-        return self._finish(question, self._accept(question, reply, budget), history, budget)
+        reply = consult_sync(self.generator, "rewrite", *self._prompt(question, history))
+        return self._finish(question, self._accept(question, reply), history)
 
     @component.output_types(query=str)
-    async def run_async(self, question: str, budget: TurnBudget,
-                        history: list[ChatMessage] | None = None) -> dict[str, Any]:
+    async def run_async(self, question: str, history: list[ChatMessage] | None = None) -> dict[str, Any]:
         if not history:
             return {"query": question}
-        reply = await consult(self.generator, budget, "rewrite", *self._prompt(question, history))
-        return self._finish(question, self._accept(question, reply, budget), history, budget)
+        reply = await consult(self.generator, "rewrite", *self._prompt(question, history))
+        return self._finish(question, self._accept(question, reply), history)

@@ -38,6 +38,8 @@ class Passage(Document):
         super().__setattr__(name, value)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Passage:
+        # Kept for speed, not to share state: the copies Haystack makes of the ranked chunks were ~16 ms of
+        # a turn's CPU (docs/benchmarks.md, "Turn cost"; tests/test_turn_cost.py fails if it is undone).
         return self
 
 
@@ -82,6 +84,8 @@ class SharedSequence(Sequence[T]):
         return f"{type(self).__name__}({list(self._items)!r})"
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SharedSequence[T]:
+        # Kept for speed, as ``Passage``'s: a read-only sequence needs no copy, and one check per hand-over
+        # replaces one per element (the vector candidates and fact lines of every turn).
         return self
 
 

@@ -1,19 +1,24 @@
 """What one turn may still spend, and the one way our components consult the language model.
 
-A ``TurnBudget`` is created per turn and handed to every component that may call the model
-(rewrite, guard, grade, reformulate). It caps the model calls of the whole turn (keeping
-``reserved`` of them for the answer itself) and its wall-clock time, and records what each step
-decided, which becomes the turn's trace. Components never fail a turn because a helper call
-failed: ``consult`` returns None and the component falls back to what it can do without a model.
+A ``TurnLedger`` is made per turn and made current for it (``TurnLedger.running``: a context
+variable, so every component of the turn's pipeline run sees it, in the asyncio tasks and worker
+threads Haystack runs them in, while concurrent turns each see their own). It is no pipeline input:
+Haystack deep-copies every input, and one turn must have one ledger. It caps the model calls of the
+whole turn (keeping ``reserved`` of them for the answer itself) and its wall-clock time, and records
+what each step decided, which becomes the turn's trace. Components never fail a turn because a helper
+call failed: ``consult`` returns None and the component falls back to what it can do without a model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,36 +26,35 @@ from haystack.dataclasses import ChatMessage
 
 log = logging.getLogger("kbbot.turn")
 
+_running: contextvars.ContextVar[TurnLedger | None] = contextvars.ContextVar("kbbot_turn_ledger", default=None)
+
+
 @dataclass
-class TurnBudget:
+class TurnLedger:
     """Model calls and time left in one turn, and the record of what each step decided."""
 
     max_model_calls: int = 8
     deadline: float | None = None  # time.monotonic() by which the turn must be done
     retries_left: int = 2
     reserved: int = 1  # calls kept for generating the answer
-    # The guard model's confidence that the question is off-topic, when it said so: the grader
-    # weighs it against what retrieval found (a small model's word alone does not decide).
-    off_topic_doubt: float | None = None
     calls: list[str] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
-    #: Whether the guard's model call may run beside retrieval and the grade (``TopicGuard.run_async``)
-    #: instead of before them: the Answerer allows it while the machine has a core to spare for it.
-    overlap_helpers: bool = False
-    #: The guard's outputs while its model call runs beside retrieval (``off_topic`` among them when the
-    #: question is off-topic). The grader's result waits for them.
-    pending_guard: asyncio.Task[dict[str, Any]] | None = None
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> TurnBudget:
-        # Haystack deep-copies every component input; a ledger copied per component would let each
-        # step spend the whole cap. One turn, one ledger: copies are the same object.
-        return self
 
     @classmethod
     def start(cls, *, max_model_calls: int = 8, timeout_s: float | None = None, max_retries: int = 2,
-              reserved: int = 1) -> TurnBudget:
+              reserved: int = 1) -> TurnLedger:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         return cls(max_model_calls=max_model_calls, deadline=deadline, retries_left=max_retries, reserved=reserved)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[TurnLedger]:
+        """This ledger as the current turn's (``current_ledger``) inside the block: a pipeline run started
+        in it (``run`` or ``run_async``) spends from it and notes in it."""
+        token = _running.set(self)
+        try:
+            yield self
+        finally:
+            _running.reset(token)
 
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -67,19 +71,19 @@ class TurnBudget:
         self.calls.append(kind)
         return True
 
+    def spent(self, kind: str) -> None:
+        """A call made from what ``reserved`` kept (the answer's own): counted, never refused."""
+        self.calls.append(kind)
+
     def note(self, step: str, **details: Any) -> None:
         self.steps.append({"step": step, **details})
 
-    async def off_topic(self) -> bool:
-        """The guard's verdict once it is in: True when it ended the question as off-topic (False when
-        it decided before retrieval, doubted without deciding, or did not run)."""
-        return self.pending_guard is not None and "off_topic" in await asyncio.shield(self.pending_guard)
 
-    def abandon(self) -> None:
-        """Stop what the turn no longer waits for: a guard call still running when the run ended early
-        (an error, the turn's time) would otherwise spend a model call for nobody."""
-        if self.pending_guard is not None and not self.pending_guard.done():
-            self.pending_guard.cancel()
+def current_ledger() -> TurnLedger:
+    """The running turn's ledger; outside a turn (a component run on its own, as tests do) a fresh one with
+    the default caps, whose notes nobody reads."""
+    ledger = _running.get()
+    return ledger if ledger is not None else TurnLedger()
 
 
 # Full-width forms small models write in Chinese context: ｛"on_topic"：true，"confidence"：０.９｝
@@ -166,32 +170,35 @@ def _reply_text(result: dict[str, Any]) -> str | None:
     return (replies[0].text or "").strip() or None if replies else None
 
 
-async def consult(generator: Any, budget: TurnBudget, kind: str, system: str, user: str) -> str | None:
-    """One helper call to the model: its text, or None (no model, no budget, error or timeout).
+async def consult(generator: Any, kind: str, system: str, user: str, *,
+                  ledger: TurnLedger | None = None) -> str | None:
+    """One helper call to the model: its text, or None (no model, no call left, error or timeout).
 
     ``generator`` is a chat generator made for helper calls (a small ``max_tokens``: they answer
-    in a few dozen tokens)."""
-    if generator is None or not budget.take(kind):
+    in a few dozen tokens); the call is spent from ``ledger``, by default the running turn's."""
+    ledger = ledger or current_ledger()
+    if generator is None or not ledger.take(kind):
         return None
-    left = budget.seconds_left()
+    left = ledger.seconds_left()
     try:
         run = generator.run_async(messages=_messages(system, user))
         result = await (asyncio.wait_for(run, left) if left is not None else run)
     except Exception as exc:  # noqa: BLE001 - a helper step degrades, the turn goes on
         log.warning("%s: model call failed (%s); going on without it", kind, type(exc).__name__)
-        budget.note(kind, error=type(exc).__name__)
+        ledger.note(kind, error=type(exc).__name__)
         return None
     return _reply_text(result)
 
 
-def consult_sync(generator: Any, budget: TurnBudget, kind: str, system: str, user: str) -> str | None:
+def consult_sync(generator: Any, kind: str, system: str, user: str) -> str | None:
     """``consult`` for synchronous pipeline runs."""
-    if generator is None or not budget.take(kind):
+    ledger = current_ledger()
+    if generator is None or not ledger.take(kind):
         return None
     try:
         result = generator.run(messages=_messages(system, user))
     except Exception as exc:  # noqa: BLE001 - see consult
         log.warning("%s: model call failed (%s); going on without it", kind, type(exc).__name__)
-        budget.note(kind, error=type(exc).__name__)
+        ledger.note(kind, error=type(exc).__name__)
         return None
     return _reply_text(result)

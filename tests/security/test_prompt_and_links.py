@@ -11,7 +11,7 @@ import pytest
 from haystack import Document
 
 from bot.types import Inquiry, Outcome
-from pipelines.components.budget import format_source
+from pipelines.components.fit import format_source
 from pipelines.text import neutralize_tags, restrict_links
 from tests.replies import RecordingReply
 

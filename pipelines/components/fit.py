@@ -1,4 +1,4 @@
-"""Fills the prompt's context within a character budget, in priority order.
+"""Fits the prompt's context into ``context_chars`` characters, in priority order.
 
 Retrieved chunks come first (best first, never cut mid-chunk: a chunk that does not fit is
 left out whole; chunks of one document become one source, so a document has one ``[n]``), then
@@ -52,16 +52,16 @@ def merged(chunks: list[Document], lead: Document) -> Document:
 
 
 @component
-class ContextBudget:
+class PromptFit:
     """Chooses what goes into the prompt; outputs the blocks for ``ChatPromptBuilder``.
 
     ``sources`` are the chunks given to the model, in the order of their ``[n]`` numbers.
     """
 
-    def __init__(self, budget_chars: int = 12000):
-        if budget_chars <= 0:
-            raise ValueError("budget_chars must be positive")
-        self.budget_chars = budget_chars
+    def __init__(self, context_chars: int = 12000):
+        if context_chars <= 0:
+            raise ValueError("context_chars must be positive")
+        self.context_chars = context_chars
 
     @component.output_types(
         sources=list[Document], sources_block=str, history_block=str, facts_block=str,
@@ -75,8 +75,8 @@ class ContextBudget:
         facts: FactLines | list[str] | None = None,
         preferences: str = "",
     ) -> dict[str, Any]:
-        """``preferences``: how this user wants answers written (a few lines, outside the budget)."""
-        remaining = self.budget_chars
+        """``preferences``: how this user wants answers written (a few lines, outside ``context_chars``)."""
+        remaining = self.context_chars
         sources: list[Document] = []
         source_parts: list[str] = []
         # Ranks by identity: ``documents.index`` compares Documents by their whole ``to_dict()``.
