@@ -47,6 +47,7 @@ from pipelines.weaviate_store.schema import StoreOutdated
 # finish first; it costs a replaced document this much, far less than embedding it did.
 DEFAULT_SETTLE_S = 0.1
 FULL_REFRESH_S = 60.0
+_EVERY_CHUNK = Filter.by_property("version").greater_or_equal(0)
 
 
 class WeaviateKnowledgeStore:
@@ -241,8 +242,15 @@ class WeaviateKnowledgeStore:
         return rec is not None and rec.version == version
 
     def count_chunks(self) -> int:
+        """The chunks, as one copy of each shard holds them (the node the client talks to, where it has one).
+
+        Not ``count(*)`` (``document_store.count_documents()``): Weaviate 1.38 asks every copy for that,
+        at ``ALL``, and when a node has just died, while gossip still lists it (about 5 s), waits a
+        minute for it, twice the query timeout (``tests/cluster``). A filtered count is answered at
+        ``ONE`` instead; every chunk carries its version, so the filter keeps them all.
+        """
         with self.guard():
-            return self.document_store.count_documents()
+            return self.collection.aggregate.over_all(total_count=True, filters=_EVERY_CHUNK).total_count or 0
 
     def _languages_key(self) -> tuple[int, int]:
         return self._cache_seq, self._publishes
