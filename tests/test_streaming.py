@@ -122,8 +122,9 @@ async def test_a_sink_waiting_in_ready_then_sends_what_arrived_meanwhile():
     """``ready`` (e.g. a shared rate budget) is awaited before the text is taken, so it is never stale."""
 
     class SlowBudgetSink(RecordingSink):
-        async def ready(self, final: bool) -> None:
+        async def ready(self, final: bool) -> bool:
             await asyncio.sleep(0.2)
+            return True
 
     sink = SlowBudgetSink()
     writer = StreamWriter(sink, Cadence(min_interval_s=0.0))
