@@ -1,7 +1,6 @@
-"""Every way in and out of kbbot, one module (or a few) per platform: Slack (``slack``, ``slack_reply``,
-``slack_text``), Telegram (``telegram``, ``telegram_reply``, ``telegram_text``), the HTTP API
-(``http_api``), the console and the ``kbbot`` command (``console``, ``cli``), ``kbbot serve``'s web
-server (``server``) and the admin page (``admin``). Each translates its platform's events into calls of
-``bot/`` and renders what comes back; delivery around a chat turn is ``bot/delivery.py``'s."""
+"""Every way in and out of kbbot: one folder per platform (``slack/``, ``telegram/``, ``api/``, ``console/``), each
+implementing the one platform contract (``bot/platform.py``), the registry that builds them (``platforms``), and
+the composition above them: ``kbbot serve``'s web server (``server``), the ``kbbot`` command (``cli``), the admin
+page (``admin``)."""
 
 import bot  # noqa: F401  (turns Haystack telemetry off before anything imports haystack)

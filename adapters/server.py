@@ -173,7 +173,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     # asked, approved answers re-checked, the golden set replayed.
     start_follow_ups(runtime, knowledge, adapters)
     knowledge.refresher.after_change.append(runtime.knowledge_loop(ReviewerMessages(adapters)).after_refresh)
-    # Each replica also answers the turns of replicas that died holding them (bot/pending.py).
+    # Each replica also answers the turns of replicas that died holding them (bot/delivery/pending.py).
     recovery = RecoveryLoop(conversations.turns.recover, runtime.settings.recovery.interval_s)
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "

@@ -166,7 +166,7 @@ class Runtime:
     _pending: PendingTurns | None = field(default=None, init=False, repr=False)
     #: The answerer's model generators, whose HTTP clients ``close()`` closes.
     _generators: list[Any] = field(default_factory=list, init=False, repr=False)
-    #: This process among the replicas: the owner of the turns it accepts (``bot/pending.py``).
+    #: This process among the replicas: the owner of the turns it accepts (``bot/delivery/pending.py``).
     replica: str = field(default_factory=replica_id, init=False)
 
     def __post_init__(self) -> None:

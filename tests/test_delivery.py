@@ -1,4 +1,4 @@
-"""A third platform against the delivery layer (``bot/delivery.py``): a minimal console supplies only
+"""A third platform against the delivery layer (``bot/delivery/``): a minimal console supplies only
 what differs (post, edit, delete, its account, how a reply is rebuilt) and gets the gate, claims,
 take-over of a dead replica's turn, the paced stream, the final text and failure display from the
 layer, as Slack and Telegram do."""

@@ -1,4 +1,4 @@
-"""Pending turns (``bot/pending.py``): a question a replica accepted is answered by another when the first
+"""Pending turns (``bot/delivery/pending.py``): a question a replica accepted is answered by another when the first
 dies holding it, once, in process and in Redis alike. Two ``Conversations`` on one store play two
 replicas; "killing" one cancels its turn's task with nothing more written, as SIGKILL leaves it."""
 

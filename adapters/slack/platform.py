@@ -3,11 +3,11 @@
 Events arrive through bolt's ``AsyncApp`` (Events API over HTTP, or Socket Mode) and are acknowledged
 as soon as a question in them is accepted (recorded as pending, then claimed: listener middleware, which
 bolt runs before its ack); the turn runs after the ack. Every listener passes the delivery layer's gate first
-(``bot/delivery.py``: tracking, the access checks this adapter registers once, claims, take-over);
+(``bot/delivery/``: tracking, the access checks this adapter registers once, claims, take-over);
 each question becomes an ``Inquiry`` for the conversation service (``bot/conversation.py``: turns,
-clicks, commands) with a ``SlackReply`` (``adapters/slack_reply.py``: streaming, edits, the final
+clicks, commands) with a ``SlackReply`` (``adapters/slack/reply.py``: streaming, edits, the final
 message with sources and 👍/👎, the rate tiers) that renders the answer in the thread; the text and
-blocks are built in ``adapters/slack_text.py``, the words come from ``bot/messages.py``. A workspace
+blocks are built in ``adapters/slack/text.py``, the words come from ``bot/messages.py``. A workspace
 that refuses streaming is remembered for an hour (``Delivery.refused_capabilities``), so its later
 answers edit directly.
 
@@ -27,7 +27,7 @@ What kbbot remembers (``bot/state/cache.py``, ``bot/state/preferences.py``):
   answers served from the cache carry "Withdraw approval" too. Anyone else's click is refused in an
   ephemeral message (``chat.postEphemeral``) and changes nothing; so is a click on an expired turn;
 - after a refresh changed what an approved answer cites, its reviewer (or ``approvals.reviewers_channel``)
-  gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack_loop.py``,
+  gets the old and the new answer with "Keep approved" / "Retire" (``adapters/slack/loop.py``,
   ``bot/knowledge/loop/recheck.py``), reviewers only like the approval buttons;
 - everyone has ``/kbbot prefs …``, ``/kbbot remember on|off`` and ``/kbbot forget`` (answered
   ephemerally in the ack);

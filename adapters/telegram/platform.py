@@ -4,10 +4,10 @@ Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long 
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
 for the conversation service (``bot/conversation.py``: turns, clicks, commands) with a
-``TelegramReply`` (``adapters/telegram_reply.py``: typing, drafts or edits, the final messages with
+``TelegramReply`` (``adapters/telegram/reply.py``: typing, drafts or edits, the final messages with
 sources and 👍/👎, the rate tiers); texts, entities and buttons are built in
-``adapters/telegram_text.py``, the words come from ``bot/messages.py``. Every handler passes the
-delivery layer's gate first (``bot/delivery.py``: tracking, the access checks this adapter registers
+``adapters/telegram/text.py``, the words come from ``bot/messages.py``. Every handler passes the
+delivery layer's gate first (``bot/delivery/``: tracking, the access checks this adapter registers
 once, claims, take-over). A Bot API server without ``sendMessageDraft`` is remembered for an hour
 (``Delivery.refused_capabilities``), so later answers edit directly.
 
@@ -32,7 +32,7 @@ What kbbot remembers (``bot/state/cache.py``, ``bot/state/preferences.py``):
   reviewers are configured, and a click by anyone else is refused. A click approves by turn id (the
   server holds the answer) and swaps the button; every click is answered with ``answerCallbackQuery``;
 - after a refresh changed what an approved answer cites, its reviewer (else every reviewer) gets the
-  old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram_loop.py``,
+  old and the new answer with an inline keyboard "Keep approved" / "Retire" (``adapters/telegram/loop.py``,
   ``bot/knowledge/loop/recheck.py``); the buttons go once one is clicked;
 - everyone has ``/prefs …``, ``/remember on|off`` and ``/forget``.
 """

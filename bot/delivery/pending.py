@@ -3,7 +3,7 @@
 A platform does not resend what was acknowledged (Slack's 200 or Socket Mode ack, Telegram's
 webhook 200 or advanced polling offset), so a replica that dies holding a question would lose it.
 The replica that accepts an event records the turn here before it acknowledges it
-(``Conversations.accept``: ``PendingTurns.accept``, only where no entry of the question is, then the
+(``Turns.accept``: ``PendingTurns.accept``, only where no entry of the question is, then the
 claims), as a ``PendingTurn`` (the ``Inquiry``, where the reply goes, the claim keys, the ids of
 messages already posted for the answer, the thread lock it holds) owned by it on a lease
 (``TurnLease``) renewed while the turn runs, together with the event's dedupe claims, and removes it

@@ -350,7 +350,7 @@ class HistorySettings(Section):
 
 
 class RecoverySettings(Section):
-    """Questions a replica accepted and then died holding (``bot/pending.py``); the lease is the
+    """Questions a replica accepted and then died holding (``bot/delivery/pending.py``); the lease is the
     platform's ``claim_lease_s``."""
 
     #: Seconds between two looks for turns whose lease expired (each replica, jittered by 20 %).

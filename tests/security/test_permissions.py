@@ -28,7 +28,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.cli import SilentReply
-from adapters.slack_directory import SlackDirectory
+from adapters.slack.directory import SlackDirectory
 from bot.knowledge.refresh import Refresher
 from bot.knowledge.scheduler import RefreshScheduler
 from bot.knowledge.status import format_status, knowledge_status
