@@ -46,12 +46,7 @@ class Tg:
 
     async def send(self, update: dict[str, Any], *, timeout_s: float = 30) -> dict[str, Any]:
         """Queue ``update`` and wait until the poller confirmed it and its handler finished."""
-        update = self.fake.push(update)
-        deadline = time.monotonic() + timeout_s
-        while not any(c.method == "getUpdates" and int(c.args.get("offset") or 0) > update["update_id"]
-                      for c in self.fake.calls):
-            assert time.monotonic() < deadline, "the update was never fetched"
-            await asyncio.sleep(0.02)
+        update = await self.fake.fetched(update, timeout_s)
         await self.adapter.settle()
         return update
 

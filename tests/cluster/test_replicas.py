@@ -81,7 +81,6 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
         claude.responder = router
         env = serve_env(tmp_path, config=config, slack=slack, model_url=claude.base_url)
         await refresh_once(env, tmp_path / "admin")
-        started = time.monotonic()
         async with Redis.from_url(os.environ["REDIS_URL"]) as redis, running(REPLICAS, env, tmp_path) as replicas:
             await wait_healthy(session, replicas)
 
@@ -124,8 +123,9 @@ async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tm
             assert len(takeovers) == len(KILLED), takeovers
 
             # 3. The scheduled refresh: once per turn across the replicas, however many there are.
-            await wait_for(lambda: time.monotonic() - started > 2.5 * REFRESH_EVERY_S, 3 * REFRESH_EVERY_S,
-                           "two refresh turns")
+            #    Counted from the runs the replicas logged, not from a clock started before they were up: on
+            #    a loaded machine their start took ~34 s of a window that then held one turn.
+            await wait_for(lambda: len(refresh_runs(replicas)) >= 2, 4 * REFRESH_EVERY_S, "two refresh turns")
 
     runs = refresh_runs(replicas)
     assert len(runs) >= 2, runs

@@ -99,6 +99,16 @@ class FakeTelegram(LocalServer):
         self._new_update.set()
         return update
 
+    async def fetched(self, update: JSON, timeout_s: float = 30) -> JSON:
+        """``update`` queued, once a poller confirmed it (its next ``getUpdates`` offset is past it)."""
+        update = self.push(update)
+        deadline = time.monotonic() + timeout_s
+        while not any(c.method == "getUpdates" and int(c.args.get("offset") or 0) > update["update_id"]
+                      for c in self.calls):
+            assert time.monotonic() < deadline, "the update was never fetched"
+            await asyncio.sleep(0.02)
+        return update
+
     def new_update_id(self) -> int:
         return next(self._update_ids)
 

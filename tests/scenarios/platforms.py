@@ -11,7 +11,6 @@ This is the only file of the scenario suite that imports adapter code.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -448,12 +447,7 @@ class TelegramDriver(Driver):
 
     async def _send(self, bot: Bot, update: dict[str, Any], timeout_s: float = 30, settle: bool = True) -> dict[str, Any]:
         """Queue ``update`` and wait until the poller confirmed it (and, with ``settle``, its handler finished)."""
-        update = self.fake.push(update)
-        deadline = time.monotonic() + timeout_s
-        while not any(c.method == "getUpdates" and int(c.args.get("offset") or 0) > update["update_id"]
-                      for c in self.fake.calls):
-            assert time.monotonic() < deadline, "the update was never fetched"
-            await asyncio.sleep(0.02)
+        update = await self.fake.fetched(update, timeout_s)
         if settle:
             await bot.settle()
         return update

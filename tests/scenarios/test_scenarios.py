@@ -68,7 +68,7 @@ async def test_a_question_is_answered_where_it_was_asked_streamed_with_sources_a
         assert shown.feedback == [("up", turn_id), ("down", turn_id)]
 
         await bot.click_feedback(shown, "down", user=bob)
-    assert [(f.turn_id, f.rating, f.user_id, f.platform, f.message_id) for f in bot.state.feedback.items] == \
+    assert [(f.turn_id, f.rating, f.user_id, f.platform, f.message_id) for f in bot.feedback.items] == \
         [(turn_id, "down", bob, platform.name, shown.id)]
 
 
@@ -181,7 +181,7 @@ async def test_a_not_found_question_is_answered_where_it_was_asked_once_a_refres
         before = len(bot.answers(asked))
 
         (docs / "seal-kit.md").write_text(SEAL, encoding="utf-8")
-        assert (await bot.knowledge.refresh("docs")).added == 1
+        assert (await bot.refresh("docs")).added == 1
         shown = bot.answers(asked)
         assert len(shown) == before + 1, "exactly one follow-up where the question was asked"
         follow_up = shown[-1]
@@ -189,5 +189,5 @@ async def test_a_not_found_question_is_answered_where_it_was_asked_once_a_refres
         assert "HL-M200 shaft seal kit" in follow_up.sources
 
         (docs / "seal-kit.md").write_text(SEAL + "\nThe kit includes two O-rings.\n", encoding="utf-8")
-        assert (await bot.knowledge.refresh("docs")).changed == 1
+        assert (await bot.refresh("docs")).changed == 1
         assert len(bot.answers(asked)) == before + 1, "answered once, not after every refresh"
