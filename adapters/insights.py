@@ -8,7 +8,7 @@ their lists on the platform whose user they are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
@@ -79,18 +79,18 @@ def make_digest(runtime: Any, platforms: Iterable[Platform], post: Any) -> Weekl
                         tell=owner_teller(platforms), may_read=may_read)
 
 
-def start_digest(runtime: Any, platforms: Mapping[str, Platform]) -> WeeklyDigest | None:
+def start_digest(runtime: Any, platforms: Iterable[Platform]) -> WeeklyDigest | None:
     """The weekly digest job, started; None when it is not configured."""
     i = runtime.settings.insights
     if not (i.enabled and i.digest.enabled):
         return None
     try:
-        post = digest_poster(platforms.values(), runtime.settings)
+        post = digest_poster(platforms, runtime.settings)
     except ValueError as exc:
         log.error("weekly digest off: %s", exc)
         return None
 
-    digest = make_digest(runtime, platforms.values(), post)
+    digest = make_digest(runtime, platforms, post)
     digest.start()
     return digest
 

@@ -167,8 +167,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     knowledge = runtime.knowledge_admin(schedule=schedule)
     scheduler = knowledge.scheduler
     conversations = runtime.conversations(admin=knowledge)
-    platforms = build_platforms(runtime, conversations)
-    adapters = list(platforms.values())
+    adapters = list(build_platforms(runtime, conversations).values())
     # After a refresh changed documents (bot/knowledge/loop): the gaps it closed answered where they were
     # asked, approved answers re-checked, the golden set replayed.
     start_follow_ups(runtime, knowledge, adapters)
@@ -195,7 +194,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         if scheduler is not None:
             await scheduler.start()
         recovery.start()
-        digest = start_digest(runtime, platforms)
+        digest = start_digest(runtime, adapters)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

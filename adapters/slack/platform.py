@@ -56,7 +56,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.http import slack_refusal, slack_signature_problem, slack_trace_config
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
-from adapters.slack.reply import SlackReply, SlackThread, error_code, make_client, make_rates
+from adapters.slack.reply import SlackReply, SlackThread, error_code, make_client, make_rates, post_scope
 from adapters.slack.text import (
     APPROVE_ACTION,
     EXPERT_APPROVE_ACTION,
@@ -466,7 +466,7 @@ class SlackAdapter:
         """The re-check of an approval with "Keep approved" / "Retire" in ``channel`` (a user id: their DM)."""
         team = request.tenant.partition(":")[2]
         try:
-            await self.rates.acquire(f"{team}:{channel}", "chat.postMessage")
+            await self.rates.acquire(post_scope(team, channel), "chat.postMessage")
             await self.client.chat_postMessage(channel=channel, text=recheck_text(request),
                                                blocks=recheck_blocks(request), unfurl_links=False)
         except SlackApiError as exc:
@@ -477,10 +477,11 @@ class SlackAdapter:
 
     async def send_note(self, to: str, text: str) -> bool:
         """``text`` escaped and its mentions made inert, to a channel or a user's DM (``chat.postMessage``
-        to the user id), one message per ``slack.max_message_chars``, inside that channel's budget."""
+        to the user id), one message per ``slack.max_message_chars``, inside that channel's budget (a note
+        names no workspace: its scope has none)."""
         try:
             for part in split_message(mrkdwn_escape(neutralise(text)), self.settings.max_message_chars):
-                await self.rates.acquire(f":{to}", "chat.postMessage")
+                await self.rates.acquire(post_scope("", to), "chat.postMessage")
                 await self.client.chat_postMessage(channel=to, text=part, unfurl_links=False)
         except SlackApiError as exc:
             log.warning("could not post to %s (%s)", to, error_code(exc))

@@ -389,7 +389,7 @@ class SlackSink:
 
     def _scope(self, method: str) -> str:
         if method == "chat.postMessage":
-            return f"{self.where.team}:{self.where.channel}"
+            return post_scope(self.where.team, self.where.channel)
         return self.where.team
 
     async def call(self, method: str, call: Callable[[], Awaitable[Any]], *, paid: bool = False) -> Any:
@@ -753,6 +753,11 @@ def make_client(settings: SlackSettings) -> AsyncWebClient:
         client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=settings.retry_429))
     client.retry_handlers.append(AsyncServerErrorRetryHandler(max_retry_count=1))
     return client
+
+
+def post_scope(team: str, channel: str) -> str:
+    """The bucket scope of ``chat.postMessage``, which Slack limits per channel (the other methods: per workspace)."""
+    return f"{team}:{channel}"
 
 
 def make_rates(settings: SlackSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:

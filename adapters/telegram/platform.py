@@ -56,7 +56,6 @@ from aiohttp import web
 
 from adapters.telegram.loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
 from adapters.telegram.reply import (
-    BOT_SEND,
     FirstAcknowledgements,
     TelegramChat,
     TelegramReply,
@@ -64,6 +63,7 @@ from adapters.telegram.reply import (
     is_not_modified,
     make_bot,
     make_rates,
+    take_send_budget,
 )
 from adapters.telegram.session import TelegramWebhook
 from adapters.telegram.text import (
@@ -473,8 +473,7 @@ class TelegramAdapter:
                                 self.settings.max_message_units)
             try:
                 for i, part in enumerate(parts, 1):
-                    await self.rates.acquire(reviewer, "send")
-                    await self.rates.acquire("bot", BOT_SEND)
+                    await take_send_budget(self.rates, reviewer)
                     markup = expert_markup(reply["id"], approve=approve, capture=capture, language=language) \
                         if i == len(parts) else None
                     await self.bot.send_message(chat_id=int(reviewer), text=part, disable_web_page_preview=True,
@@ -597,7 +596,7 @@ class TelegramAdapter:
         try:
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
-                await self._budgeted(chat_id)
+                await take_send_budget(self.rates, chat_id)
                 await self.bot.send_message(chat_id=int(chat_id), text=part, parse_mode=None,
                                             disable_web_page_preview=True,
                                             reply_markup=recheck_markup(request) if last else None)
@@ -611,7 +610,7 @@ class TelegramAdapter:
         inside the chat's and the bot's budgets."""
         try:
             for part in plain_parts(text, self.settings.max_message_units):
-                await self._budgeted(to)
+                await take_send_budget(self.rates, to)
                 await self.bot.send_message(chat_id=int(to), text=part, parse_mode=None,
                                             disable_web_page_preview=True)
         except (TelegramAPIError, ValueError) as exc:
@@ -621,11 +620,6 @@ class TelegramAdapter:
 
     def owns(self, user: str) -> bool:
         return user.lstrip("-").isdigit()
-
-    async def _budgeted(self, chat: str) -> None:
-        """One send's tokens: the chat's and the bot's (``adapters.telegram.reply.make_rates``)."""
-        await self.rates.acquire(str(chat), "send")
-        await self.rates.acquire("bot", BOT_SEND)
 
     async def _on_recheck(self, query: CallbackQuery) -> None:
         """A click on "Keep approved" or "Retire" under a re-checked approval: reviewers only, by turn id."""

@@ -133,7 +133,7 @@ class TelegramSink:
         answer's first or final text."""
         if final or self._prepaid or not (self.posted or self.drafted):
             return True
-        self._prepaid = await self.rates.try_acquire_all((str(self.where.chat_id), "send"), ("bot", BOT_SEND))
+        self._prepaid = await self.rates.try_acquire_all(*send_budgets(self.where.chat_id))
         return self._prepaid
 
     async def send(self, text: str, final: bool) -> bool:
@@ -207,8 +207,7 @@ class TelegramSink:
         if budgeted and self._prepaid:
             self._prepaid = False
         elif budgeted:
-            await self.rates.acquire(scope, "send")
-            await self.rates.acquire("bot", BOT_SEND)
+            await take_send_budget(self.rates, scope)
         self.calls += 1
         try:
             return await call()
@@ -371,9 +370,6 @@ class TelegramReply(StreamedReply):
         if method_missing and self._on_drafts_unavailable is not None:
             self._on_drafts_unavailable()
 
-    def _budgets(self) -> tuple[tuple[str, str], tuple[str, str]]:
-        return (str(self.where.chat_id), "send"), ("bot", BOT_SEND)
-
     async def _courtesy(self, what: str, call: Callable[[], Awaitable[Any]], *,
                         priority: Priority | None = None) -> bool | None:
         """One acknowledging call inside the chat's and the bot's budget, waiting in ``priority`` order
@@ -381,10 +377,10 @@ class TelegramReply(StreamedReply):
         worth trying again), None when it was not made (no spare budget, or flood control: the chat's
         bucket is then held for everyone)."""
         if priority is None:
-            if not await self.rates.try_acquire_all(*self._budgets()):
+            if not await self.rates.try_acquire_all(*send_budgets(self.where.chat_id)):
                 return None
         else:
-            for scope, method in self._budgets():
+            for scope, method in send_budgets(self.where.chat_id):
                 await self.rates.acquire(scope, method, priority)
         try:
             await call()
@@ -472,6 +468,17 @@ class TelegramReply(StreamedReply):
         self._stop_typing()
         if self.reacted is not None:
             in_background(self._take_back_reaction(), name=f"unreact {self.where.key}", track=self._background)
+
+
+def send_budgets(chat: int | str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The ``(scope, method)`` buckets one message or edit to ``chat`` spends: the chat's and the bot's."""
+    return (str(chat), "send"), ("bot", BOT_SEND)
+
+
+async def take_send_budget(rates: PlatformRates, chat: int | str) -> None:
+    """One send's tokens (``send_budgets``), waiting for each in turn."""
+    for scope, method in send_budgets(chat):
+        await rates.acquire(scope, method)
 
 
 def make_rates(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:
