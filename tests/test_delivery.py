@@ -14,7 +14,7 @@ from typing import Any
 from bot.conversation import Conversations
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import MemoryPendingTurns, PendingTurn
-from bot.delivery.reply import Cadence, StreamedReply, StreamWriter, reconcile, show_failure, split_message
+from bot.delivery.reply import Cadence, ChatReply, reconcile, show_failure, split_message
 from bot.delivery.turns import Arrival, TakeOver
 from bot.state import MemoryIdempotency
 from bot.state.history import SqliteHistory
@@ -49,69 +49,75 @@ class Line:
     text: str
 
 
-class ConsoleSink:
-    """Post, edit, delete: the platform's part of a reply. Pacing the stream, reconciling the final
-    text and showing a failure past rate limits are the delivery layer's (``StreamWriter``,
-    ``reconcile``, ``show_failure``)."""
+class ConsoleMessages:
+    """Post, edit, delete: the platform's part of a reply (``AnswerMessages``). Pacing the stream,
+    reconciling the final text and showing a failure past rate limits are the delivery layer's
+    (``ChatReply``, ``reconcile``, ``show_failure``); a console has nothing to acknowledge."""
+
+    platform = "console"
+    cadence = Cadence(min_interval_s=0.01)
 
     def __init__(self, screen: Screen, width: int = 60):
         self.screen = screen
         self.width = width
-        self.posted: list[Line] = []
+        self.shown: list[Line] = []
 
-    async def _post(self, text: str, last: bool = False) -> None:
-        self.posted.append(Line(self.screen.write(text), text))
+    async def add(self, text: str, last: bool = False) -> None:
+        self.shown.append(Line(self.screen.write(text), text))
 
-    async def _edit(self, line: Line, text: str, last: bool = False) -> None:
+    async def edit(self, line: Line, text: str, last: bool = False) -> None:
         self.screen.lines[line.id] = line.text = text
 
-    async def _delete(self, line: Line) -> None:
+    async def delete(self, line: Line) -> None:
         del self.screen.lines[line.id]
         self.screen.removed.append(line.id)
-        self.posted.remove(line)
+        self.shown.remove(line)
 
-    platform = "console"
+    @staticmethod
+    def same(line: Line, part: str, last: bool) -> bool:
+        return line.text == part
+
+    def final_parts(self, text: str) -> list[str]:
+        return split_message(text, self.width)
+
+    async def show(self, text: str) -> bool:
+        await reconcile(self.shown, self.final_parts(text), same=self.same, edit=self.edit, add=self.add,
+                        delete=self.delete)
+        return True
 
     async def ready(self, final: bool) -> bool:
         return True
 
-    async def send(self, text: str, final: bool) -> bool:
-        await reconcile(self.posted, split_message(text, self.width), same=lambda line, part, last: line.text == part,
-                        edit=self._edit, add=self._post, delete=self._delete)
-        return True
-
     async def show_failure(self, message: str) -> None:
         async def replace() -> bool:
-            if not self.posted:
+            if not self.shown:
                 return False
-            await self._edit(self.posted[-1], f"! {message}")
+            await self.edit(self.shown[-1], f"! {message}")
             return True
 
-        await show_failure(replace, lambda: self._post(f"! {message}"))
-
-
-class ConsoleReply(StreamedReply):
-    """A reply of the console: its sink, and nothing to acknowledge or take back. Streaming, finishing
-    and failing come from ``StreamedReply``."""
-
-    def __init__(self, screen: Screen):
-        self.sink = ConsoleSink(screen)
-        self.writer = StreamWriter(self.sink, Cadence(min_interval_s=0.01), name="console")
+        await show_failure(replace, lambda: self.add(f"! {message}"))
 
     def message_ids(self) -> list[str]:
-        return [line.id for line in self.sink.posted]
+        return [line.id for line in self.shown]
+
+    def complete(self, answer: Answer) -> None:
+        pass
+
+    async def final_shown(self) -> None:
+        pass
 
     async def acknowledge(self) -> None:
         pass
 
-    def final_extras(self, answer: Answer) -> None:
-        pass
-
-    async def settle_acknowledgement(self) -> None:
+    async def settle(self) -> None:
         pass
 
     async def take_back(self, *, failed: bool) -> None:
         pass
+
+
+def console_reply(screen: Screen) -> ChatReply:
+    return ChatReply(ConsoleMessages(screen), name="console")
 
 
 class Console:
@@ -125,8 +131,8 @@ class Console:
     async def account(self) -> str:
         return "console:desk-1"
 
-    def rebuild(self, turn: PendingTurn) -> ConsoleReply:
-        return ConsoleReply(self.screen)
+    def rebuild(self, turn: PendingTurn) -> ChatReply:
+        return console_reply(self.screen)
 
     async def delete(self, target: dict[str, Any], message_id: str) -> bool:
         self.screen.lines.pop(message_id, None)
@@ -182,7 +188,7 @@ async def ask(r: Replica, n: int, user: str = "alice") -> Answer | None:
                                                ttl_s=60, lease_s=LEASE, crashed="Something went wrong."))
     if accepted is None:
         return None
-    return await r.delivery.answer(accepted, ConsoleReply(r.console.screen))
+    return await r.delivery.answer(accepted, console_reply(r.console.screen))
 
 
 async def test_a_third_platform_gets_the_gate_claims_takeover_and_failure_display(tmp_path: Path):

@@ -232,7 +232,7 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
         DEFAULT_BOT_RATE,
         DEFAULT_CHAT_RATE,
         TelegramChat,
-        TelegramReply,
+        TelegramMessages,
         make_bot,
     )
     from bot.delivery.rates import PlatformRates
@@ -244,7 +244,7 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
         spent += 1
     assert spent >= 1, "with nobody waiting they do get spare tokens"
     bot = make_bot(settings)
-    new = [TelegramReply(bot, TelegramChat(7000001, chat, chat, private=True), settings, rates, draft=False)
+    new = [TelegramMessages(bot, TelegramChat(7000001, chat, chat, private=True), settings, rates, draft=False)
            for chat in (9001, 9002)]
     try:
         async with asyncio.timeout(5):

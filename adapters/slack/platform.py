@@ -5,7 +5,7 @@ as soon as a question in them is accepted (recorded as pending, then claimed: li
 bolt runs before its ack); the turn runs after the ack. Every listener passes the delivery layer's gate first
 (``bot/delivery/``: tracking, the access checks this adapter registers once, claims, take-over);
 each question becomes an ``Inquiry`` for the conversation service (``bot/conversation.py``: turns,
-clicks, commands) with a ``SlackReply`` (``adapters/slack/reply.py``: streaming, edits, the final
+clicks, commands) with a ``ChatReply`` over ``SlackMessages`` (``adapters/slack/reply.py``: streaming, edits, the final
 message with sources and 👍/👎, the rate tiers) that renders the answer in the thread; the text and
 blocks are built in ``adapters/slack/text.py``, the words come from ``bot/messages.py``. A workspace
 that refuses streaming is remembered for an hour (``Delivery.refused_capabilities``), so its later
@@ -56,7 +56,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.http import slack_refusal, slack_signature_problem, slack_trace_config
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
-from adapters.slack.reply import SlackReply, SlackThread, error_code, make_client, make_rates, post_scope
+from adapters.slack.reply import SlackMessages, SlackThread, error_code, make_client, make_rates, post_scope
 from adapters.slack.text import (
     APPROVE_ACTION,
     EXPERT_APPROVE_ACTION,
@@ -76,7 +76,7 @@ from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import PendingTurn
 from bot.delivery.rates import PlatformRates
-from bot.delivery.reply import split_message
+from bot.delivery.reply import ChatReply, split_message
 from bot.delivery.turns import Accepted, Arrival
 from bot.knowledge.loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge.loop.recheck import RecheckRequest
@@ -612,10 +612,11 @@ class SlackAdapter:
         self._remember_thread(where.key)
         return Question(where, accepted)
 
-    def _reply(self, client: AsyncWebClient, where: SlackThread) -> SlackReply:
-        return SlackReply(client, where, self.settings, self.rates, native=self._streaming_allowed(where.team),
-                          on_stream_refused=lambda code: self._stream_refused(where.team, code),
-                          background=self.delivery.background)
+    def _reply(self, client: AsyncWebClient, where: SlackThread) -> ChatReply:
+        return ChatReply(SlackMessages(client, where, self.settings, self.rates,
+                                       native=self._streaming_allowed(where.team),
+                                       on_stream_refused=lambda code: self._stream_refused(where.team, code),
+                                       background=self.delivery.background), name=where.key)
 
     # --- what the delivery layer asks of Slack (bot.delivery.Platform) ------------------------------
     async def account(self) -> str:
@@ -625,10 +626,10 @@ class SlackAdapter:
             self._bot_id = str((await self.client.auth_test()).get("bot_id") or "")
         return f"slack:{self._bot_id}"
 
-    def rebuild(self, turn: PendingTurn) -> SlackReply:
+    def rebuild(self, turn: PendingTurn) -> ChatReply:
         return self.reply_to(turn.target)
 
-    def reply_to(self, target: dict[str, Any]) -> SlackReply:
+    def reply_to(self, target: dict[str, Any]) -> ChatReply:
         where = SlackThread(**target)
         self._remember_thread(where.key)
         return self._reply(self.client, where)

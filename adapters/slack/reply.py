@@ -1,7 +1,8 @@
 """Slack replies: one answer rendered in its thread, paced and within the workspace's rate budget.
 
-``SlackReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one event; its ``SlackSink``
-puts the text into Slack messages:
+``SlackMessages`` is one answer's messages (``bot.delivery.reply.AnswerMessages``); the adapter gives
+``Answerer.answer`` a ``ChatReply`` over them, which paces, reconciles and shows failures the same way on
+every platform. What Slack does:
 
 - the question acknowledged at once: the status, or an 👀 reaction when the status budget is spent
   (each method has a tier of its own; the reaction is taken back once the answer's first message is shown,
@@ -21,8 +22,8 @@ puts the text into Slack messages:
   boundaries;
 - a failed turn ends with the Answerer's friendly message in the thread and the status cleared.
 
-Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
-``reconcile``); this module supplies Slack's calls for them.
+The final reconciliation is the reply's (``bot.delivery.reply.reconcile`` over ``final_parts``, ``same``,
+``edit``, ``add``, ``delete``); the failure's retries past rate limits are ``bot.delivery.reply.show_failure``.
 
 Also here: the Web API client (``make_client``: ``SLACK_API_URL``, 429s and 5xx retried), the
 per-method rates (``DEFAULT_RATES``, ``make_rates``) and the reading of Slack API errors.
@@ -47,17 +48,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
-from bot.delivery.reply import (
-    Cadence,
-    RetryAfter,
-    StreamedReply,
-    StreamWriter,
-    cut_point,
-    in_background,
-    reconcile,
-    show_failure,
-    split_message,
-)
+from bot.delivery.reply import Cadence, RetryAfter, cut_point, in_background, show_failure, split_message
 from bot.metrics import METRICS
 from bot.settings.base import reveal
 from bot.settings.platforms import SlackSettings
@@ -143,36 +134,41 @@ class _Posted:
     final: bool = False
 
 
-class SlackSink:
-    """Puts one answer's text into Slack messages; called by that answer's ``StreamWriter`` only.
+class SlackMessages:
+    """One Slack answer's messages (``bot.delivery.reply.AnswerMessages``), driven by its ``ChatReply``.
 
-    Intermediate calls get the whole text so far and show its stable prefix (native: appended to a
-    stream; edit: the message replaced). The final call reconciles everything already shown with the
-    final text, splits it into messages of at most ``max_message_chars`` and adds sources and buttons
-    to the last one.
+    Intermediate calls (``show``) get the whole text so far and show its stable prefix (native:
+    appended to a stream; edit: the message replaced). The final text is split into messages of at
+    most ``max_message_chars`` (``final_parts``) and reconciled by the reply over those shown, with
+    sources and buttons on the last one.
+
+    The acknowledgement is the status ("Searching the knowledge base…", which Slack clears when the
+    answer is posted) or, when the workspace's status budget is spent, a reaction (``ack_reaction``)
+    on the question, removed once the answer's first message is shown. Both come from budgets of
+    their own, never from the chat.* budgets the answers need, so a busy channel still sees every
+    question taken.
     """
 
     platform = "slack"
 
     def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
-                 *, native: bool = True, on_fallback: Callable[[str], None] | None = None,
-                 on_defer: Callable[[], None] | None = None,
-                 before_first_message: Callable[[], Awaitable[None]] | None = None,
-                 after_first_message: Callable[[], None] | None = None):
+                 *, native: bool = True, on_stream_refused: Callable[[str], None] | None = None,
+                 background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.client = client
         self.where = where
         self.settings = settings
         self.rates = rates
         self.native = native
         self.limit = settings.max_message_chars
-        self.on_fallback = on_fallback
-        self.on_defer = on_defer
-        self.before_first_message = before_first_message
-        self.after_first_message = after_first_message
+        self.native_cadence = Cadence(min_interval_s=settings.stream_interval_s, min_growth=settings.buffer_size)
+        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
+        self._on_stream_refused = on_stream_refused
+        self._background = background
+        self._first_message = True  # no message of this answer yet: the acknowledgement still settles
         self.tail: list[dict[str, Any]] = []
         self.posted: list[_Posted] = []
         self.ts: str | None = None  # the message being filled
-        self.shown = ""  # the text given to it
+        self.filled = ""  # the text given to it
         self.stream: AsyncChatStream | None = None
         self.diverged = False
         self.fallback_reason: str | None = None
@@ -190,6 +186,22 @@ class SlackSink:
         self.final_at: float | None = None
         self.parts_left = 1
         self.started_at = rates.clock()
+        self._finished_before = 0  # messages completed when the final text was planned
+        self._final_count = 0
+        self._ack_task: asyncio.Task[None] | None = None
+        self._ack_in_flight: str | None = None  # the acknowledging method whose call is on its way
+        self._unreact_reserved = False  # a reactions.remove token taken with the reaction's
+        #: How this question was acknowledged: STATUS, REACT, or None (not yet, or its text came first).
+        self.acknowledged: str | None = None
+        self._status_interrupted = False
+
+    @property
+    def shown(self) -> list[_Posted]:
+        return self.posted
+
+    @property
+    def cadence(self) -> Cadence:
+        return self.native_cadence if self.native else self.edit_cadence
 
     def priority(self) -> Priority:
         """Where this answer stands in a budget's queue (read at every grant): a complete answer
@@ -310,13 +322,8 @@ class SlackSink:
         self.native = False
         self.fallback_reason = "stream_budget"
         METRICS.stream_deferred.labels("slack").inc()
-        if self.on_defer is not None:
-            self.on_defer()
 
-    async def send(self, text: str, final: bool) -> bool:
-        if final:
-            await self._send_final(neutralise(text.strip()) or "…")
-            return True
+    async def show(self, text: str) -> bool:
         if self.diverged:
             return False
         visible = neutralise(stable_prefix(text.lstrip()))
@@ -325,16 +332,16 @@ class SlackSink:
             self.diverged = True
             return False
         rest = visible[len(done):]
-        if not rest.startswith(self.shown) and self.native:
+        if not rest.startswith(self.filled) and self.native:
             self.diverged = True  # cannot take back streamed text; the final call repairs it
             return False
         sent = False
         while len(rest) > self.limit:
-            cut = cut_point(rest, self.limit, len(self.shown) if rest.startswith(self.shown) else 0)
+            cut = cut_point(rest, self.limit, len(self.filled) if rest.startswith(self.filled) else 0)
             await self._complete(rest[:cut], last=False)
             rest = rest[cut:]
             sent = True
-        if rest and rest != self.shown:
+        if rest and rest != self.filled:
             await self._fill(rest)
             sent = True
         return sent
@@ -383,9 +390,9 @@ class SlackSink:
 
     # --- building blocks ---------------------------------------------------------------------
     async def _ensure_ready(self) -> None:
-        if self.before_first_message is not None:
-            ready, self.before_first_message = self.before_first_message, None
-            await ready()
+        if self._first_message:
+            self._first_message = False
+            await self._ack_settled()
 
     def _scope(self, method: str) -> str:
         if method == "chat.postMessage":
@@ -410,9 +417,8 @@ class SlackSink:
                 await self.rates.hold(scope, method, seconds)
                 raise RetryAfter(seconds, f"{method} rate limited") from exc
             raise
-        if method in ("chat.postMessage", "chat.startStream") and self.after_first_message is not None:
-            shown, self.after_first_message = self.after_first_message, None
-            shown()
+        if method in ("chat.postMessage", "chat.startStream"):
+            self._take_back_reaction()  # the answer's first message is shown (later calls: nothing left)
         return response
 
     def _message_args(self, part: str, last: bool) -> dict[str, Any]:
@@ -449,9 +455,9 @@ class SlackSink:
         if self.stream is not None and self.stream.ts:
             self.ts = self.stream.ts
         self.stream = None
-        self.shown = "\0"  # what the refused stream shows is unknown: the next update replaces it whole
-        if self.on_fallback is not None:
-            self.on_fallback(code)
+        self.filled = "\0"  # what the refused stream shows is unknown: the next update replaces it whole
+        if self._on_stream_refused is not None:
+            self._on_stream_refused(code)
 
     async def _stream_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
         """A streaming call; False (after switching to edit mode) when Slack refuses streaming."""
@@ -473,8 +479,8 @@ class SlackSink:
                     buffer_size=self.settings.buffer_size)
             stream = self.stream
             method = "chat.appendStream" if stream.ts else "chat.startStream"
-            delta = rest[len(self.shown):]
-            self.shown = rest  # from here on the text is in the stream's buffer until sent
+            delta = rest[len(self.filled):]
+            self.filled = rest  # from here on the text is in the stream's buffer until sent
             # chunks=[] makes AsyncChatStream flush now: the writer already applied the buffer size.
             if await self._stream_call(method, lambda: stream.append(markdown_text=delta, chunks=[])):
                 self.ts = stream.ts
@@ -483,7 +489,7 @@ class SlackSink:
             self.ts = await self._post(rest, last=False)
         else:
             await self._update(self.ts, rest, last=False)
-        self.shown = rest
+        self.filled = rest
 
     async def _complete(self, part: str, *, last: bool) -> None:
         """Make the current message hold exactly ``part`` and finish it (with the tail when ``last``)."""
@@ -492,9 +498,9 @@ class SlackSink:
             await self._fill(part)  # chat.startStream with the whole part; stopped with the tail below
         if self.native and self.stream is not None and self.stream.ts is not None:
             stream = self.stream
-            if part.startswith(self.shown) and not self.diverged:
-                delta = part[len(self.shown):]
-                self.shown = part
+            if part.startswith(self.filled) and not self.diverged:
+                delta = part[len(self.filled):]
+                self.filled = part
                 blocks = self.tail if last and self.tail else None
                 if await self._stream_call("chat.stopStream",
                                            lambda: stream.stop(markdown_text=delta or None, blocks=blocks)):
@@ -514,7 +520,7 @@ class SlackSink:
     def _finished(self, ts: str, part: str, last: bool) -> None:
         self.parts_left -= 1
         self.posted.append(_Posted(ts=ts, text=part, final=last))
-        self.ts, self.shown, self.stream = None, "", None
+        self.ts, self.filled, self.stream = None, "", None
 
     def _plan(self, visible: str) -> list[str]:
         parts: list[str] = []
@@ -526,80 +532,47 @@ class SlackSink:
             else:
                 break
         rest = visible[pos:]
-        keep = len(self.shown) if (self.ts and len(parts) == len(self.posted) and rest.startswith(self.shown)) else 0
+        keep = len(self.filled) if (self.ts and len(parts) == len(self.posted) and rest.startswith(self.filled)) else 0
         if rest or not parts:
             parts.extend(split_message(rest, self.limit, min(keep, self.limit)))
         return parts
 
-    async def _send_final(self, visible: str) -> None:
-        parts = self._plan(visible)
+    # --- the final text, reconciled by the reply ----------------------------------------------------
+    def final_parts(self, text: str) -> list[str]:
+        parts = self._plan(neutralise(text.strip()) or "…")
+        self._finished_before, self._final_count = len(self.posted), len(parts)
+        return parts
 
-        async def edit(posted: _Posted, part: str, last: bool) -> None:
-            await self._update(posted.ts, part, last)
-            posted.text, posted.final = part, last
+    @staticmethod
+    def same(posted: _Posted, part: str, last: bool) -> bool:
+        return posted.text == part and (posted.final or not last)
 
-        async def delete(posted: _Posted) -> None:
-            await self._delete(posted.ts)
-            self.posted.remove(posted)
+    async def edit(self, posted: _Posted, part: str, last: bool) -> None:
+        await self._update(posted.ts, part, last)
+        posted.text, posted.final = part, last
 
-        finished = len(self.posted)
-        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.text == part and (
-            posted.final or not last), edit=edit, add=lambda part, last: self._complete(part, last=last),
-                        delete=delete)
-        if len(parts) <= finished and self.ts is not None:  # the final text is shorter than what was shown
+    async def add(self, part: str, last: bool) -> None:
+        await self._complete(part, last=last)
+
+    async def delete(self, posted: _Posted) -> None:
+        await self._delete(posted.ts)
+        self.posted.remove(posted)
+
+    async def final_shown(self) -> None:
+        if self._final_count <= self._finished_before and self.ts is not None:
+            # The final text is shorter than what was shown: the message being filled goes.
             if self.stream is not None:
                 await self._stream_call("chat.stopStream", lambda: self.stream.stop())  # type: ignore[union-attr]
             await self._delete(self.ts)
-            self.ts, self.stream, self.shown = None, None, ""
+            self.ts, self.stream, self.filled = None, None, ""
         await self._release_reserved()
-
-
-class SlackReply(StreamedReply):
-    """``Reply`` for one Slack answer: a visible acknowledgement at once, a paced stream, the final message.
-
-    The acknowledgement is the status ("Searching the knowledge base…", which Slack clears when the
-    answer is posted) or, when the workspace's status budget is spent, a reaction (``ack_reaction``)
-    on the question, removed once the answer's first message is shown. Both come from budgets of their own, never
-    from the chat.* budgets the answers need, so a busy channel still sees every question taken.
-    """
-
-    def __init__(self, client: AsyncWebClient, where: SlackThread, settings: SlackSettings, rates: PlatformRates,
-                 *, native: bool = True, on_stream_refused: Callable[[str], None] | None = None,
-                 background: Callable[[asyncio.Task[Any]], None] | None = None):
-        self.client = client
-        self.where = where
-        self.settings = settings
-        self.rates = rates
-        self.native_cadence = Cadence(min_interval_s=settings.stream_interval_s, min_growth=settings.buffer_size)
-        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
-        self._on_stream_refused = on_stream_refused
-        self._background = background
-        self.sink = SlackSink(client, where, settings, rates, native=native, on_fallback=self._fell_back,
-                              on_defer=self._deferred, before_first_message=self._ack_settled,
-                              after_first_message=self._take_back_reaction)
-        self.writer = StreamWriter(self.sink, self.native_cadence if native else self.edit_cadence,
-                                   name=where.key)
-        self._ack_task: asyncio.Task[None] | None = None
-        self._ack_in_flight: str | None = None  # the acknowledging method whose call is on its way
-        self._unreact_reserved = False  # a reactions.remove token taken with the reaction's
-        #: How this question was acknowledged: STATUS, REACT, or None (not yet, or its text came first).
-        self.acknowledged: str | None = None
-        self._status_interrupted = False
-
-    def _deferred(self) -> None:
-        self.writer.cadence = self.edit_cadence
-
-    def _fell_back(self, code: str) -> None:
-        self.writer.cadence = self.edit_cadence
-        if self._on_stream_refused is not None:
-            self._on_stream_refused(code)
 
     # --- acknowledgement -------------------------------------------------------------------------
     async def _ack_call(self, method: str, call: Callable[[], Awaitable[Any]]) -> bool:
         """One acknowledging call whose token is taken: True when Slack shows it."""
         self._ack_in_flight = method
         try:
-            await self.sink.call(method, call, paid=True)
+            await self.call(method, call, paid=True)
             return True
         except (SlackApiError, RetryAfter) as exc:
             # A courtesy: refused here (or rate limited: the bucket is held), the other kind may still go.
@@ -630,7 +603,7 @@ class SlackReply(StreamedReply):
         kinds = [m for m, on in ((STATUS, self.settings.status), (REACT, self.settings.ack_reaction)) if on]
         if not self.where.question_ts and REACT in kinds:
             kinds.remove(REACT)
-        while kinds and not self.sink.visible:
+        while kinds and not self.visible:
             for method in list(kinds):
                 if method == STATUS:
                     if not await self.rates.try_acquire(team, STATUS):
@@ -690,7 +663,7 @@ class SlackReply(StreamedReply):
             if not (paid and attempt == 0):
                 await self.rates.acquire(self.where.team, method)
             try:
-                await self.sink.call(method, call, paid=True)
+                await self.call(method, call, paid=True)
                 return True
             except RetryAfter:
                 continue
@@ -711,27 +684,26 @@ class SlackReply(StreamedReply):
         in_background(self._budgeted_call(UNREACT, self._reaction_call(UNREACT), paid=paid),
                       name=f"unreact {self.where.key}", track=self._background)
 
-    # --- Reply ----------------------------------------------------------------------------------
+    # --- what the reply asks -------------------------------------------------------------------------
     def message_ids(self) -> list[str]:
-        """``PostsMessages``: the ts of every message of this answer so far, streams included."""
-        sink = self.sink
-        ids = [posted.ts for posted in sink.posted]
-        for ts in (sink.ts, sink.stream.ts if sink.stream is not None else None):
+        """The ts of every message of this answer so far, streams included."""
+        ids = [posted.ts for posted in self.posted]
+        for ts in (self.ts, self.stream.ts if self.stream is not None else None):
             if ts and ts not in ids:
                 ids.append(ts)
         return ids
 
     async def acknowledge(self) -> None:
-        """``Acknowledges``: called as soon as the question is accepted, before its turn waits."""
+        """Called as soon as the question is accepted, before its turn waits."""
         if self._ack_task is None:
             self._ack_task = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
 
-    def final_extras(self, answer: Answer) -> None:
-        self.sink.tail = final_blocks(answer, feedback=self.settings.feedback,
-                                      review=bool(self.settings.reviewers_of(self.where.team)))
-        self.sink.expect_final(answer.text)
+    def complete(self, answer: Answer) -> None:
+        self.tail = final_blocks(answer, feedback=self.settings.feedback,
+                                 review=bool(self.settings.reviewers_of(self.where.team)))
+        self.expect_final(answer.text)
 
-    async def settle_acknowledgement(self) -> None:
+    async def settle(self) -> None:
         await self._ack_settled()
 
     async def take_back(self, *, failed: bool) -> None:

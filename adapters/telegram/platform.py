@@ -4,7 +4,7 @@ Updates arrive through an aiogram 3 ``Dispatcher`` with one ``Router``, by long 
 deleted first) or, when ``TELEGRAM_WEBHOOK_URL`` is set, at that URL's path on ``kbbot serve``'s web
 app, each request checked against ``TELEGRAM_WEBHOOK_SECRET``. Each question becomes an ``Inquiry``
 for the conversation service (``bot/conversation.py``: turns, clicks, commands) with a
-``TelegramReply`` (``adapters/telegram/reply.py``: typing, drafts or edits, the final messages with
+``ChatReply`` over ``TelegramMessages`` (``adapters/telegram/reply.py``: typing, drafts or edits, the final messages with
 sources and 👍/👎, the rate tiers); texts, entities and buttons are built in
 ``adapters/telegram/text.py``, the words come from ``bot/messages.py``. Every handler passes the
 delivery layer's gate first (``bot/delivery/``: tracking, the access checks this adapter registers
@@ -58,8 +58,7 @@ from adapters.telegram.loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, r
 from adapters.telegram.reply import (
     FirstAcknowledgements,
     TelegramChat,
-    TelegramReply,
-    TelegramSink,
+    TelegramMessages,
     is_not_modified,
     make_bot,
     make_rates,
@@ -83,7 +82,7 @@ from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import PendingTurn
 from bot.delivery.rates import PlatformRates
-from bot.delivery.reply import RetryAfter
+from bot.delivery.reply import ChatReply, RetryAfter
 from bot.delivery.turns import Arrival
 from bot.knowledge.loop.expert import MAX_REPLY_CHARS, ExpertReplies
 from bot.knowledge.loop.recheck import RecheckRequest
@@ -337,7 +336,7 @@ class TelegramAdapter:
 
     async def _say(self, message: Message, text: str) -> None:
         where = self._where(message)
-        sink = TelegramSink(self.bot, where, self.settings, self.rates, draft=False)
+        sink = TelegramMessages(self.bot, where, self.settings, self.rates, draft=False)
         for attempt in range(4):
             try:
                 await sink.post(Rendered(text))
@@ -426,14 +425,15 @@ class TelegramAdapter:
         turn = self.delivery.answer(accepted, self._reply(where, language))
         self.delivery.background(asyncio.create_task(turn, name=f"turn {event_id}"))  # after the acknowledgement
 
-    def _reply(self, where: TelegramChat, language: str) -> TelegramReply:
+    def _reply(self, where: TelegramChat, language: str) -> ChatReply:
         draft = where.private and self.settings.stream_mode == "draft" and not self.delivery.refused_capabilities.refused("drafts")
         # In a private chat the chat's user is the only one who could click; in groups any reviewer may.
         review = self.conversations.kept.approved is not None and (
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
-        return TelegramReply(self.bot, where, self.settings, self.rates, draft=draft, language=language,
-                             on_drafts_unavailable=self._drafts_unavailable, review=review,
-                             background=self.delivery.background, first_acks=self.first_acks)
+        return ChatReply(TelegramMessages(self.bot, where, self.settings, self.rates, draft=draft, language=language,
+                                          on_drafts_unavailable=self._drafts_unavailable, review=review,
+                                          background=self.delivery.background, first_acks=self.first_acks),
+                         name=where.key)
 
     # --- expert replies (bot/knowledge/loop/expert.py) -------------------------------------------------
     def _link(self, message: Message) -> str:
@@ -505,10 +505,10 @@ class TelegramAdapter:
     async def account(self) -> str:
         return f"telegram:{self.bot_id}"
 
-    def rebuild(self, turn: PendingTurn) -> TelegramReply:
+    def rebuild(self, turn: PendingTurn) -> ChatReply:
         return self.reply_to(turn.target)
 
-    def reply_to(self, target: dict[str, Any]) -> TelegramReply:
+    def reply_to(self, target: dict[str, Any]) -> ChatReply:
         if int(target["chat"]["bot_id"]) != self.bot_id:  # a question another bot of the same Redis took
             raise ValueError(f"the chat of bot {target['chat']['bot_id']} is not this bot's ({self.bot_id})")
         return self._reply(TelegramChat(**target["chat"]), str(target.get("language") or "en"))

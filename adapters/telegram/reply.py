@@ -1,7 +1,8 @@
 """Telegram replies: one answer shown in its chat, paced and within the chat's and the bot's rate budget.
 
-``TelegramReply`` is the ``Reply`` the adapter gives ``Answerer.answer`` for one question; its
-``TelegramSink`` puts the text into the chat:
+``TelegramMessages`` is one answer's messages (``bot.delivery.reply.AnswerMessages``); the adapter gives
+``Answerer.answer`` a ``ChatReply`` over them, which paces, reconciles and shows failures the same way on
+every platform. What Telegram does:
 
 - the question acknowledged on receipt: "typing…" (renewed with spare budget until the first text) and,
   when ``ack_reaction`` is set, a reaction on the question, taken back with the answer;
@@ -15,8 +16,8 @@
   message; the final call reconciles every message already sent with the final parts;
 - a failed turn ends with the Answerer's friendly message in the chat.
 
-Failure display and the final reconciliation are the delivery layer's (``bot.delivery.show_failure``,
-``reconcile``); this module supplies Telegram's calls for them.
+The final reconciliation is the reply's (``bot.delivery.reply.reconcile`` over ``final_parts``, ``same``,
+``edit``, ``add``, ``delete``); the failure's retries past rate limits are ``bot.delivery.reply.show_failure``.
 
 Every send and edit takes a token from its chat's bucket and from the bot-wide one (``BOT_SEND``),
 shared by all answers; intermediate states go only with budget to spare in both. Also here: the
@@ -48,7 +49,7 @@ from aiogram.utils.token import extract_bot_id
 from adapters.telegram.text import Rendered, answer_markup, final_parts, render_parts
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
-from bot.delivery.reply import Cadence, RetryAfter, StreamedReply, StreamWriter, in_background, reconcile, show_failure
+from bot.delivery.reply import Cadence, RetryAfter, in_background, show_failure
 from bot.settings.base import reveal
 from bot.settings.platforms import TelegramSettings
 from bot.types import Answer, Citation
@@ -97,18 +98,73 @@ def _is_entity_error(error: TelegramBadRequest) -> bool:
     return "can't parse entities" in error.message or "can't find end" in error.message
 
 
-class TelegramSink:
-    """Puts one answer's text into a chat; called by that answer's ``StreamWriter`` only.
+def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
+    return None if markup is None else markup.model_dump_json()
+
+
+def _reply_parameters(message_id: int) -> Any:
+    return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
+
+
+class FirstAcknowledgements:
+    """The first "typing" calls on their way for one bot in this process. A turn starts its work once
+    none is (``TelegramMessages.acknowledge``): the turns' retrieval and prompts share the one event loop
+    with those calls, and a turn started early slows every acknowledgement still queued for the bot's
+    budget."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self._idle: list[asyncio.Future[None]] = []
+
+    def begin(self) -> None:
+        self.pending += 1
+
+    def end(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self.pending = 0
+            waiting, self._idle = self._idle, []
+            for idle in waiting:
+                if not idle.done():
+                    idle.set_result(None)
+
+    async def settled(self, timeout_s: float) -> None:
+        """Return once no first acknowledgement is on its way, or after ``timeout_s``."""
+        if self.pending == 0:
+            return
+        idle = asyncio.get_running_loop().create_future()
+        self._idle.append(idle)
+        try:
+            await asyncio.wait({idle}, timeout=timeout_s)
+        finally:
+            if idle in self._idle:
+                self._idle.remove(idle)
+
+
+class TelegramMessages:
+    """One Telegram answer's messages (``bot.delivery.reply.AnswerMessages``), driven by its ``ChatReply``.
 
     ``posted`` are the messages already sent for this answer. Drafting, the message being filled is a
     draft and ``posted`` holds only completed parts; editing, the last posted message is the one being
-    filled. The final call reconciles every posted message with the final parts.
+    filled. The reply reconciles every posted message with the final parts (``final_parts``).
+
+    The acknowledgement: "typing…" as soon as the question is taken, before its turn waits for the
+    chat's lock or a free slot, and the ``ack_reaction`` on the question when one is set. Both are
+    calls with the chat's and the bot's budget: the first typing waits its turn like a first text; a
+    chat action shows for about 5 s, so it is renewed until the first text, but only with budget to
+    spare (a renewal never delays anyone's text). The reaction is taken back once the answer is shown,
+    in the background and after everything that completes an answer.
     """
 
     platform = "telegram"
+    TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
+    #: How long a turn's work waits for its first "typing" to go out (``acknowledge``).
+    ACK_WAIT_S = 2.0
 
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
-                 draft: bool, on_draft_refused: Callable[[bool], None] | None = None):
+                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
+                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None,
+                 first_acks: FirstAcknowledgements | None = None):
         self.bot = bot
         self.where = where
         self.settings = settings
@@ -116,17 +172,35 @@ class TelegramSink:
         self.limit = settings.max_message_units
         self.draft = draft
         self.draft_id = random.randint(1, 2**31 - 1)
-        self.on_draft_refused = on_draft_refused
+        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
+        self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
+        self._on_drafts_unavailable = on_drafts_unavailable
         self.posted: list[_Posted] = []
         self.drafted: Rendered | None = None
         self.citations: list[Citation] = []
         self.markup: InlineKeyboardMarkup | None = None
-        self.language = "en"
+        self.language = language
+        self.review = review  # show the approve / withdraw button (someone here may use it)
         self.calls = 0
         self._prepaid = False  # ready() took the budget of the next call
-        self.on_first_text: Callable[[], None] | None = None
+        #: Shared by the bot's replies in this process (the adapter's); a reply alone waits for its own.
+        self.first_acks = first_acks if first_acks is not None else FirstAcknowledgements()
+        self._background = background
+        self._typing: asyncio.Task[None] | None = None
+        self._first_pending = False  # counted in first_acks until its first "typing" is done with
+        self._taken_at = rates.clock()
+        #: The reaction put on the question (taken back with the answer), if any.
+        self.reacted: str | None = None
 
-    # --- the Sink protocol -----------------------------------------------------------------------
+    @property
+    def shown(self) -> list[_Posted]:
+        return self.posted
+
+    @property
+    def cadence(self) -> Cadence:
+        return self.draft_cadence if self.draft else self.edit_cadence
+
+    # --- the text --------------------------------------------------------------------------------
     async def ready(self, final: bool) -> bool:
         """The first text and the final text wait for the budget (in ``_call``); an intermediate
         state goes only with budget to spare in this chat and bot-wide, so it never delays another
@@ -136,10 +210,7 @@ class TelegramSink:
         self._prepaid = await self.rates.try_acquire_all(*send_budgets(self.where.chat_id))
         return self._prepaid
 
-    async def send(self, text: str, final: bool) -> bool:
-        if final:
-            await self._send_final(text)
-            return True
+    async def show(self, text: str) -> bool:
         parts = render_parts(text, self.limit)
         if not parts:
             return False
@@ -166,23 +237,32 @@ class TelegramSink:
                 sent = True
         return sent
 
-    async def _send_final(self, markdown: str) -> None:
-        parts = final_parts(markdown, self.citations, self.limit, self.language)
+    # --- the final text, reconciled by the reply --------------------------------------------------------
+    def final_parts(self, text: str) -> list[Rendered]:
+        return final_parts(text, self.citations, self.limit, self.language)
 
-        def markup(last: bool) -> InlineKeyboardMarkup | None:
-            return self.markup if last else None
+    def _markup(self, last: bool) -> InlineKeyboardMarkup | None:
+        return self.markup if last else None
 
-        async def delete(extra: _Posted) -> None:
-            try:
-                await self._call("deleteMessage", lambda: self.bot.delete_message(
-                    chat_id=self.where.chat_id, message_id=extra.message_id))
-            except TelegramBadRequest as exc:
-                log.warning("could not delete a superseded message %s: %s", extra.message_id, exc.message)
-            self.posted.remove(extra)
+    def same(self, posted: _Posted, part: Rendered, last: bool) -> bool:
+        return posted.shown == part and _markup_key(posted.markup) == _markup_key(self._markup(last))
 
-        await reconcile(self.posted, parts, same=lambda posted, part, last: posted.shown == part and _markup_key(
-            posted.markup) == _markup_key(markup(last)), edit=lambda posted, part, last: self._edit(
-            posted, part, markup(last)), add=lambda part, last: self.post(part, markup(last)), delete=delete)
+    async def edit(self, posted: _Posted, part: Rendered, last: bool) -> None:
+        await self._edit(posted, part, self._markup(last))
+
+    async def add(self, part: Rendered, last: bool) -> None:
+        await self.post(part, self._markup(last))
+
+    async def delete(self, posted: _Posted) -> None:
+        try:
+            await self._call("deleteMessage", lambda: self.bot.delete_message(
+                chat_id=self.where.chat_id, message_id=posted.message_id))
+        except TelegramBadRequest as exc:
+            log.warning("could not delete a superseded message %s: %s", posted.message_id, exc.message)
+        self.posted.remove(posted)
+
+    async def final_shown(self) -> None:
+        pass
 
     # --- failure -----------------------------------------------------------------------------------
     async def show_failure(self, message: str) -> None:
@@ -227,11 +307,6 @@ class TelegramSink:
                         self.where.chat_id, exc.message)
             return await self._call(method, lambda: call(None))
 
-    def _shown_text(self) -> None:
-        if self.on_first_text is not None:
-            hook, self.on_first_text = self.on_first_text, None
-            hook()
-
     async def post(self, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
         """Sends ``part`` as a new message (the first one replies to the question)."""
         first = not self.posted
@@ -245,7 +320,7 @@ class TelegramSink:
 
         sent: Message = await self._with_plain_fallback("sendMessage", part, call)
         self.posted.append(_Posted(sent.message_id, part, markup))
-        self._shown_text()
+        self._stop_typing()  # text on screen: typing has done its job
 
     async def _edit(self, posted: _Posted, part: Rendered, markup: InlineKeyboardMarkup | None = None) -> None:
         def call(entities: list[MessageEntity] | None) -> Awaitable[Any]:
@@ -274,101 +349,11 @@ class TelegramSink:
             log.info("chat %s: drafts refused (%s); editing a message instead", self.where.chat_id, exc.message)
             self.draft = False
             self.drafted = None
-            if self.on_draft_refused is not None:
-                self.on_draft_refused(method_missing)
+            if method_missing and self._on_drafts_unavailable is not None:
+                self._on_drafts_unavailable()
             return False
-        self._shown_text()
+        self._stop_typing()  # text on screen: typing has done its job
         return True
-
-
-def _markup_key(markup: InlineKeyboardMarkup | None) -> Any:
-    return None if markup is None else markup.model_dump_json()
-
-
-def _reply_parameters(message_id: int) -> Any:
-    return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
-
-
-class FirstAcknowledgements:
-    """The first "typing" calls on their way for one bot in this process. A turn starts its work once
-    none is (``TelegramReply.acknowledge``): the turns' retrieval and prompts share the one event loop
-    with those calls, and a turn started early slows every acknowledgement still queued for the bot's
-    budget."""
-
-    def __init__(self) -> None:
-        self.pending = 0
-        self._idle: list[asyncio.Future[None]] = []
-
-    def begin(self) -> None:
-        self.pending += 1
-
-    def end(self) -> None:
-        self.pending -= 1
-        if self.pending <= 0:
-            self.pending = 0
-            waiting, self._idle = self._idle, []
-            for idle in waiting:
-                if not idle.done():
-                    idle.set_result(None)
-
-    async def settled(self, timeout_s: float) -> None:
-        """Return once no first acknowledgement is on its way, or after ``timeout_s``."""
-        if self.pending == 0:
-            return
-        idle = asyncio.get_running_loop().create_future()
-        self._idle.append(idle)
-        try:
-            await asyncio.wait({idle}, timeout=timeout_s)
-        finally:
-            if idle in self._idle:
-                self._idle.remove(idle)
-
-
-class TelegramReply(StreamedReply):
-    """``Reply`` for one Telegram answer: acknowledged on receipt, drafts or edits, the final messages.
-
-    The acknowledgement (``Acknowledges``): "typing…" as soon as the question is taken, before its turn
-    waits for the chat's lock or a free slot, and the ``ack_reaction`` on the question when one is set.
-    Both are calls with the chat's and the bot's budget: the first typing waits its turn like a first
-    text; a chat action shows for about 5 s, so it is renewed until the first text, but only with
-    budget to spare (a renewal never delays anyone's text). The reaction is taken back once the answer
-    is shown, in the background and after everything that completes an answer.
-    """
-
-    TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
-    #: How long a turn's work waits for its first "typing" to go out (``acknowledge``).
-    ACK_WAIT_S = 2.0
-
-    def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
-                 draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
-                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None,
-                 first_acks: FirstAcknowledgements | None = None):
-        self.bot = bot
-        #: Shared by the bot's replies in this process (the adapter's); a reply alone waits for its own.
-        self.first_acks = first_acks if first_acks is not None else FirstAcknowledgements()
-        self._background = background
-        self.language = language
-        self.review = review  # show the approve / withdraw button (someone here may use it)
-        self.where = where
-        self.settings = settings
-        self.rates = rates
-        self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
-        self.draft_cadence = Cadence(min_interval_s=settings.draft_interval_s)
-        self._on_drafts_unavailable = on_drafts_unavailable
-        self.sink = TelegramSink(bot, where, settings, rates, draft=draft, on_draft_refused=self._drafts_refused)
-        self.sink.language = language
-        self.sink.on_first_text = self._stop_typing
-        self.writer = StreamWriter(self.sink, self.draft_cadence if draft else self.edit_cadence, name=where.key)
-        self._typing: asyncio.Task[None] | None = None
-        self._first_pending = False  # counted in first_acks until its first "typing" is done with
-        self._taken_at = rates.clock()
-        #: The reaction put on the question (taken back with the answer), if any.
-        self.reacted: str | None = None
-
-    def _drafts_refused(self, method_missing: bool) -> None:
-        self.writer.cadence = self.edit_cadence
-        if method_missing and self._on_drafts_unavailable is not None:
-            self._on_drafts_unavailable()
 
     async def _courtesy(self, what: str, call: Callable[[], Awaitable[Any]], *,
                         priority: Priority | None = None) -> bool | None:
@@ -432,19 +417,19 @@ class TelegramReply(StreamedReply):
             self._typing.cancel()
             self._typing = None
 
-    # --- Reply ---------------------------------------------------------------------------------------
+    # --- what the reply asks ----------------------------------------------------------------------------
     def message_ids(self) -> list[str]:
-        """``PostsMessages``: the ids of the messages sent for this answer so far (drafts have none)."""
-        return [str(posted.message_id) for posted in self.sink.posted]
+        """The ids of the messages sent for this answer so far (drafts have none)."""
+        return [str(posted.message_id) for posted in self.posted]
 
     async def acknowledge(self) -> None:
-        """``Acknowledges``: called as soon as the question is accepted, before its turn waits; returns once
+        """Called as soon as the question is accepted, before its turn waits; returns once
         no first "typing" of this bot is on its way any more (at most ``ACK_WAIT_S``). The turn's own work
         comes after them: 50 turns' retrieval and prompts run on the one event loop, and started at once
         they left the acknowledgements' calls (each a budget take and a request) waiting between them: the
         first "typing" of 50 new chats landed 0.75 s after the questions and the last 3 s after, where the
         bot's budget allows 1.7 s."""
-        if self._typing is None and not (self.sink.posted or self.sink.drafted):
+        if self._typing is None and not (self.posted or self.drafted):
             self.first_acks.begin()
             self._first_pending = True
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
@@ -456,12 +441,12 @@ class TelegramReply(StreamedReply):
             self._first_pending = False
             self.first_acks.end()
 
-    def final_extras(self, answer: Answer) -> None:
-        self.sink.citations = list(answer.citations)
-        self.sink.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
-                                         language=self.language)
+    def complete(self, answer: Answer) -> None:
+        self.citations = list(answer.citations)
+        self.markup = answer_markup(answer, feedback=self.settings.feedback, review=self.review,
+                                    language=self.language)
 
-    async def settle_acknowledgement(self) -> None:
+    async def settle(self) -> None:
         self._stop_typing()
 
     async def take_back(self, *, failed: bool) -> None:

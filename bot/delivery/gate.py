@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.delivery.pending import PendingTurn, PostsMessages
-from bot.delivery.reply import StreamedReply
+from bot.delivery.reply import ChatReply
 from bot.delivery.turns import Accepted, Arrival, Turns
 from bot.messages import say
 from bot.state import Claim, TaskSet
@@ -258,8 +258,8 @@ class Delivery:
         replica, or by this one again), stops writing; the messages it posted that its entry never held
         are retired, since the new owner retires only those it was handed (``keep``). Without this a
         replica under load left a half-written answer beside the whole one."""
-        if isinstance(reply, StreamedReply):
-            await reply.writer.close()  # a send in flight completes first: its message id is known
+        if isinstance(reply, ChatReply):
+            await reply.stop()  # a send in flight completes first: its message id is known
         if not isinstance(reply, PostsMessages):
             return
         language = str(turn.target.get("language") or "en")

@@ -5,16 +5,18 @@
   when it grew, once the sink is ``ready`` (its rate budget, ``bot.delivery.rates``). When the platform says
   "retry after N s" (``RetryAfter``), the writer sleeps N s and then sends the *latest* text, so
   intermediate states are dropped but the final text never is. Sends never overlap and never reorder.
-- ``StreamedReply``: the reply's flow, in this order: ``start`` acknowledges the question, ``push`` feeds
-  the writer, ``finish`` completes the text with the platform's sources and buttons, ``fail`` closes the
-  stream and shows the failure (``show_failure``: the partial answer replaced, else posted, past rate
-  limits), and after either the acknowledgement is taken back.
+- ``ChatReply``: the one ``Reply`` of every chat platform, in this order: ``acknowledge``/``start`` show
+  the question taken, ``push`` feeds the writer, ``finish`` completes the text with the platform's
+  sources and buttons and reconciles it over what is shown, ``fail`` closes the stream and shows the
+  failure (``show_failure``: the partial answer replaced, else posted, past rate limits), and after
+  either the acknowledgement is taken back.
 - ``reconcile``: the final text, as the platform's message parts, over the messages already shown
   (each kept, edited or deleted, the rest posted).
 
-A platform's reply (``adapters/slack/reply.py``, ``adapters/telegram/reply.py``) supplies its sink (post,
-edit, stream calls) and its acknowledgement; what surrounds a turn (claims, take-over) is
-``bot.delivery.turns`` and ``bot.delivery.gate``.
+A platform supplies one answer's messages as plain operations (``AnswerMessages``: acknowledge, ready,
+show, the final parts and their same/edit/add/delete, show_failure; ``adapters/slack/reply.py``,
+``adapters/telegram/reply.py``); nothing of it calls back into the reply. What surrounds a turn (claims,
+take-over) is ``bot.delivery.turns`` and ``bot.delivery.gate``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from bot.metrics import METRICS
 from bot.state import reap
 from bot.types import Answer
 
-__all__ = ["Cadence", "DeliveryFailed", "RetryAfter", "Sink", "StreamWriter", "StreamedReply", "cut_point",
+__all__ = ["AnswerMessages", "Cadence", "ChatReply", "DeliveryFailed", "RetryAfter", "Sink", "StreamWriter", "cut_point",
            "in_background", "reconcile", "show_failure", "split_message"]
 
 log = logging.getLogger("kbbot.streaming")
@@ -307,61 +309,128 @@ def split_message(text: str, limit: int, not_before: int = 0) -> list[str]:
 
 
 # --- what every platform's reply does --------------------------------------------------------------
-class FailureShown(Protocol):
+class AnswerMessages(Protocol):
+    """One answer's messages on a chat platform: the plain operations a ``ChatReply`` drives, in the
+    platform's folder (``adapters/slack/reply.py``, ``adapters/telegram/reply.py``). Nothing here calls
+    back into the reply: the platform answers, the reply decides when."""
+
+    #: The platform's name, the label of the writer's metrics.
+    platform: str
+    #: How often this answer may be sent now (a platform that falls back from streaming to edits
+    #: paces the rest of the answer as edits).
+    cadence: Cadence
+    #: The messages already shown for this answer, in order (what ``reconcile`` goes over).
+    shown: list[Any]
+
+    async def acknowledge(self) -> None:
+        """Show at once that the question was taken (a status, typing, a reaction); returns when the
+        turn may go on. Called again when the turn starts: a second call does nothing."""
+
+    async def settle(self) -> None:
+        """A failure is about to be shown: no acknowledgement may land after it."""
+
+    async def take_back(self, *, failed: bool) -> None:
+        """The answer or its failure is shown: the acknowledgement's undoing (a reaction, a status)."""
+
+    async def ready(self, final: bool) -> bool:
+        """``Sink.ready``: the rate budget of the coming call, taken before the writer takes its text."""
+
+    async def show(self, text: str) -> bool:
+        """The answer so far (the whole text), as an intermediate state; False when nothing changed on
+        screen. May raise ``RetryAfter``."""
+
+    def complete(self, answer: Answer) -> None:
+        """The answer is complete: what its last message carries (sources, buttons)."""
+
+    def final_parts(self, text: str) -> Sequence[Any]:
+        """The final text as the platform's message parts (rendered, split to its size)."""
+
+    def same(self, shown: Any, part: Any, last: bool) -> bool:
+        """``shown`` already holds ``part`` (with what the last part carries when ``last``)."""
+
+    async def edit(self, shown: Any, part: Any, last: bool) -> None: ...
+
+    async def add(self, part: Any, last: bool) -> None:
+        """``part`` in a message of its own (appended to ``shown``)."""
+
+    async def delete(self, shown: Any) -> None:
+        """A message the final text no longer needs (removed from ``shown``)."""
+
+    async def final_shown(self) -> None:
+        """The final text is on screen: what was kept for finishing it goes back."""
+
     async def show_failure(self, message: str) -> None:
         """The failed turn's message in place of what was being filled, else posted (``show_failure``)."""
 
+    def message_ids(self) -> list[str]:
+        """Ids of the messages posted so far for this answer (``PostsMessages``)."""
 
-class StreamedReply:
-    """What every chat platform's ``Reply`` does the same way, in this order: ``start`` acknowledges the
-    question (if the Answerer did not already), ``push`` hands the text to the answer's ``StreamWriter``,
-    ``finish`` adds the platform's sources and buttons and completes the text, ``fail`` closes the
-    stream and shows the failure, and after either the acknowledgement is taken back.
 
-    A platform's reply supplies ``acknowledge``, ``final_extras`` (what goes with the final text),
-    ``settle_acknowledgement`` (before a failure is shown: no acknowledgement may land after it) and
-    ``take_back`` (the acknowledgement's undoing once the answer or failure is shown).
-    """
+class ChatReply:
+    """The ``Reply`` of one answer on a chat platform, the same on every platform: ``acknowledge`` (and
+    ``start``) show the question taken, ``push`` hands the text to the answer's ``StreamWriter``,
+    ``finish`` completes it with the platform's sources and buttons and reconciles the final text over
+    what is shown (``reconcile``), ``fail`` stops the stream and shows the failure; after either the
+    acknowledgement is taken back. The platform supplies ``messages`` (``AnswerMessages``)."""
 
-    writer: StreamWriter
-    sink: FailureShown
-    #: The failure message shown, when the turn failed.
-    failed: str | None = None
+    def __init__(self, messages: AnswerMessages, *, name: str):
+        self.messages = messages
+        self.platform = messages.platform
+        self.writer = StreamWriter(self, messages.cadence, name=name)
+        #: The failure message shown, when the turn failed.
+        self.failed: str | None = None
 
+    # --- Reply -----------------------------------------------------------------------------------
     async def acknowledge(self) -> None:
-        raise NotImplementedError
-
-    def final_extras(self, answer: Answer) -> None:
-        raise NotImplementedError
-
-    async def settle_acknowledgement(self) -> None:
-        raise NotImplementedError
-
-    async def take_back(self, *, failed: bool) -> None:
-        raise NotImplementedError
+        await self.messages.acknowledge()
 
     async def start(self) -> None:
-        await self.acknowledge()  # already done when the Answerer acknowledged first
+        await self.messages.acknowledge()  # already done when the Answerer acknowledged first
 
     async def push(self, delta: str) -> None:
         self.writer.push(delta)
 
     async def finish(self, answer: Answer) -> None:
-        self.final_extras(answer)
+        self.messages.complete(answer)
         try:
             await self.writer.finish(answer.text)
         finally:
-            await self.take_back(failed=False)
+            await self.messages.take_back(failed=False)
 
     async def fail(self, message: str) -> None:
         self.failed = message
         await self.writer.close()
-        await self.settle_acknowledgement()
+        await self.messages.settle()
         try:
-            await self.sink.show_failure(message)
+            await self.messages.show_failure(message)
         except Exception:
             log.exception("%s: could not show the failure message", self.writer.name)
-        await self.take_back(failed=True)
+        await self.messages.take_back(failed=True)
+
+    def message_ids(self) -> list[str]:
+        return self.messages.message_ids()
+
+    async def stop(self) -> None:
+        """Stop writing (a turn taken over while alive); a send in flight completes first, so the ids of
+        what it posted are known."""
+        await self.writer.close()
+
+    # --- the writer's sink -----------------------------------------------------------------------
+    async def ready(self, final: bool) -> bool:
+        go = await self.messages.ready(final)
+        self.writer.cadence = self.messages.cadence
+        return go
+
+    async def send(self, text: str, final: bool) -> bool:
+        messages = self.messages
+        if not final:
+            sent = await messages.show(text)
+            self.writer.cadence = messages.cadence
+            return sent
+        await reconcile(messages.shown, messages.final_parts(text), same=messages.same, edit=messages.edit,
+                        add=messages.add, delete=messages.delete)
+        await messages.final_shown()
+        return True
 
 
 async def show_failure(replace: Callable[[], Awaitable[bool]], post: Callable[[], Awaitable[None]], *,
