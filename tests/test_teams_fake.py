@@ -193,6 +193,9 @@ async def test_a_stream_past_its_time_limit_is_refused(teams: FakeTeams, api: Ap
         await api.conversations.create_activity(chat, TypingActivityInput(text="Refunds").with_id(first.id)
                                                 .add_stream_update(2))
     assert error_of(late.value)[2] == "Content stream finished due to exceeded streaming time."
+    # What the SDK's HttpStream does then, and kbbot's sink will: the text put on the stream's message.
+    await api.conversations.update_activity(chat, first.id, MessageActivityInput(text="Refunds take 14 days."))
+    assert [m.text for m in teams.chat(chat)] == ["Refunds take 14 days."]
 
 
 async def test_members_by_id_paged_and_by_channel(teams: FakeTeams, api: ApiClient):

@@ -567,7 +567,7 @@ class FakeTeams(LocalServer):
             try:
                 self._authorize(request)
                 if conversation:
-                    self._admit(conversation)
+                    self._admit(conversation, send=request.method != "GET")
                 status, response = await handler(request, call)
                 headers: dict[str, str] = {}
             except _Refusal as refusal:
@@ -582,8 +582,9 @@ class FakeTeams(LocalServer):
         if scheme != "Bearer" or self._access_tokens.get(token, 0) < time.time():
             raise _Refusal(401, "Unauthorized", "Authorization has been denied for this request.")
 
-    def _admit(self, conversation_id: str) -> None:
-        """404 for a conversation the fake does not know; 429 when throttled or past a limit."""
+    def _admit(self, conversation_id: str, send: bool = True) -> None:
+        """404 for a conversation the fake does not know; 429 when throttled or (a ``send``: a post, an
+        update, a delete) past a limit."""
         base = _base(conversation_id)
         if base not in self.conversations:
             raise _Refusal(404, "ConversationNotFound", "Conversation not found.")
@@ -592,7 +593,7 @@ class FakeTeams(LocalServer):
             retry_after = throttled.popleft()
             raise _Refusal(429, "TooManyRequests", "API calls quota exceeded",
                            {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None)
-        if self._limits:
+        if self._limits and send:
             now = time.monotonic()
             window = self._windows[base]
             longest = max(seconds for _, seconds in self._limits)
@@ -668,8 +669,12 @@ class FakeTeams(LocalServer):
     async def _put(self, request: web.Request, call: Call) -> tuple[int, JSON]:
         body = call.body if isinstance(call.body, dict) else {}
         message = self._own_message(request)
-        if message.stream is not None and not message.stream.done:
-            raise _Refusal(403, "ContentStreamNotAllowed", "A message being streamed cannot be updated.")
+        stream = message.stream
+        if stream is not None and not stream.done:
+            if call.at - stream.started_at <= self.stream_time_limit_s:
+                # Modelled, not seen on Teams: a stream is finished by its final message.
+                raise _Refusal(403, "ContentStreamNotAllowed", "A message being streamed cannot be updated.")
+            stream.done = True  # past its 2 minutes, the stream is over and its message an ordinary one
         self._check_message(body)
         message.edits.append(message.text)
         self._write(message, body)
