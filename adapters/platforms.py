@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from adapters import api, slack, telegram
+from adapters import api, slack, teams, telegram
 from bot.platform import Platform
 
 BUILDERS: dict[str, Callable[[Any, Any], Platform | None]] = {
     "slack": slack.build,
     "telegram": telegram.build,
+    "teams": teams.build,
     "api": api.build,
 }
 

@@ -143,6 +143,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     "interrupted": {"en": "(This answer was interrupted; it continues below.)",
                     "zh": "（此回答已中断，完整回答见下方。）"},
     "sources": {"en": "Sources", "zh": "来源"},
+    "searching": {"en": "Searching the knowledge base…", "zh": "正在检索知识库…"},
     "thanks": {"en": "Thanks for the feedback!", "zh": "感谢您的反馈！"},
     "feedback_failed": {"en": "Sorry, the feedback could not be saved.", "zh": "抱歉，反馈未能保存。"},
     "refreshing": {"en": "Refreshing {what} now; the result follows.", "zh": "正在刷新 {what}，完成后会发送结果。"},

@@ -1,2 +1,23 @@
-"""Microsoft Teams (issue 41): so far its Bot Framework auth (``auth``); the platform comes with the
-platform contract of ``bot.platform``."""
+"""Microsoft Teams: channel mentions (answered in their reply chain), personal and group chats in;
+streamed, cited answers out (``platform``: activities, invokes, commands; ``reply``: its messages,
+streaming and rate limits; ``text``: escaping, citations, cards; ``connector``: the Bot Connector through
+the Teams SDK; ``auth``: the Bot Framework's JWTs and the app's token; ``settings``: its section)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.teams.platform import TeamsAdapter
+from adapters.teams.reply import make_rates
+from adapters.teams.settings import teams_settings
+
+
+def build(runtime: Any, conversations: Any) -> TeamsAdapter | None:
+    """Teams on ``runtime``'s settings (None when ``TEAMS_APP_ID`` is not set)."""
+    s = runtime.settings
+    settings = teams_settings(s)
+    if not settings.enabled:
+        return None
+    settings.check_serving()
+    return TeamsAdapter(conversations, settings, rates=make_rates(settings, runtime.redis, s.redis_prefix),
+                        redis=runtime.redis, prefix=s.redis_prefix)

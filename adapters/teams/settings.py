@@ -1,0 +1,120 @@
+"""Settings of Microsoft Teams: the ``teams:`` section of ``config/kbbot.yaml`` plus environment.
+
+The app's id, secret and Entra tenant come only from the environment (a file holding one is refused) and
+are ``SecretStr``: never in a repr or a log. The login, OpenID and connector URLs are Microsoft's public
+cloud unless overridden (a sovereign cloud, or a test's fake).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, StrictBool, ValidationError, model_validator
+
+from bot.errors import SettingsError
+from bot.settings.base import Env, Explainer, Ids, Problem, Spaces, env_fields, refuse_environment_only
+from bot.settings.platforms import Seconds, SpacesByChat, _Platform
+
+OPENID_CONFIGURATION_URL = "https://login.botframework.com/v1/.well-known/openidconfiguration"
+LOGIN_URL = "https://login.microsoftonline.com"
+#: Where proactive messages go when no activity has named a service URL yet (Teams' public one).
+SERVICE_URL = "https://smba.trafficmanager.net/teams/"
+
+
+class TeamsSettings(_Platform):
+    #: stream: Teams' streaming protocol in personal chats (informative update, streaming updates, the
+    #: final message); edit: one message posted and updated. Channels and group chats always edit
+    #: (Teams streams only in personal chats).
+    stream_mode: Literal["stream", "edit"] = "stream"
+    #: Entra tenants, teams and conversations (channel or group chat ids) kbbot answers in; empty = all.
+    #: Personal chats are no conversations here.
+    allowed_tenants: Ids = []
+    allowed_teams: Ids = []
+    allowed_channels: Ids = []
+    #: Users (``29:…`` ids or Entra object ids) allowed to ask; empty = everyone.
+    allowed_users: Ids = []
+    #: Channel or group chat id -> knowledge spaces searched for questions asked there.
+    channel_spaces: SpacesByChat = {}
+    #: Spaces for conversations without a mapping, and for personal chats.
+    default_spaces: Spaces = ["default"]
+    #: Streaming: minimum seconds between two requests of one stream (Teams: one a second at most,
+    #: 1.5-2 s recommended).
+    stream_interval_s: Annotated[float, Field(ge=1.0)] = 1.5
+    #: Edit mode: minimum seconds between two updates of one answer.
+    edit_interval_s: Seconds = 1.5
+    #: Longest text per message in characters; longer answers are split (an activity may hold about
+    #: 28 KB of JSON, where one Chinese character can take 6 bytes).
+    max_message_chars: int = Field(4000, ge=1, le=12000)
+    #: 👍/👎 through Teams' feedback loop under each answer.
+    feedback: StrictBool = True
+    #: How long a delivered activity id is remembered.
+    dedupe_ttl_s: float = Field(86400, gt=0)
+    #: While its turn runs, an activity's claim lasts this long and is renewed (a replica that dies
+    #: mid-turn frees it for another replica's take-over).
+    claim_lease_s: float = Field(30, gt=0)
+    #: User ids (``29:…``) allowed to send ``status`` and ``refresh [SOURCE]``.
+    admins: Ids = []
+    #: User ids (``29:…``) who may keep experts' replies and decide re-checked approvals.
+    reviewers: Ids = []
+    #: A conversation id (a channel's or a group chat's) where the weekly digest goes; "" for none.
+    digest_channel: str = ""
+    #: The Bot Connector for messages kbbot starts (reviewers' notes, the digest) before any activity
+    #: named one; each activity's own ``serviceUrl`` is used for its conversation.
+    service_url: Annotated[str, Env("TEAMS_SERVICE_URL")] = SERVICE_URL
+    openid_url: Annotated[str, Env("TEAMS_OPENID_URL")] = OPENID_CONFIGURATION_URL
+    login_url: Annotated[str, Env("TEAMS_LOGIN_URL")] = LOGIN_URL
+    app_id: Annotated[SecretStr | None, Env("TEAMS_APP_ID", only=True)] = None
+    app_secret: Annotated[SecretStr | None, Env("TEAMS_APP_SECRET", only=True)] = None
+    #: The app's Entra tenant (single-tenant registrations); unset: ``botframework.com`` (multi-tenant).
+    tenant_id: Annotated[SecretStr | None, Env("TEAMS_TENANT_ID", only=True)] = None
+
+    @model_validator(mode="after")
+    def _lease_within_dedupe(self) -> TeamsSettings:
+        if self.claim_lease_s > self.dedupe_ttl_s:
+            raise Problem("must be at most teams.dedupe_ttl_s", at=("claim_lease_s",))
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.app_id is not None
+
+    def spaces_for(self, conversation: str) -> tuple[str, ...]:
+        return tuple(self.channel_spaces.get(conversation) or self.default_spaces)
+
+    def is_reviewer(self, user: str) -> bool:
+        return bool(user) and user in self.reviewers
+
+    def problems(self) -> list[str]:
+        if self.enabled and self.app_secret is None:
+            return ["TEAMS_APP_ID is set but TEAMS_APP_SECRET is not (kbbot's replies need the app's token)"]
+        return []
+
+    # The settings model does not declare this section yet (``bot`` may not import ``adapters``): until
+    # the composition root assembles it from the registry, ``Settings.teams`` holds the file's mapping,
+    # read here with the environment over it.
+    @classmethod
+    def load(cls, raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> TeamsSettings:
+        """The ``teams:`` section as the file gives it (``raw``), with the environment (``env``, else
+        ``os.environ``) over it."""
+        env = os.environ if env is None else env
+        raw = dict(raw or {})
+        refuse_environment_only(cls, raw, "the settings file's teams: section")
+        origins = {}
+        for path, variable in env_fields(cls):
+            value = env.get(variable.name)
+            if value is not None and value.strip():
+                raw[path[-1]] = value
+                origins[path] = variable
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            error = Explainer(cls, origins, raw)(exc)
+            raise SettingsError(f"teams.{error}") from None
+
+
+def teams_settings(settings: Any) -> TeamsSettings:
+    """The Teams section of the application's settings (a ``TeamsSettings`` where a caller set one)."""
+    section = getattr(settings, "teams", None)
+    return section if isinstance(section, TeamsSettings) else TeamsSettings.load(section)
