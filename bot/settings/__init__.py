@@ -534,6 +534,10 @@ class Settings(BaseSettings):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    #: The ``teams:`` section as the file gives it, read by ``adapters/teams/settings.py`` with the
+    #: environment over it (``bot`` may not import ``adapters``), until the settings model is assembled
+    #: from the platforms' registry.
+    teams: dict[str, Any] = {}
     insights: InsightsSettings = Field(default_factory=InsightsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
