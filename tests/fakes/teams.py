@@ -12,6 +12,7 @@ It misbehaves the ways Teams does::
 
     async with FakeTeams() as teams:
         teams.rate_limit(chat, times=2, retry_after=1)   # 429 on that conversation's next two calls
+        teams.rate_limit_kind("final", times=2)          # 429 on the next two final stream messages anywhere
         teams.enforce_documented_limits()                # per bot per conversation: 7/1 s, 8/2 s, 60/30 s, 1800/h
         teams.pace_streams(1.0)                          # a stream request sooner than 1 s after the last: 429
         teams.refuse_streaming()                         # 403 ContentStreamNotAllowed
@@ -236,6 +237,7 @@ class FakeTeams(LocalServer):
         self._access_tokens: dict[str, float] = {}
         self._ids = itertools.count(1_700_000_000_001)
         self._throttled: dict[str, deque[float | None]] = defaultdict(deque)
+        self._throttled_kinds: dict[str, deque[float | None]] = defaultdict(deque)
         self._windows: dict[str, deque[float]] = defaultdict(deque)
         self._limits: list[tuple[int, float]] = []
         self._stream_pace_s: float | None = None
@@ -333,6 +335,18 @@ class FakeTeams(LocalServer):
         """The next ``times`` calls on the conversation get 429 (with ``Retry-After`` when given: Teams does
         not document one for bot APIs)."""
         self._throttled[_base(conversation_id)].extend([retry_after] * times)
+
+    def rate_limit_kind(self, kind: str, *, times: int = 1, retry_after: float | None = None) -> None:
+        """The next ``times`` requests of ``kind`` in any conversation get 429: ``informative``,
+        ``streaming`` or ``final`` (stream requests), ``message`` or ``typing`` (plain posts), ``update``."""
+        self._throttled_kinds[kind].extend([retry_after] * times)
+
+    def _throttle(self, kind: str) -> None:
+        waiting = self._throttled_kinds.get(kind)
+        if waiting:
+            retry_after = waiting.popleft()
+            raise _Refusal(429, "TooManyRequests", "API calls quota exceeded",
+                           {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None)
 
     def enforce_documented_limits(self, limits: list[tuple[int, float]] | None = None) -> None:
         """Refuse (429) a conversation's call past any of ``limits`` (calls within seconds; default Teams'
@@ -613,6 +627,8 @@ class FakeTeams(LocalServer):
         conversation_id = request.match_info["conversation"]
         conversation = self._conversation(conversation_id)
         stream_info = next((e for e in body.get("entities") or [] if e.get("type") == "streaminfo"), None)
+        self._throttle(str((stream_info or {}).get("streamType") or "streaming") if stream_info is not None
+                       else str(body.get("type")))
         if stream_info is not None:
             return self._stream(conversation, body, stream_info, call)
         kind = body.get("type")
@@ -668,6 +684,7 @@ class FakeTeams(LocalServer):
 
     async def _put(self, request: web.Request, call: Call) -> tuple[int, JSON]:
         body = call.body if isinstance(call.body, dict) else {}
+        self._throttle("update")
         message = self._own_message(request)
         stream = message.stream
         if stream is not None and not stream.done:

@@ -23,18 +23,23 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
+from pydantic import SecretStr
 from slack_sdk.signature import SignatureVerifier
 
 from adapters.insights import start_follow_ups
 from adapters.platforms import build_platforms
 from adapters.server import build_web_app
 from adapters.slack.text import neutralise
+from adapters.teams.settings import TeamsSettings
+from adapters.teams.text import EXPERT_APPROVE, EXPERT_CAPTURE
+from adapters.teams.text import neutralise as teams_neutralise
 from adapters.telegram.text import render
 from bot.conversation import HandledTurn
 from bot.platform import ReviewerMessages
 from bot.runtime import Runtime
 from bot.state.feedback import MemoryFeedback
 from tests.fakes.slack_server import FakeSlack
+from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram_server import FakeTelegram, callback_update, message_update
 from tests.fakes.telegram_server import user as tg_user
 
@@ -291,6 +296,7 @@ class SlackDriver(Driver):
         settings.slack = slack(bot_token=self.fake.token, signing_secret=SLACK_SECRET, api_url=self.fake.base_url,
                                **{"stream_interval_s": 0.3, "edit_interval_s": 0.3, **options})
         settings.telegram = type(settings.telegram)()
+        settings.teams = {}
 
     def user_id(self, name: str) -> str:
         return f"U0{name.upper()}"
@@ -428,6 +434,7 @@ class TelegramDriver(Driver):
                                      **{"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                         "groups_enabled": True, **options})
         settings.slack = type(settings.slack)()
+        settings.teams = {}
 
     def user_id(self, name: str) -> str:
         return str(self.PEOPLE.get(name) or 8000 + zlib.crc32(name.encode()) % 1000)
@@ -541,5 +548,136 @@ class TelegramDriver(Driver):
         return "\n".join(c.text for c in self.fake.calls)
 
 
+# --- Teams ----------------------------------------------------------------------------------------------
+class TeamsDriver(Driver):
+    """Teams: a question is an @mention posted in a channel (answered in its reply chain) or a message in a
+    personal chat; clicks are invokes (the feedback loop's ``message/submitAction``, an Adaptive Card's
+    ``adaptiveCard/action``); reviewers' notes are cards in their personal chats."""
+
+    name = "teams"
+    PEOPLE = ("alice", "bob", "carol", "dave", "rita")
+
+    async def __aenter__(self) -> TeamsDriver:
+        self.fake = FakeTeams()
+        await self.fake.__aenter__()
+        self.people = {name: self.fake.add_user(f"{name.capitalize()} Example") for name in self.PEOPLE}
+        self.shared = Place(self.fake.add_team("Support", list(self.people.values())), private=False)
+        self._bot: Bot | None = None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.fake.__aexit__(*exc)
+
+    def configure(self, settings: Any, **options: Any) -> None:
+        f = self.fake
+        settings.teams = TeamsSettings(app_id=SecretStr(f.app_id), app_secret=SecretStr(f.app_secret),
+                                       tenant_id=SecretStr(f.tenant_id), login_url=f.login_url, openid_url=f.openid_url,
+                                       service_url=f.service_url,
+                                       **{"stream_interval_s": 1.0, "edit_interval_s": 0.3, **options})
+        settings.slack = type(settings.slack)()
+        settings.telegram = type(settings.telegram)()
+
+    def user_id(self, name: str) -> str:
+        if name not in self.people:
+            self.people[name] = self.fake.add_user(f"{name.capitalize()} Example")
+        return self.people[name].id
+
+    def private(self, user: str) -> Place:
+        return Place(self.fake.personal_chat(self.fake.users[user]), private=True)
+
+    def home(self, user: str) -> Place:
+        return self.private(user)
+
+    def shows(self, markdown: str) -> str:
+        return teams_neutralise(markdown)
+
+    async def _deliver(self, bot: Bot, activity: dict[str, Any], settle: bool = True) -> Any:
+        self._bot = bot
+        status, body = await self.fake.deliver(bot.url, activity, session=bot.session)
+        assert status == 200, (status, body)
+        if settle:
+            await bot.settle()
+        return body
+
+    async def ask(self, bot: Bot, text: str, *, user: str, place: Place, settle: bool = True) -> Asked:
+        who = self.fake.users[user]
+        activity = self.fake.personal_message(text, user=who) if place.private else \
+            self.fake.channel_message(text, user=who, channel=place.id)
+        await self._deliver(bot, activity, settle)
+        return Asked(place, user, text, activity)
+
+    async def start_over(self, bot: Bot, place: Place, *, user: str) -> None:
+        if place.private:  # a channel's every post is a reply chain of its own
+            await self._deliver(bot, self.fake.personal_message("new", user=self.fake.users[user]))
+
+    async def reply(self, bot: Bot, asked: Asked, text: str, *, user: str) -> None:
+        who = self.fake.users[user]
+        activity = self.fake.personal_message(text, user=who) if asked.place.private else \
+            self.fake.channel_message(text, user=who, channel=asked.place.id, root=asked.event["id"], mention=False)
+        await self._deliver(bot, activity)
+
+    async def click_feedback(self, bot: Bot, shown: Shown, rating: str, *, user: str) -> None:
+        reaction = "like" if rating == "up" else "dislike"
+        await self._deliver(bot, self.fake.feedback(shown.native, user=self.fake.users[user], reaction=reaction))
+
+    async def click_note(self, bot: Bot, note: Note, action: str, *, user: str) -> str:
+        button = note.actions[action]
+        body = await self._deliver(bot, self.fake.card_action(note.native, user=self.fake.users[user],
+                                                              verb=button["verb"], data=button["data"]))
+        return str((body or {}).get("value") or "")
+
+    def _answers_to(self, asked: Asked) -> list[Any]:
+        """kbbot's messages after the question, deleted ones too: its reply chain's in a channel."""
+        conversation, _, root = asked.event["conversation"]["id"].partition(";messageid=")
+        messages = self.fake.messages[conversation]
+        if root:
+            return [m for m in messages if m.thread == root and m.from_bot]
+        after = next(i for i, m in enumerate(messages) if m.id == asked.event["id"])
+        return [m for m in messages[after + 1:] if m.from_bot]
+
+    def _turn_of(self, message: Any) -> str:
+        # Teams' thumbs name only the message: the turn a click records is the one kbbot noted for it.
+        if self._bot is None or not message.feedback_loop:
+            return ""
+        return self._bot.adapter.answers.peek(message.conversation, message.id) or ""
+
+    def shown(self, asked: Asked) -> list[Shown]:
+        found = []
+        for m in self._answers_to(asked):
+            sources = " ".join(f"[{c['position']}] {c['appearance']['name']}" for c in m.citations)
+            turn = self._turn_of(m)
+            feedback = [("up", turn), ("down", turn)] if turn else []
+            found.append(Shown(m.id, m.text, sources, feedback, m.deleted, m))  # type: ignore[arg-type]
+        return found
+
+    def states(self, asked: Asked) -> int:
+        [first, *_] = [m for m in self._answers_to(asked) if not m.deleted]
+        return len(first.changes)
+
+    def notes(self, reviewer: str) -> list[Note]:
+        found = []
+        for m in self.fake.chat(self.fake.personal_chat(self.fake.users[reviewer])):
+            actions = {"approve" if a["verb"] == EXPERT_APPROVE else "capture": a
+                       for card in m.attachments for a in (card.get("content") or {}).get("actions") or []
+                       if a.get("verb") in (EXPERT_APPROVE, EXPERT_CAPTURE)}
+            if actions:
+                found.append(Note(m.text, actions, m))
+        return found
+
+    def rate_limit_answers(self, *, times: int, retry_after: float) -> None:
+        for kind in ("streaming", "final", "message", "update"):
+            self.fake.rate_limit_kind(kind, times=times, retry_after=retry_after)
+
+    def refused(self) -> list[float]:
+        return [c.at for c in self.fake.calls if c.status == 429]
+
+    def delivered_at(self, asked: Asked) -> float:
+        [first, *_] = [m for m in self._answers_to(asked) if not m.deleted]
+        return first.changes[-1][1]
+
+    def everything_sent(self) -> str:
+        return "\n".join(json.dumps(c.body, ensure_ascii=False) for c in self.fake.calls if c.body)
+
+
 #: Every platform the scenarios run on.
-DRIVERS: list[type[Driver]] = [SlackDriver, TelegramDriver]
+DRIVERS: list[type[Driver]] = [SlackDriver, TelegramDriver, TeamsDriver]
