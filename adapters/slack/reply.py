@@ -45,13 +45,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.slack.settings import SlackSettings
 from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
 from bot.delivery.reply import Cadence, RetryAfter, cut_point, in_background, show_failure, split_message
 from bot.metrics import METRICS
 from bot.settings.base import reveal
-from bot.settings.platforms import SlackSettings
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.slack")
