@@ -19,12 +19,13 @@ from tqdm import tqdm
 
 from adapters.answer_eval import run_answer_eval
 from adapters.console.platform import ConsoleReply, console_inquiry
+from adapters.platforms import load_settings
 from bot.knowledge.insights.report import format_report, report_of
 from bot.knowledge.refresh import RefreshBusy, UnknownSource
 from bot.knowledge.status import format_status
 from bot.logs import log_format, setup_logging
 from bot.runtime import Generators, Runtime, build_runtime, make_store, status_of
-from bot.settings import Settings, SettingsError, load_settings, parse_interval
+from bot.settings import Settings, SettingsError, parse_interval
 from bot.types import Answer
 from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.turn import TurnLedger

@@ -1,8 +1,8 @@
 """Wires the insights into ``kbbot serve``: the admin page and the weekly digest's delivery.
 
-The digest goes out through the platforms (``bot.platform.Platform.send_note`` to each one's ``digest_to``:
-``insights.digest.slack_channel``, ``insights.digest.telegram_chat``), inside their rate budgets; owners get
-their lists on the platform whose user they are.
+The digest goes out through the platforms (``bot.platform.Platform.send_note`` to each one's ``digest_to``,
+the ``digest_to`` of its settings section), inside their rate budgets; owners get their lists on the
+platform whose user they are.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ log = logging.getLogger("kbbot.insights")
 def digest_poster(platforms: Iterable[Platform], settings: Any) -> Any:
     """``post(text)`` to every platform's digest destination (``Platform.digest_to``); raises when a
     destination is configured for a platform that is not."""
-    d = settings.insights.digest
     served = {p.name for p in platforms}
-    for name, to in (("slack", d.slack_channel), ("telegram", d.telegram_chat)):
-        if to and name not in served:
-            raise ValueError(f"insights.digest.{'slack_channel' if name == 'slack' else 'telegram_chat'} is set "
-                             f"but {name.capitalize()} is not configured")
+    for name, section in settings.platform_sections.items():
+        if section.digest_to and name not in served:
+            raise ValueError(f"{name}.digest_to is set but {name} is not configured")
     destinations = [p for p in platforms if p.digest_to]
 
     async def post(text: str) -> None:
@@ -82,7 +80,8 @@ def make_digest(runtime: Any, platforms: Iterable[Platform], post: Any) -> Weekl
 def start_digest(runtime: Any, platforms: Iterable[Platform]) -> WeeklyDigest | None:
     """The weekly digest job, started; None when it is not configured."""
     i = runtime.settings.insights
-    if not (i.enabled and i.digest.enabled):
+    sections = runtime.settings.platform_sections.values()
+    if not (i.enabled and i.digest.cron and any(s.digest_to for s in sections)):
         return None
     try:
         post = digest_poster(platforms, runtime.settings)

@@ -20,9 +20,10 @@ import time
 import uuid
 
 import pipelines  # noqa: F401  (telemetry off)
+from adapters.platforms import load_settings
 from bench.report import emit
 from bot.runtime import build_runtime
-from bot.settings import SourceSettings, load_settings
+from bot.settings import SourceSettings
 from pipelines.components.embedders import load_e5
 from pipelines.sources.confluence import ConfluenceSettings
 from tests.fakes.confluence_server import FakeConfluence

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (telemetry off)
+from adapters.platforms import load_settings
 from bench.report import emit
 from bot.runtime import build_runtime
-from bot.settings import load_settings
 from pipelines.components.embedders import load_e5, passage_text
 from pipelines.evaluation import read_jsonl
 from pipelines.indexing import Indexer

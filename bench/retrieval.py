@@ -57,8 +57,8 @@ from haystack import Document, component
 from haystack.document_stores.types import DuplicatePolicy
 from weaviate.classes.query import MetadataQuery
 
+from adapters.platforms import load_settings
 from bot.runtime import Runtime
-from bot.settings import load_settings
 from bot.turn.capacity import usable_cores
 from pipelines.analysis import analyze, chunk_search_text
 from pipelines.components.embedders import load_e5, passage_text

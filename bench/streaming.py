@@ -305,7 +305,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 
         asked: dict[str, float] = {}
         from adapters.slack.reply import make_rates
-        from bot.settings.platforms import SlackSettings
+        from adapters.slack.settings import SlackSettings
 
         rates = make_rates(SlackSettings(), redis, prefix=fresh_prefix())
         async with slack_app(runtime, fake, idempotency=MemoryIdempotency(), answerer=naive, stream_interval_s=1.0,
@@ -343,7 +343,7 @@ async def run_slack(runtime: Any, model: Any, n: int, strategy: str, every: int,
 async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: int,
                        redis: Any = None) -> dict[str, Any]:
     from adapters.telegram.reply import make_rates
-    from bot.settings.platforms import TelegramSettings
+    from adapters.telegram.settings import TelegramSettings
     from tests.fakes.telegram_server import message_update
     from tests.test_telegram import telegram_bot
 
@@ -498,8 +498,8 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
               model_in: str = "process", helper_delay: float = 0.0) -> dict[str, Any]:
     strategies = strategies or ["kbbot", "naive"]
     layouts = layouts or ["many"]
+    from adapters.platforms import load_settings
     from bot.runtime import build_runtime
-    from bot.settings import load_settings
     data = Path(tempfile.mkdtemp(prefix="kbbot-bench-stream-"))
     rows = []
     with fake_model(model_in, tokens_per_second, first_token_delay, helper_delay) as fake:

@@ -55,8 +55,8 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def run(turns: int, threads: int, profile: int = 0) -> dict[str, object]:
+    from adapters.platforms import load_settings
     from bot.runtime import build_runtime  # not at the top: the spawned fake-model process imports this module
-    from bot.settings import load_settings
     from bot.types import Inquiry
     from tests.replies import RecordingReply
 

@@ -17,10 +17,10 @@ from aiohttp import web
 from adapters.insights import mount_admin
 from adapters.server import build_web_app
 from adapters.slack.platform import SlackAdapter
+from adapters.slack.settings import SlackSettings
 from bot.conversation import HandledTurn
 from bot.knowledge.refresh import Refresher
 from bot.knowledge.scheduler import KnowledgeAdmin
-from bot.settings.platforms import SlackSettings
 from tests.fakes.slack_server import FakeSlack
 from tests.test_slack import SECRET, TEAM, Slack, feedback_values
 

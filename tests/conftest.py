@@ -10,8 +10,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from adapters.platforms import Settings, load_settings  # noqa: E402
 from bot.runtime import build_runtime  # noqa: E402
-from bot.settings import Settings, load_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "kb"

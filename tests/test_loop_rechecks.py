@@ -277,8 +277,9 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
 
     from adapters.insights import digest_poster, make_digest
     from adapters.slack.platform import SlackAdapter
+    from adapters.slack.settings import SlackSettings
     from adapters.telegram.platform import TelegramAdapter
-    from bot.settings.platforms import SlackSettings, TelegramSettings
+    from adapters.telegram.settings import TelegramSettings
     from bot.state.turn_log.records import TurnRecord, ranked_chunks
     from pipelines.query import retrieval_inputs
 
@@ -290,7 +291,7 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
     settings = memory_settings(tmp_path / "kb")
     settings.sources = [folder_source("docs", docs, owners={"drives/": ["U0OLD"], "drives/fault": ["U0OWNER"],
                                                             "./pumps/": ["7002"], "pumps/old/": ["U0PUMPS"]})]
-    settings.insights.digest.slack_channel = "C0ADMINS"
+    settings.slack.digest_to = "C0ADMINS"
     runtime = build_runtime(settings)
     async with started(settings, tmp_path / "state", runtime):
         assert (await runtime.refresher().run("docs")).added == 3
@@ -308,9 +309,9 @@ async def test_the_weekly_digest_sends_each_owner_their_gaps_and_keeps_the_rest(
                     answer="not found", ranked=ranked))
 
         slack = SlackAdapter(None, SlackSettings(bot_token=fake_slack.token, signing_secret="s" * 32,
-                                                 api_url=fake_slack.base_url), digest_to=settings.insights.digest.slack_channel)
+                                                 api_url=fake_slack.base_url), digest_to=settings.slack.digest_to)
         telegram = TelegramAdapter(None, TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url),
-                                   digest_to=settings.insights.digest.telegram_chat)
+                                   digest_to=settings.telegram.digest_to)
         try:
             digest = make_digest(runtime, [slack, telegram], digest_poster([slack, telegram], settings))
             text = await digest.send()

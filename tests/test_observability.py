@@ -242,9 +242,10 @@ async def test_metrics_endpoint_reports_turns_stages_tokens_and_refreshes(claude
 
 async def test_platform_api_calls_and_429s_are_counted_at_the_shared_http_layer():
     from adapters.slack.platform import SlackAdapter
+    from adapters.slack.settings import SlackSettings
     from adapters.telegram.platform import TelegramAdapter
     from adapters.telegram.session import instrument
-    from bot.settings.platforms import SlackSettings, TelegramSettings
+    from adapters.telegram.settings import TelegramSettings
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram
 

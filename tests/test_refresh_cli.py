@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from adapters.cli import main
-from bot.settings import SettingsError, load_settings
+from adapters.platforms import load_settings
+from bot.settings import SettingsError
 from tests.conftest import REPO
 from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
 

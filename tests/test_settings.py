@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from bot.settings import MEMORY_SPLIT, Settings, SettingsError, load_settings
+from adapters.platforms import Settings, load_settings
+from bot.settings import MEMORY_SPLIT, SettingsError
 from tests.conftest import REPO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "settings"
@@ -71,6 +72,13 @@ def test_mains_settings_file_and_variables_load_as_they_did():
     for key, value in before.pop("memory").items():  # the section since split: the same values, renamed
         section, new = MEMORY_SPLIT[key]
         before.setdefault(section, {})[new] = value
+    for name, section in Settings().platform_sections.items():  # keys a platform's section took over
+        for old, new in section.OLDER_KEYS.items():
+            *parents, key = old.split(".")
+            node = before
+            for parent in parents:
+                node = node[parent]
+            before[name][new] = node.pop(key)
     settings = load_settings(FIXTURES / "kbbot-main.yaml", env=ENV)
     now = plain(settings) | {"anthropic_key_set": settings.anthropic_key_set}
     assert contained(before, now) == []
@@ -88,6 +96,34 @@ def test_an_older_memory_section_is_read_as_approvals_and_preferences(tmp_path: 
     assert "memory.pending_days and approvals.pending_days both given" in refused(
         tmp_path, "memory:\n  pending_days: 3\napprovals:\n  pending_days: 4\n")
     assert "unknown setting memory.colour" in refused(tmp_path, "memory:\n  colour: red\n")
+
+
+def test_an_older_files_digest_destinations_are_read_as_the_platforms(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture):
+    text = "insights:\n  digest:\n    slack_channel: C0ADMINS\n    telegram_chat: -1001234\n    top: 3\n"
+    with caplog.at_level(logging.WARNING, logger="kbbot.settings"):
+        settings = load_settings(write(tmp_path, text), env={"KBBOT_DATA_DIR": str(tmp_path)})
+    assert (settings.slack.digest_to, settings.telegram.digest_to, settings.insights.digest.top) == (
+        "C0ADMINS", "-1001234", 3)
+    assert "insights.digest.slack_channel -> slack.digest_to" in caplog.text
+    assert "insights.digest.telegram_chat -> telegram.digest_to" in caplog.text
+    assert "insights.digest.slack_channel and slack.digest_to both given; keep slack.digest_to" in refused(
+        tmp_path, "insights:\n  digest:\n    slack_channel: C1\nslack:\n  digest_to: C2\n")
+    assert "unknown setting insights.digest.teams_channel" in refused(
+        tmp_path, "insights:\n  digest:\n    teams_channel: C1\n")
+
+
+def test_bot_settings_alone_have_no_platform_section_and_read_no_platform_variable(tmp_path: Path):
+    """``bot/`` knows no platform: the registry (``adapters.platforms``) adds their sections and variables."""
+    from bot.settings import Settings as CoreSettings
+    from bot.settings import load_settings as load_core
+
+    assert CoreSettings.model_validate({}).platform_sections == {}
+    assert set(Settings().platform_sections) == {"slack", "telegram", "teams"}
+    core = load_core(write(tmp_path, ""), env={"SLACK_BOT_TOKEN": "xoxb-1", "KBBOT_DATA_DIR": str(tmp_path)})
+    assert not hasattr(core, "slack")
+    with pytest.raises(SettingsError, match="unknown setting slack"):
+        load_core(write(tmp_path, "slack: {}\n"), env={})
 
 
 def test_the_repositorys_file_loads_and_every_default_is_valid():

@@ -25,12 +25,12 @@ from slack_sdk.signature import SignatureVerifier
 from adapters.server import build_web_app
 from adapters.slack.platform import SlackAdapter
 from adapters.slack.reply import make_rates
+from adapters.slack.settings import SlackSettings
 from adapters.slack.text import neutralise, question_text, stable_prefix
 from bot.conversation import HandledTurn
 from bot.delivery.rates import PlatformRates, Rate
 from bot.delivery.reply import split_message
 from bot.runtime import Runtime
-from bot.settings.platforms import SlackSettings
 from bot.state.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.types import Outcome
 from tests.conftest import break_retrieval
@@ -131,7 +131,7 @@ async def slack_app(runtime: Runtime, fake: FakeSlack, *, rates: PlatformRates |
                             answerer=answerer or conversations.answerer, takeover=takeover)
     adapter = SlackAdapter(conversations, settings, rates=rates,
                            reviewers_channel=runtime.settings.approvals.reviewers_channel,
-                           digest_to=runtime.settings.insights.digest.slack_channel)
+                           digest_to=runtime.settings.slack.digest_to)
     runner = web.AppRunner(build_web_app([adapter], runtime), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -669,7 +669,7 @@ async def test_two_replicas_sharing_redis_answer_a_redelivered_event_once(kb_run
 
         store = RedisFeedback(client, prefix)
         await store.record(Feedback(turn_id="t1", rating="up", user_id="U0BOB", tenant=TEAM, channel="C0SUPPORT",
-                                    message_id="1.2"))
+                                    message_id="1.2", platform="slack"))
         stored = await client.hgetall(f"{prefix}feedback:t1")
         assert json.loads(stored[b"U0BOB"])["rating"] == "up"
     finally:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import SettingsError, SourceSettings, load_settings
+from adapters.platforms import load_settings
+from bot.settings import SettingsError, SourceSettings
 from pipelines.sources import SOURCE_KINDS
 from pipelines.sources.folder import FolderCapture, FolderSource
 from pipelines.sources.urls import UrlSource

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from adapters.server import build_web_app
 from adapters.telegram.platform import TelegramAdapter
+from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import render, render_parts, utf16_len
 from bot.conversation import HandledTurn
 from bot.runtime import Runtime
-from bot.settings.platforms import TelegramSettings
 from bot.state import Claim, MemoryIdempotency
 from bot.state.feedback import MemoryFeedback
 from bot.types import Outcome
@@ -66,7 +66,7 @@ async def telegram_bot(runtime: Runtime, fake: FakeTelegram, *, idempotency: Any
     conversations = replace(conversations, idempotency=idempotency or conversations.idempotency,
                             answerer=answerer or conversations.answerer)
     adapter = TelegramAdapter(conversations, settings, rates=rates,
-                              digest_to=runtime.settings.insights.digest.telegram_chat)
+                              digest_to=runtime.settings.telegram.digest_to)
     await adapter.start()
     try:
         yield Tg(fake, adapter, turns)

@@ -182,7 +182,7 @@ def test_threshold_settings_are_checked(tmp_path):
     config = tmp_path / "kbbot.yaml"
     config.write_text((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8")
                       .replace("off_topic_similarity: 0.78", "off_topic_similarity: 0.95"), encoding="utf-8")
-    from bot.settings import load_settings
+    from adapters.platforms import load_settings
 
     with pytest.raises(SettingsError, match="off_topic_similarity must be between 0 and retrieval.min_similarity"):
         load_settings(config, env={"KBBOT_DATA_DIR": str(tmp_path)})

@@ -4,11 +4,10 @@ commands; ``reply``: its messages and rate tiers; ``text``: blocks and escaping;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.slack.directory import SlackDirectory
-from adapters.slack.platform import SlackAdapter
-from adapters.slack.reply import make_rates
+if TYPE_CHECKING:
+    from adapters.slack.platform import SlackAdapter
 
 
 def build(runtime: Any, conversations: Any) -> SlackAdapter | None:
@@ -17,11 +16,16 @@ def build(runtime: Any, conversations: Any) -> SlackAdapter | None:
     s = runtime.settings
     if not s.slack.enabled:
         return None
+    # The SDK loads here, for ``kbbot serve``: the registry, which imports this package, is read by every command.
+    from adapters.slack.directory import SlackDirectory
+    from adapters.slack.platform import SlackAdapter
+    from adapters.slack.reply import make_rates
+
     s.slack.check_serving()
     # With Redis every replica draws from the same rate buckets: Slack limits the app, not a process.
     platform = SlackAdapter(conversations, s.slack, rates=make_rates(s.slack, runtime.redis, s.redis_prefix),
                             reviewers_channel=s.approvals.reviewers_channel,
-                            digest_to=s.insights.digest.slack_channel)
+                            digest_to=s.slack.digest_to or "")
     runtime.audiences.register("slack", SlackDirectory(platform.client, cache_s=s.permissions.cache_s,
                                                        groups=s.permissions.slack_groups))
     return platform

@@ -57,6 +57,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack.http import slack_refusal, slack_signature_problem, slack_trace_config
 from adapters.slack.loop import KEEP_ACTION, RETIRE_ACTION, decided_blocks, recheck_blocks, recheck_text
 from adapters.slack.reply import SlackMessages, SlackThread, error_code, make_client, make_rates, post_scope
+from adapters.slack.settings import SlackSettings
 from adapters.slack.text import (
     APPROVE_ACTION,
     EXPERT_APPROVE_ACTION,
@@ -84,7 +85,6 @@ from bot.messages import say
 from bot.platform import Reviewers
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings.base import reveal
-from bot.settings.platforms import SlackSettings
 from bot.state.feedback import Feedback
 from bot.types import Inquiry
 
@@ -417,7 +417,7 @@ class SlackAdapter:
             log.warning("ignoring a feedback click without a rating: %r", click.value)
             return
         item = Feedback(turn_id=turn_id, rating=rating, user_id=click.user, tenant=click.team, channel=click.channel,
-                        message_id=click.ts)
+                        message_id=click.ts, platform="slack")
         await self.conversations.record_feedback(item)
 
     async def _ephemeral(self, client: AsyncWebClient, channel: str, user: str, text: str,

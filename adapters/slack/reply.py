@@ -45,13 +45,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.slack.settings import SlackSettings
 from adapters.slack.text import final_blocks, neutralise, notification_text, stable_prefix
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
 from bot.delivery.reply import Cadence, RetryAfter, cut_point, in_background, show_failure, split_message
 from bot.metrics import METRICS
 from bot.settings.base import reveal
-from bot.settings.platforms import SlackSettings
 from bot.types import Answer
 
 log = logging.getLogger("kbbot.slack")
@@ -171,7 +171,6 @@ class SlackMessages:
         self.filled = ""  # the text given to it
         self.stream: AsyncChatStream | None = None
         self.diverged = False
-        self.fallback_reason: str | None = None
         self._prepaid: list[str] = []  # methods whose budget tokens ready() took for the coming calls
         #: The token of the call that will end the message shown before the final text (a stream's
         #: chat.stopStream, an edited message's chat.update), taken when that message was begun: no
@@ -320,7 +319,6 @@ class SlackMessages:
         """No stream can start now without waiting: this answer is shown with postMessage + update."""
         log.info("thread %s: chat.startStream budget spent; posting and editing instead", self.where.key)
         self.native = False
-        self.fallback_reason = "stream_budget"
         METRICS.stream_deferred.labels("slack").inc()
 
     async def show(self, text: str) -> bool:
@@ -447,7 +445,6 @@ class SlackMessages:
         code = error_code(error) or str(error)
         log.info("thread %s: streaming refused (%s); continuing with chat.update", self.where.key, code)
         self.native = self.streams_allowed = self._stream_final = False
-        self.fallback_reason = code
         for held in (self._prepaid, self._reserved):
             for method in [m for m in held if m in STREAM_METHODS]:
                 held.remove(method)

@@ -5,19 +5,22 @@ the Teams SDK; ``auth``: the Bot Framework's JWTs and the app's token; ``setting
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.teams.platform import TeamsAdapter
-from adapters.teams.reply import make_rates
-from adapters.teams.settings import teams_settings
+if TYPE_CHECKING:
+    from adapters.teams.platform import TeamsAdapter
 
 
 def build(runtime: Any, conversations: Any) -> TeamsAdapter | None:
     """Teams on ``runtime``'s settings (None when ``TEAMS_APP_ID`` is not set)."""
     s = runtime.settings
-    settings = teams_settings(s)
+    settings = s.teams
     if not settings.enabled:
         return None
+    # The SDK loads here, for ``kbbot serve``: the registry, which imports this package, is read by every command.
+    from adapters.teams.platform import TeamsAdapter
+    from adapters.teams.reply import make_rates
+
     settings.check_serving()
     return TeamsAdapter(conversations, settings, rates=make_rates(settings, runtime.redis, s.redis_prefix),
                         redis=runtime.redis, prefix=s.redis_prefix)

@@ -110,7 +110,7 @@ class TeamsAdapter:
         self.app_id = reveal(settings.app_id)
         self.bot_id = f"28:{self.app_id}"
         self.reviewers = Reviewers("", list(settings.reviewers))
-        self.digest_to = settings.digest_channel
+        self.digest_to = settings.digest_to or ""
         self.rates = rates or make_rates(settings)
         self.auth = auth or ActivityAuth(self.app_id, openid_url=settings.openid_url)
         self.connector = connector or Connector(BotTokens(

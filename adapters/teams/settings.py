@@ -7,15 +7,12 @@ cloud unless overridden (a sovereign cloud, or a test's fake).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, StrictBool, ValidationError, model_validator
+from pydantic import Field, SecretStr, StrictBool, model_validator
 
-from bot.errors import SettingsError
-from bot.settings.base import Env, Explainer, Ids, Problem, Spaces, env_fields, refuse_environment_only
-from bot.settings.platforms import Seconds, SpacesByChat, _Platform
+from bot.settings.base import Env, Ids, Problem, Spaces
+from bot.settings.platforms import PlatformSettings, Seconds, SpacesByChat
 
 OPENID_CONFIGURATION_URL = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 LOGIN_URL = "https://login.microsoftonline.com"
@@ -23,7 +20,9 @@ LOGIN_URL = "https://login.microsoftonline.com"
 SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 
 
-class TeamsSettings(_Platform):
+class TeamsSettings(PlatformSettings):
+    """The ``teams:`` section (``digest_to``: a channel's or group chat's conversation id)."""
+
     #: stream: Teams' streaming protocol in personal chats (informative update, streaming updates, the
     #: final message); edit: one message posted and updated. Channels and group chats always edit
     #: (Teams streams only in personal chats).
@@ -58,8 +57,6 @@ class TeamsSettings(_Platform):
     admins: Ids = []
     #: User ids (``29:…``) who may keep experts' replies and decide re-checked approvals.
     reviewers: Ids = []
-    #: A conversation id (a channel's or a group chat's) where the weekly digest goes; "" for none.
-    digest_channel: str = ""
     #: The Bot Connector for messages kbbot starts (reviewers' notes, the digest) before any activity
     #: named one; each activity's own ``serviceUrl`` is used for its conversation.
     service_url: Annotated[str, Env("TEAMS_SERVICE_URL")] = SERVICE_URL
@@ -90,31 +87,3 @@ class TeamsSettings(_Platform):
         if self.enabled and self.app_secret is None:
             return ["TEAMS_APP_ID is set but TEAMS_APP_SECRET is not (kbbot's replies need the app's token)"]
         return []
-
-    # The settings model does not declare this section yet (``bot`` may not import ``adapters``): until
-    # the composition root assembles it from the registry, ``Settings.teams`` holds the file's mapping,
-    # read here with the environment over it.
-    @classmethod
-    def load(cls, raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> TeamsSettings:
-        """The ``teams:`` section as the file gives it (``raw``), with the environment (``env``, else
-        ``os.environ``) over it."""
-        env = os.environ if env is None else env
-        raw = dict(raw or {})
-        refuse_environment_only(cls, raw, "the settings file's teams: section")
-        origins = {}
-        for path, variable in env_fields(cls):
-            value = env.get(variable.name)
-            if value is not None and value.strip():
-                raw[path[-1]] = value
-                origins[path] = variable
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            error = Explainer(cls, origins, raw)(exc)
-            raise SettingsError(f"teams.{error}") from None
-
-
-def teams_settings(settings: Any) -> TeamsSettings:
-    """The Teams section of the application's settings (a ``TeamsSettings`` where a caller set one)."""
-    section = getattr(settings, "teams", None)
-    return section if isinstance(section, TeamsSettings) else TeamsSettings.load(section)

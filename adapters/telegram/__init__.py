@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.telegram.platform import TelegramAdapter
-from adapters.telegram.reply import make_rates
-from adapters.telegram.session import instrument
+if TYPE_CHECKING:
+    from adapters.telegram.platform import TelegramAdapter
 
 
 def build(runtime: Any, conversations: Any) -> TelegramAdapter | None:
@@ -16,8 +15,13 @@ def build(runtime: Any, conversations: Any) -> TelegramAdapter | None:
     s = runtime.settings
     if not s.telegram.enabled:
         return None
+    # The SDK loads here, for ``kbbot serve``: the registry, which imports this package, is read by every command.
+    from adapters.telegram.platform import TelegramAdapter
+    from adapters.telegram.reply import make_rates
+    from adapters.telegram.session import instrument
+
     s.telegram.check_serving()
     platform = TelegramAdapter(conversations, s.telegram, rates=make_rates(s.telegram, runtime.redis, s.redis_prefix),
-                               digest_to=s.insights.digest.telegram_chat)
+                               digest_to=s.telegram.digest_to or "")
     instrument(platform.bot)
     return platform

@@ -65,6 +65,7 @@ from adapters.telegram.reply import (
     take_send_budget,
 )
 from adapters.telegram.session import TelegramWebhook
+from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import (
     APPROVE_PREFIX,
     EXPERT_APPROVE_PREFIX,
@@ -90,7 +91,6 @@ from bot.messages import say
 from bot.platform import Reviewers
 from bot.preference_commands import VERBS as PREFERENCE_VERBS
 from bot.settings.base import reveal
-from bot.settings.platforms import TelegramSettings
 from bot.state import Claim
 from bot.state.feedback import Feedback
 from bot.types import Inquiry

@@ -46,12 +46,12 @@ from aiogram.exceptions import (
 from aiogram.types import InlineKeyboardMarkup, Message, MessageEntity, ReactionTypeEmoji, ReplyParameters
 from aiogram.utils.token import extract_bot_id
 
+from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import Rendered, answer_markup, final_parts, render_parts
 from bot.delivery.buckets import RedisBuckets
 from bot.delivery.rates import COMPLETES, STARTS, PlatformRates, Priority, Rate
 from bot.delivery.reply import Cadence, RetryAfter, in_background, show_failure
 from bot.settings.base import reveal
-from bot.settings.platforms import TelegramSettings
 from bot.types import Answer, Citation
 
 log = logging.getLogger("kbbot.telegram")

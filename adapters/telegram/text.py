@@ -185,10 +185,6 @@ def final_parts(answer_markdown: str, citations: list[Citation], limit: int, lan
     return parts
 
 
-def feedback_markup(turn_id: str) -> InlineKeyboardMarkup:
-    return InlineKeyboardMarkup(inline_keyboard=[feedback_row(turn_id)])
-
-
 def feedback_row(turn_id: str) -> list[InlineKeyboardButton]:
     return [InlineKeyboardButton(text="👍", callback_data=f"{FEEDBACK_PREFIX}:up:{turn_id}"),
             InlineKeyboardButton(text="👎", callback_data=f"{FEEDBACK_PREFIX}:down:{turn_id}")]

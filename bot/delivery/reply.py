@@ -139,10 +139,6 @@ class StreamWriter:
         return self._text
 
     @property
-    def sent_text(self) -> str | None:
-        return self._sent
-
-    @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
 

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -45,7 +45,7 @@ from bot.settings.base import (
     sentinel_url,
 )
 from bot.settings.insights import InsightsSettings, check_crontab
-from bot.settings.platforms import SlackSettings, TelegramSettings
+from bot.settings.platforms import PlatformSettings
 from bot.settings.server import ServerSettings
 from pipelines.acl import principal
 from pipelines.fusion import check_alpha
@@ -508,7 +508,9 @@ class RefreshSettings(Section):
 
 
 class Settings(BaseSettings):
-    """All of kbbot's settings. ``load_settings`` reads them; ``Settings()`` is the defaults plus ``os.environ``."""
+    """kbbot's settings but the chat platforms' sections. ``adapters.platforms.Settings`` adds those, one per
+    platform of the registry under its name (each a ``PlatformSettings``), and is what ``kbbot`` loads;
+    ``load_settings`` reads either. ``Settings()`` is the defaults plus ``os.environ``."""
 
     model_config = _Config(extra="forbid")
 
@@ -532,12 +534,6 @@ class Settings(BaseSettings):
     preferences: PreferencesSettings = Field(default_factory=PreferencesSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
-    slack: SlackSettings = Field(default_factory=SlackSettings)
-    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
-    #: The ``teams:`` section as the file gives it, read by ``adapters/teams/settings.py`` with the
-    #: environment over it (``bot`` may not import ``adapters``), until the settings model is assembled
-    #: from the platforms' registry.
-    teams: dict[str, Any] = {}
     insights: InsightsSettings = Field(default_factory=InsightsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -643,6 +639,12 @@ class Settings(BaseSettings):
 
     # --- derived ---------------------------------------------------------------------------
     @property
+    def platform_sections(self) -> dict[str, PlatformSettings]:
+        """The chat platforms' sections by platform name (none in this class; see ``adapters.platforms``)."""
+        return {name: section for name in type(self).model_fields
+                if isinstance(section := getattr(self, name), PlatformSettings)}
+
+    @property
     def source_context(self) -> SourceContext:
         """What every kind of source builds with (``pipelines.sources``): the indexing and download limits."""
         i, r = self.indexing, self.refresh
@@ -693,6 +695,9 @@ class Settings(BaseSettings):
             raise SettingsError(f"cannot read prompt template {path}: {exc.strerror or exc}") from exc
 
 
+S = TypeVar("S", bound=Settings)
+
+
 def _base_folder(config_path: Path | None) -> Path:
     """Relative paths of the settings are relative to the settings file's folder (absolute ones stay)."""
     return config_path.parent if config_path else REPO_ROOT / "config"
@@ -718,9 +723,38 @@ def _split_memory(raw: dict[str, Any], candidate: Path) -> None:
                 ", ".join(f"memory.{k} -> {'.'.join(MEMORY_SPLIT[k])}" for k in old))
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+def _older_platform_keys(model: type[Settings], raw: dict[str, Any], candidate: Path) -> None:
+    """The keys an older file holds elsewhere that a platform's section took over (``PlatformSettings.OLDER_KEYS``)
+    read as that section's, with a warning; a key given both ways is refused rather than one silently winning."""
+    moved = []
+    for name, field in model.model_fields.items():
+        section = field.annotation
+        if not (isinstance(section, type) and issubclass(section, PlatformSettings)):
+            continue
+        for old, new in section.OLDER_KEYS.items():
+            *parents, key = old.split(".")
+            node: Any = raw
+            for parent in parents:
+                node = node.get(parent) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or key not in node:
+                continue
+            value = node.pop(key)
+            if value is None:
+                continue  # the old file's default: nothing to move
+            target = raw.setdefault(name, {})
+            if not isinstance(target, dict) or target.get(new) is not None:
+                raise SettingsError(f"{candidate}: {old} and {name}.{new} both given; keep {name}.{new}")
+            target[new] = value
+            moved.append(f"{old} -> {name}.{new}")
+    if moved:
+        log.warning("%s: %s; rename it there", candidate, ", ".join(moved))
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None, *,
+                  model: type[S] = Settings) -> S:
     """Read the settings file (``KBBOT_CONFIG``, else ``config/kbbot.yaml`` here or in the repo), then the
-    environment (``env``, else ``os.environ``) over it."""
+    environment (``env``, else ``os.environ``) over it, as ``model`` (``adapters.platforms.Settings``: with
+    the platforms' sections)."""
     env = dict(os.environ if env is None else env)
     candidate = Path(path or env.get("KBBOT_CONFIG") or DEFAULT_CONFIG)
     if not candidate.exists() and not (path or env.get("KBBOT_CONFIG")):
@@ -728,7 +762,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
     if not candidate.exists():
         raise SettingsError(f"settings file not found: {candidate}")
     try:
-        file = YamlConfigSettingsSource(Settings, yaml_file=candidate)
+        file = YamlConfigSettingsSource(model, yaml_file=candidate)
     except yaml.YAMLError as exc:
         raise SettingsError(f"{candidate} is not valid YAML: {exc}") from exc
     raw = file.init_kwargs
@@ -738,16 +772,17 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
         if key in raw:
             raise SettingsError(f"{candidate}: {fix}")
     _split_memory(raw, candidate)
+    _older_platform_keys(model, raw, candidate)
     if "config_path" in raw:
         raise SettingsError(f"{candidate}: unknown setting config_path")
-    refuse_environment_only(Settings, raw, str(candidate))
-    environment = EnvironmentSource(Settings, env)
-    given = InitSettingsSource(Settings, {"config_path": candidate.resolve()})
+    refuse_environment_only(model, raw, str(candidate))
+    environment = EnvironmentSource(model, env)
+    given = InitSettingsSource(model, {"config_path": candidate.resolve()})
     try:
         # Highest first: the call's own values, the environment, the file.
-        settings = Settings(_build_sources=((given, environment, file), {}))
+        settings = model(_build_sources=((given, environment, file), {}))
     except ValidationError as exc:
-        raise Explainer(Settings, environment.origins, raw)(exc) from None
+        raise Explainer(model, environment.origins, raw)(exc) from None
     for problem in settings.api.resolve_callers(env).problems():
         raise SettingsError(problem)
     return settings

@@ -24,9 +24,7 @@ class DigestSettings(Section):
     #: Crontab line of the weekly digest (in ``refresh.timezone``); null: no digest. Name the weekday:
     #: APScheduler counts numeric weekdays from Monday = 0, unlike crontab.
     cron: str | None = "0 9 * * mon"
-    #: Where it goes: a Slack channel id (the Slack bot must be in it) and/or a Telegram chat id.
-    slack_channel: str | None = None
-    telegram_chat: str | None = None
+    # Where it goes is each chat platform's ``digest_to`` (``bot.settings.platforms``).
     #: Question groups and 👎 answers listed.
     top: int = Field(5, ge=1)
 
@@ -34,15 +32,6 @@ class DigestSettings(Section):
     @classmethod
     def _crontab(cls, line: str | None) -> str | None:
         return check_crontab(line)
-
-    @field_validator("telegram_chat", "slack_channel", mode="before")
-    @classmethod
-    def _id_as_text(cls, value: object) -> object:
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.cron and (self.slack_channel or self.telegram_chat))
 
 
 class InsightsSettings(Section):

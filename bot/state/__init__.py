@@ -421,11 +421,6 @@ class Claim:
         """Held on a renewed lease (a turn recorded as pending needs one)."""
         return self.lease_s is not None and bool(self.keys)
 
-    @property
-    def message_key(self) -> str:
-        """The question's own key (the last one): one pending entry per question, whichever delivery."""
-        return self.keys[-1]
-
     async def renew(self) -> None:
         """Extend every key by ``lease_s`` once (a ``TurnLease`` renews them with its entry)."""
         if self.lease_s is None:

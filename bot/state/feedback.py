@@ -18,7 +18,7 @@ class Feedback:
     tenant: str
     channel: str
     message_id: str  # Slack message ts, Telegram message id
-    platform: str = "slack"
+    platform: str
     at: float = field(default_factory=time.time)
 
 

@@ -296,7 +296,7 @@ class SlackDriver(Driver):
         settings.slack = slack(bot_token=self.fake.token, signing_secret=SLACK_SECRET, api_url=self.fake.base_url,
                                **{"stream_interval_s": 0.3, "edit_interval_s": 0.3, **options})
         settings.telegram = type(settings.telegram)()
-        settings.teams = {}
+        settings.teams = type(settings.teams)()
 
     def user_id(self, name: str) -> str:
         return f"U0{name.upper()}"
@@ -434,7 +434,7 @@ class TelegramDriver(Driver):
                                      **{"edit_interval_s": 0.3, "draft_interval_s": 0.2, "polling_timeout_s": 1,
                                         "groups_enabled": True, **options})
         settings.slack = type(settings.slack)()
-        settings.teams = {}
+        settings.teams = type(settings.teams)()
 
     def user_id(self, name: str) -> str:
         return str(self.PEOPLE.get(name) or 8000 + zlib.crc32(name.encode()) % 1000)

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.settings import Settings
+from adapters.platforms import Settings
 from bot.types import Outcome
 from tests.fakes.anthropic_server import Script
 from tests.model_router import steps

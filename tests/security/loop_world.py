@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from adapters.platforms import Settings
 from bot.runtime import Runtime, build_runtime
-from bot.settings import Settings
 from tests.conftest import make_settings
 from tests.refresh_helpers import REDIS_URL
 from tests.test_approvals import started

@@ -11,8 +11,9 @@ from urllib.parse import urlencode
 
 import pytest
 
+from adapters.slack.settings import SlackSettings
+from adapters.telegram.settings import TelegramSettings
 from bot.settings import SettingsError
-from bot.settings.platforms import SlackSettings, TelegramSettings
 from bot.types import Inquiry, Outcome
 from pipelines.store import space_filter
 from tests.conftest import REPO
@@ -88,7 +89,7 @@ def test_space_settings_that_would_open_every_space_are_refused(tmp_path, sectio
 
 
 def _load(path, tmp_path):
-    from bot.settings import load_settings
+    from adapters.platforms import load_settings
 
     return load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path / "data")})
 

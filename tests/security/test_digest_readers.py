@@ -12,8 +12,8 @@ import pytest
 
 from adapters.insights import digest_poster, make_digest
 from adapters.slack.platform import SlackAdapter
+from adapters.slack.settings import SlackSettings
 from bot.runtime import build_runtime
-from bot.settings.platforms import SlackSettings
 from bot.state.turn_log.records import TurnRecord, ranked_chunks
 from pipelines.query import retrieval_inputs
 from tests.conftest import make_settings
@@ -47,7 +47,7 @@ async def test_owners_see_only_what_they_may_read_and_dm_questions_stay_out_of_t
     settings.sources = [folder_source("docs", docs, acl={"finance/": ["user:ceo@example.com"]},
                                       owners={"finance/": ["U0OWNER", "U0CEO"]})]
     settings.permissions.principals = {"slack:U0CEO": ["user:ceo@example.com"]}
-    settings.insights.digest.slack_channel = "C0ADMINS"
+    settings.slack.digest_to = "C0ADMINS"
     runtime = build_runtime(settings)
     async with started(settings, tmp_path / "state", runtime):
         assert (runtime.redis is not None) == (state == "redis")
@@ -69,7 +69,7 @@ async def test_owners_see_only_what_they_may_read_and_dm_questions_stay_out_of_t
         await gap(CHANNEL_GAP, "C1", "fault.md")
 
         slack = SlackAdapter(None, SlackSettings(bot_token=fake_slack.token, signing_secret="s" * 32,
-                                                 api_url=fake_slack.base_url), digest_to=settings.insights.digest.slack_channel)
+                                                 api_url=fake_slack.base_url), digest_to=settings.slack.digest_to)
         text = await make_digest(runtime, [slack], digest_poster([slack], settings)).send()
 
     [owner] = [m for m in fake_slack.messages.values() if m.channel == "U0OWNER"]

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from adapters.cli import embedded_store_held, main
-from bot.settings import load_settings
+from adapters.platforms import load_settings
 from tests.cluster.replicas import free_port
 from tests.conftest import REPO
 

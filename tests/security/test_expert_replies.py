@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adapters.platforms import Settings
 from adapters.slack.directory import SlackDirectory
 from bot.runtime import Runtime
-from bot.settings import Settings
 from bot.types import Outcome
 from tests.fakes.telegram_server import message_update, user
 from tests.refresh_helpers import folder_source

@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from adapters.platforms import Settings
 from adapters.slack.text import APPROVE_ACTION
 from bot.platform import ReviewerMessages
 from bot.runtime import Runtime
-from bot.settings import Settings
 from bot.types import Outcome
 from tests.fakes.telegram_server import callback_update, message_update, user
 from tests.refresh_helpers import folder_source

@@ -21,9 +21,10 @@ import pytest
 import yaml
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.platforms import load_settings
 from adapters.slack.directory import SlackDirectory
 from bot.runtime import build_runtime
-from bot.settings import SettingsError, load_settings
+from bot.settings import SettingsError
 from bot.types import Inquiry
 from tests.conftest import REPO, make_settings
 from tests.fakes.slack_server import FakeSlack

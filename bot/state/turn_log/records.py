@@ -82,7 +82,8 @@ class TurnRecord:
     #: The gap's follow-up once a refresh answered it (``bot.knowledge.loop.followups``): {"state", "at", ...}.
     follow_up: dict[str, Any] | None = None
     #: Whether only the asker saw it (a direct message; API and console turns); None in records kept before
-    #: it was: ``in_private`` tells it from the channel.
+    #: it was (2026-12-04): ``in_private`` tells it from the channel, by the only two platforms there were.
+    #: Those records expire ``insights.retention_days`` after; then the guess can go (None: private).
     private: bool | None = None
 
     @property
