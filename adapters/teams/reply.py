@@ -155,6 +155,9 @@ class TeamsMessages:
         self._ack: asyncio.Task[None] | None = None
         self._ack_in_flight = False
         self._taken_at = rates.clock()
+        #: When the stream's last request was answered: Teams takes the next one a second later at the
+        #: soonest, the informative update's and the final message's included (the writer paces only its own).
+        self._streamed_at = float("-inf")
 
     @property
     def shown(self) -> list[_Posted]:
@@ -208,6 +211,7 @@ class TeamsMessages:
                 update = TypingActivityInput(text=say("searching", self.language)).with_channel_data(
                     ChannelData(stream_type="informative")).add_stream_update(1)
                 stream_id = await self._create("informative update", update)
+                self._streamed_at = time.monotonic()
                 if stream_id and self.stream_id is None:
                     self.stream_id, self.sequence = stream_id, 1
                     self.posted.append(_Posted(stream_id, "", streaming=True))
@@ -283,10 +287,12 @@ class TeamsMessages:
         if self.stream_id is not None:
             update = update.with_id(self.stream_id)
         update = update.add_stream_update(self.sequence + 1)
+        await self._stream_paced()
         try:
             stream_id = await self._create("streaming update", update)
         except httpx.HTTPStatusError as exc:
             return await self._stream_refused(exc)
+        self._streamed_at = time.monotonic()
         self.sequence += 1
         if current is None:
             self.stream_id = stream_id or self.stream_id
@@ -294,6 +300,11 @@ class TeamsMessages:
             self.posted.append(current)
         current.text = text
         return True
+
+    async def _stream_paced(self) -> None:
+        wait = self._streamed_at + self.settings.stream_interval_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _stream_refused(self, exc: httpx.HTTPStatusError) -> bool | None:
         status, code, message = error_of(exc)
@@ -354,6 +365,7 @@ class TeamsMessages:
         message = self._message(part, last)
         if posted.streaming:
             message.id = posted.id
+            await self._stream_paced()
             try:
                 await self._call("final message", lambda api: api.conversations.create_activity(
                     self.place.conversation, message.add_stream_final()), priority=(COMPLETES, 1, self._taken_at))
