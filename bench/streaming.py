@@ -1,5 +1,5 @@
-"""Streaming N concurrent answers through the real adapters to the fake Slack and Telegram servers,
-against the naive strategy of editing after every N new characters, in the same run.
+"""Streaming N concurrent answers through the real adapters to the fake Slack, Telegram and Teams servers,
+against the naive strategy of editing after every N new characters (Slack and Telegram), in the same run.
 
     uv run python -m bench.streaming [--conversations 1 10 50] [--channels many one] [--naive-chars 40] [--redis]
                                      [--helper-delay 0.5] [--json]
@@ -12,7 +12,9 @@ rate limits with 429 + Retry-After: Slack per workspace and method, at Slack's d
 (``tests.fakes.slack_server.DOCUMENTED_TIERS``: chat.update, reactions.add and assistant.threads.setStatus
 50/min as Tier 3, chat.appendStream 100/min as Tier 4, chat.startStream, chat.stopStream and reactions.remove
 20/min as Tier 2) and chat.postMessage 5 per 5 s per channel; Telegram one message or edit per second per chat
-and 30 calls per second per bot. On Slack the conversations are each in a channel of their own (``many``) or
+and 30 calls per second per bot; Teams its documented limits per conversation (7/1 s, 8/2 s, 60/30 s,
+1,800/h) and one stream request a second, each conversation a personal chat (streamed). On Slack the
+conversations are each in a channel of their own (``many``) or
 all in one busy channel (``one``), where chat.postMessage's per-channel limit is shared. Per platform, layout,
 strategy and N it reports, in ms: the first visible acknowledgement after the question (p50/p95; Slack: a
 status, a reaction or text; Telegram: "typing", a reaction or text, from the moment the update is queued for
@@ -390,6 +392,58 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
     return tally.row("telegram", strategy, n, len(answer_calls), fake.calls)
 
 
+async def run_teams(runtime: Any, model: Any, n: int, strategy: str, every: int,
+                    redis: Any = None) -> dict[str, Any]:
+    """``n`` personal chats asking at once, each answer streamed with Teams' streaming protocol, as ``kbbot
+    serve`` wires the platform (``tests.scenarios.platforms.serving``); the fake refuses (429) a stream
+    request sooner than a second after the stream's last and any call past the documented per-conversation
+    limits. Only the ``kbbot`` strategy: Teams has no naive baseline here."""
+    from adapters.teams.text import neutralise
+    from tests.fakes.teams import FakeTeams
+    from tests.scenarios.platforms import TeamsDriver, serving
+
+    fake = FakeTeams()
+    with fake.run_in_thread():
+        fake.enforce_documented_limits()
+        fake.pace_streams(1.0)
+        driver = TeamsDriver()
+        driver.fake, driver.people = fake, {}
+        users = [fake.add_user(f"User {i:04d}") for i in range(n)]
+        activities = [fake.personal_message(f"{QUESTION} (ticket {i})?", user=u) for i, u in enumerate(users)]
+        asked: dict[str, float] = {}
+        async with serving(runtime, driver, stream_interval_s=1.5, edit_interval_s=1.5) as bot:
+            if redis is not None:  # the replicas' shared budgets, each run's of its own
+                from adapters.teams.reply import make_rates
+
+                bot.adapter.rates = make_rates(runtime.settings.teams, redis, prefix=fresh_prefix())
+
+            async def ask(activity: dict[str, Any]) -> None:
+                asked[activity["conversation"]["id"]] = time.monotonic()
+                status, _ = await fake.deliver(bot.url, activity, session=bot.session)
+                assert status == 200, status
+
+            await asyncio.gather(*(ask(a) for a in activities))
+            deadline = time.monotonic() + 600
+            while len(bot.turns) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await bot.settle()
+            turns = list(bot.turns)
+    tally = Tally(model_tokens(model))
+    for i, activity in enumerate(activities):
+        chat = activity["conversation"]["id"]
+        posts = [c for c in fake.calls if c.ok and c.conversation == chat and c.method in ("POST", "PUT")]
+        informative = [c.at for c in posts if "'informative'" in str(c.body)]
+        texts = [c.at for c in posts if c.text and c.at not in informative]
+        turn = next((t for t in turns if t.inquiry.channel == chat), None)
+        expected = turn.answer.text if answered(turn) else None
+        shown = "\n".join(m.text for m in fake.chat(chat) if m.from_bot and (m.stream is None or m.stream.done))
+        tally.add(i, texts, expected is not None and neutralise(expected.strip()) in shown,
+                  acknowledged_after=min(informative + texts) - asked[chat] if informative + texts else None,
+                  asked_at=asked[chat])
+    answer_calls = [c for c in fake.calls if "/v3/conversations" in c.path]
+    return tally.row("teams", strategy, n, len(answer_calls), fake.calls)
+
+
 def answered(turn: Any) -> bool:
     """The turn ended with the model's answer (not the turn budget's or an error's message)."""
     return bool(turn and turn.answer and turn.answer.outcome == "answered")
@@ -526,9 +580,13 @@ async def run(conversations: list[int], every: int, tokens_per_second: float, fi
                 for layout in layouts if platform == "slack" else ["many"]:
                     for n in conversations:
                         for strategy in strategies:
+                            if platform == "teams" and strategy != "kbbot":
+                                continue
                             fake.clear()
                             if platform == "slack":
                                 row = await run_slack(runtime, fake, n, strategy, every, layout, redis)
+                            elif platform == "teams":
+                                row = await run_teams(runtime, fake, n, strategy, every, redis)
                             else:
                                 row = await run_telegram(runtime, fake, n, strategy, every, redis)
                             row["budget"] = "redis" if redis is not None else "memory"
@@ -566,7 +624,8 @@ def print_table(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, nargs="+", default=[1, 10, 50])
-    parser.add_argument("--platforms", nargs="+", default=["slack", "telegram"])
+    parser.add_argument("--platforms", nargs="+", default=["slack", "telegram", "teams"],
+                        choices=["slack", "telegram", "teams"])
     parser.add_argument("--channels", nargs="+", default=["many", "one"], choices=["many", "one"],
                         help="Slack: each conversation in a channel of its own (many), or all in one channel")
     parser.add_argument("--strategies", nargs="+", default=["kbbot", "naive"], choices=["kbbot", "naive"])
