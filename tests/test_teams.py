@@ -233,3 +233,47 @@ def _empty(tmp_path: Path) -> Path:
     empty = tmp_path / "empty.yaml"
     empty.write_text("{}\n", encoding="utf-8")
     return empty
+
+
+# --- approvals and their re-check ----------------------------------------------------------------------
+def card_actions(message) -> list[dict]:
+    return [a for card in message.attachments for a in (card.get("content") or {}).get("actions") or []]
+
+
+async def test_a_reviewer_approves_in_a_channel_and_decides_the_recheck_a_refresh_brings(tmp_path, teams: TeamsDriver):
+    from adapters.teams.text import CARD, RECHECK_KEEP, REVIEW_APPROVE, REVIEW_WITHDRAW
+    from tests.test_loop_rechecks import NEW
+    from tests.test_loop_rechecks import QUESTION as FAULT
+    from tests.test_loop_rechecks import knowledge as fault_knowledge
+
+    alice, carol, rita = (teams.user_id(n) for n in ("alice", "carol", "rita"))
+
+    async def click(message, verb: str, data: dict, user: str):
+        invoke = teams.fake.card_action(message, user=teams.fake.users[user], verb=verb, data=data)
+        status, body = await teams.fake.deliver(bot.url, invoke, session=bot.session)
+        await bot.settle()
+        assert status == 200
+        return body
+
+    async with fault_knowledge(tmp_path) as (runtime, docs), serving(runtime, teams, reviewers=[rita]) as bot:
+        asked = await bot.ask(FAULT, user=alice, place=teams.shared)
+        [shown] = bot.answers(asked)
+        [approve] = card_actions(shown.native)
+        turn_id = bot.turns[-1].answer.trace.turn_id
+        assert (approve["verb"], approve["data"]) == (REVIEW_APPROVE, {"turn": turn_id})
+        assert "reviewers" in (await click(shown.native, REVIEW_APPROVE, approve["data"], alice))["value"]
+        swapped = await click(shown.native, REVIEW_APPROVE, approve["data"], rita)
+        assert swapped["type"] == CARD and "Approved by Rita Example" in swapped["value"]["body"][0]["text"]
+        assert [a["verb"] for a in swapped["value"]["actions"]] == [REVIEW_WITHDRAW]
+
+        again = await bot.ask(FAULT, user=carol, place=teams.shared)
+        assert bot.turns[-1].answer.outcome is Outcome.CACHED
+        assert [a["verb"] for a in card_actions(bot.answers(again)[0].native)] == [REVIEW_WITHDRAW]
+
+        (docs / "fault-e917.md").write_text(NEW, encoding="utf-8")
+        assert (await bot.refresh("docs")).changed == 1
+        [recheck] = [m for m in teams.fake.chat(teams.private(rita).id) if card_actions(m)]
+        assert "blocked or has failed" in recheck.text
+        keep = next(a for a in card_actions(recheck) if a["verb"] == RECHECK_KEEP)
+        assert (await click(recheck, RECHECK_KEEP, keep["data"], rita))["value"].startswith("✅ Kept approved")
+        assert not recheck.attachments, "the buttons went with the decision"

@@ -50,10 +50,14 @@ from adapters.teams.connector import Connector, error_of
 from adapters.teams.reply import AnswerTurns, TeamsMessages, TeamsPlace, make_rates, take_send_budget
 from adapters.teams.settings import TeamsSettings
 from adapters.teams.text import (
+    CARD,
     EXPERT_APPROVE,
     EXPERT_CAPTURE,
     RECHECK_KEEP,
     RECHECK_RETIRE,
+    REVIEW_APPROVE,
+    REVIEW_WITHDRAW,
+    card,
     card_action,
     card_message,
     expert_actions,
@@ -62,6 +66,7 @@ from adapters.teams.text import (
     plain_parts,
     recheck_actions,
     recheck_text,
+    review_actions,
 )
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery.gate import Access, Delivery
@@ -306,9 +311,12 @@ class TeamsAdapter:
         async def final(message_id: str, turn_id: str) -> None:
             await self.answers.record(place.conversation, message_id, turn_id)
 
+        # In a personal chat its user is the only one who could click; elsewhere any reviewer may.
+        review = self.conversations.kept.approved is not None and (
+            self.settings.is_reviewer(place.user) if place.personal else bool(self.settings.reviewers))
         return ChatReply(TeamsMessages(self.connector, place, self.settings, self.rates, stream=stream,
-                                       language=language, on_stream_refused=streams_refused, on_final=final),
-                         name=place.key)
+                                       language=language, on_stream_refused=streams_refused, on_final=final,
+                                       review=review), name=place.key)
 
     async def _say(self, place: TeamsPlace, text: str) -> bool:
         """kbbot's words (escaped) where ``place`` is, inside its budgets; 429s slept out."""
@@ -423,6 +431,9 @@ class TeamsAdapter:
             status = result.status.value
             key = f"expert_{status}_{'capture' if capture else 'approve'}" if status == "done" else f"expert_{status}"
             return self._card_reply(say(key, language, detail=result.detail, user=name, reviewers=NAMES["reviewers"]))
+        if verb in (REVIEW_APPROVE, REVIEW_WITHDRAW):
+            return await self._on_review(activity, place, verb == REVIEW_APPROVE, str(data.get("turn") or ""),
+                                         language)
         if verb in (RECHECK_KEEP, RECHECK_RETIRE):
             turn_id = str(data.get("turn") or "")
             if not self.delivery.admit(self._access(activity, place, "click", turn_id)):
@@ -436,6 +447,22 @@ class TeamsAdapter:
             return self._card_reply(text)
         log.info("Teams: ignoring a card action %s", _field(verb))
         return {}
+
+    async def _on_review(self, activity: Any, place: TeamsPlace, approving: bool, turn_id: str,
+                         language: str) -> dict[str, Any]:
+        """"✅ Approve" or "↩️ Withdraw approval" under an answer: reviewers only, by turn id. Done, the
+        card answers with itself swapped (who did it, and the other button); else the clicker is told why."""
+        if not self.delivery.admit(self._access(activity, place, "click", turn_id)):
+            return {}
+        name = str(activity.from_.name or place.user)
+        review = await self.conversations.review(turn_id, approving=approving,
+                                                 reviewer=self.settings.is_reviewer(place.user), user=place.user,
+                                                 display_name=name, tenant=f"teams:{place.tenant}")
+        if review.status not in (ReviewStatus.APPROVED, ReviewStatus.WITHDRAWN):
+            return self._card_reply(say(f"review_{review.status.value}", language, **NAMES))
+        note = say(f"review_{review.status.value}_by", language, user=name)
+        swapped = card(review_actions(turn_id, approved=approving, language=language), note)
+        return {"statusCode": 200, "type": CARD, "value": swapped}
 
     @staticmethod
     def _card_reply(text: str) -> dict[str, Any]:

@@ -133,7 +133,7 @@ class TeamsMessages:
 
     def __init__(self, connector: Connector, place: TeamsPlace, settings: TeamsSettings, rates: PlatformRates, *,
                  stream: bool, language: str = "en", on_stream_refused: Callable[[], None] | None = None,
-                 on_final: Callable[[str, str], Awaitable[None]] | None = None):
+                 on_final: Callable[[str, str], Awaitable[None]] | None = None, review: bool = False):
         self.connector = connector
         self.place = place
         self.settings = settings
@@ -145,6 +145,7 @@ class TeamsMessages:
         self.edit_cadence = Cadence(min_interval_s=settings.edit_interval_s)
         self._on_stream_refused = on_stream_refused
         self._on_final = on_final
+        self.review = review  # approval buttons under the answer (a reviewer may click them here)
         self.posted: list[_Posted] = []
         self.stream_id: str | None = None
         self.sequence = 0
@@ -357,7 +358,8 @@ class TeamsMessages:
         return posted.text == part and posted.last == last and not posted.streaming
 
     def _message(self, part: str, last: bool) -> MessageActivityInput:
-        return answer_message(part, self.answer, last=last, feedback=self.settings.feedback)
+        return answer_message(part, self.answer, last=last, feedback=self.settings.feedback, review=self.review,
+                              language=self.language)
 
     async def edit(self, posted: _Posted, part: str, last: bool) -> None:
         if self.stopped:

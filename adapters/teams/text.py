@@ -6,7 +6,7 @@
 - an answer's last message carries its sources as Teams citations (``[n]`` in the text, a citation
   entity per source: at most 20, name 80 and abstract 160 characters), the "AI generated" label when the
   model wrote it, and the feedback loop (👍/👎, answered by a ``message/submitAction`` invoke);
-- reviewers' buttons (an expert's reply, a re-checked approval) are an Adaptive Card with
+- reviewers' buttons (approving an answer, an expert's reply, a re-checked approval) are an Adaptive Card with
   ``Action.Execute`` buttons whose verb names the action and whose data names only the reply or turn
   (``card_action`` reads them back), under the message's escaped text.
 """
@@ -31,6 +31,8 @@ EXPERT_APPROVE = "kbbot.expert.approve"
 EXPERT_CAPTURE = "kbbot.expert.capture"
 RECHECK_KEEP = "kbbot.recheck.keep"
 RECHECK_RETIRE = "kbbot.recheck.retire"
+REVIEW_APPROVE = "kbbot.review.approve"
+REVIEW_WITHDRAW = "kbbot.review.withdraw"
 CARD = "application/vnd.microsoft.card.adaptive"
 
 
@@ -63,12 +65,18 @@ def appearance(citation: Citation) -> CitationAppearance:
                               abstract=_clip(where or citation.title or "?", 160), url=url)
 
 
-def answer_message(text: str, answer: Answer | None, *, last: bool, feedback: bool) -> MessageActivityInput:
-    """One message of an answer (``text`` already escaped); the last carries the citations, the AI label
-    and the feedback loop."""
+def answer_message(text: str, answer: Answer | None, *, last: bool, feedback: bool, review: bool = False,
+                   language: str = "en") -> MessageActivityInput:
+    """One message of an answer (``text`` already escaped); the last carries the citations, the AI label,
+    the feedback loop and, for reviewers (``review``), "✅ Approve" under an answer offered to the answer
+    cache or "↩️ Withdraw approval" under one served from it."""
     message = MessageActivityInput(text=text)
     if not last or answer is None:
         return message
+    if review and answer.approvable:
+        message.attachments = [buttons(review_actions(answer.trace.turn_id, approved=False, language=language))]
+    elif review and answer.outcome is Outcome.CACHED and answer.approved_turn_id:
+        message.attachments = [buttons(review_actions(answer.approved_turn_id, approved=True, language=language))]
     cited = sorted({c.index: c for c in answer.citations}.values(), key=lambda c: c.index)[:MAX_CITATIONS]
     for citation in cited:
         message.add_citation(citation.index, appearance(citation))
@@ -79,19 +87,37 @@ def answer_message(text: str, answer: Answer | None, *, last: bool, feedback: bo
     return message
 
 
-def card_message(text: str, actions: list[tuple[str, str, dict[str, str]]]) -> MessageActivityInput:
-    """``text`` (escaped) and, under it, an Adaptive Card of its buttons only: ``(title, verb, data)`` each
-    (the card's own text would be Markdown of another kind, escaped another way)."""
-    card = {"type": "AdaptiveCard", "version": "1.4", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
-            "body": [],
-            "actions": [{"type": "Action.Execute", "title": title, "verb": verb, "data": data}
-                        for title, verb, data in actions]}
+Actions = list[tuple[str, str, dict[str, str]]]
+
+
+def card(actions: Actions, note: str = "") -> dict[str, Any]:
+    """An Adaptive Card of buttons, ``(title, verb, data)`` each, under ``note`` (kbbot's words only: a
+    card's text is Markdown of another kind, escaped another way)."""
+    body = [{"type": "TextBlock", "text": note, "wrap": True}] if note else []
+    return {"type": "AdaptiveCard", "version": "1.4", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+            "body": body, "actions": [{"type": "Action.Execute", "title": title, "verb": verb, "data": data}
+                                      for title, verb, data in actions]}
+
+
+def buttons(actions: Actions, note: str = "") -> Attachment:
+    return Attachment(content_type=CARD, content=card(actions, note))
+
+
+def card_message(text: str, actions: Actions) -> MessageActivityInput:
+    """``text`` (escaped) and, under it, a card of its buttons."""
     message = MessageActivityInput(text=text)
-    message.attachments = [Attachment(content_type=CARD, content=card)]
+    message.attachments = [buttons(actions)]
     return message
 
 
-def expert_actions(reply_id: str, *, approve: bool, capture: bool, language: str) -> list[tuple[str, str, dict[str, str]]]:
+def review_actions(turn_id: str, *, approved: bool, language: str = "en") -> Actions:
+    """"✅ Approve" or "↩️ Withdraw approval"; the data names only the turn."""
+    if approved:
+        return [(say("withdraw", language), REVIEW_WITHDRAW, {"turn": turn_id})]
+    return [(say("approve", language), REVIEW_APPROVE, {"turn": turn_id})]
+
+
+def expert_actions(reply_id: str, *, approve: bool, capture: bool, language: str) -> Actions:
     actions = []
     if approve:
         actions.append((say("expert_approve", language), EXPERT_APPROVE, {"reply": reply_id}))
@@ -100,7 +126,7 @@ def expert_actions(reply_id: str, *, approve: bool, capture: bool, language: str
     return actions
 
 
-def recheck_actions(turn_id: str, *, answered: bool, language: str = "en") -> list[tuple[str, str, dict[str, str]]]:
+def recheck_actions(turn_id: str, *, answered: bool, language: str = "en") -> Actions:
     actions = [(say("retire", language), RECHECK_RETIRE, {"turn": turn_id})]
     if answered:
         actions.insert(0, (say("keep_approved", language), RECHECK_KEEP, {"turn": turn_id}))

@@ -393,7 +393,8 @@ class FakeTeams(LocalServer):
             "wrong audience": self.token(activity, audience="00000000-0000-0000-0000-000000000000"),
             "wrong issuer": self.token(activity, issuer="https://sts.windows.net/evil/"),
             "expired beyond skew": self.token(activity, age_s=3600 + 301, lifetime_s=3600),
-            "not yet valid beyond skew": self.token(activity, age_s=-(301 + 5)),
+            # nbf is whole seconds, 5 s before "now": 10 s more keeps it past the skew however late it is checked.
+            "not yet valid beyond skew": self.token(activity, age_s=-(301 + 5 + 10)),
             "wrong key": self.token(activity, key=stranger, kid=self.keys[0].kid),
             "unknown key": self.token(activity, key=stranger),
             "other service url": self.token(activity, service_url="https://evil.example/teams/"),
