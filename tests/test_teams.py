@@ -18,7 +18,7 @@ from bot.errors import SettingsError
 from bot.types import Outcome
 from tests.fakes.anthropic_server import Script
 from tests.model_router import steps
-from tests.scenarios.platforms import TeamsDriver, serving
+from tests.scenarios.platforms import Place, TeamsDriver, serving
 
 QUESTION = "How often should the bearings be greased?"
 
@@ -277,3 +277,18 @@ async def test_a_reviewer_approves_in_a_channel_and_decides_the_recheck_a_refres
         keep = next(a for a in card_actions(recheck) if a["verb"] == RECHECK_KEEP)
         assert (await click(recheck, RECHECK_KEEP, keep["data"], rita))["value"].startswith("✅ Kept approved")
         assert not recheck.attachments, "the buttons went with the decision"
+
+
+async def test_access_settings_refuse_other_users_once_and_other_teams_silently(kb_runtime, teams: TeamsDriver):
+    alice, bob = teams.user_id("alice"), teams.user_id("bob")
+    other_team = teams.fake.add_team("Elsewhere", [teams.fake.users[alice]])
+    async with serving(kb_runtime, teams, allowed_users=[alice], allowed_teams=[teams.shared.id]) as bot:
+        for _ in range(2):
+            await bot.ask(QUESTION, user=bob)
+        await bot.ask(QUESTION, user=alice, place=Place(other_team, private=False))
+        assert not bot.turns
+        await bot.ask(QUESTION, user=alice, place=teams.shared)
+    assert [t.inquiry.user_id for t in bot.turns] == [alice]
+    [told] = bot_posts(teams, teams.private(bob).id)
+    assert told.text.startswith("Sorry, you are not on the list"), "told once, not twice"
+    assert not bot_posts(teams, other_team)
