@@ -234,12 +234,13 @@ class TeamsAdapter:
                       turn_id=turn_id)
 
     def _question(self, activity: Any) -> str:
-        """The message's text without kbbot's mention."""
+        """The message's text without kbbot's mention (others' mentions as their names)."""
         text = activity.text or ""
         for entity in activity.entities or []:
             mentioned = getattr(entity, "mentioned", None)
             if getattr(entity, "type", None) == "mention" and mentioned is not None and mentioned.id == self.bot_id:
                 text = text.replace(getattr(entity, "text", None) or f"<at>{mentioned.name}</at>", " ")
+        text = re.sub(r"</?at>", "", text)  # someone else's mention: their name
         return re.sub(r"\s+", " ", text).strip()
 
     @staticmethod
@@ -271,7 +272,8 @@ class TeamsAdapter:
         command = self._command(text)
         access = self._access(activity, place, "command" if command else "question")
         if not self.delivery.admit(access):
-            if self._user_allowed(access) is not None and self._tenant_allowed(access) is None \
+            addressed = place.personal or mentioned or command is not None  # else maybe not meant for kbbot
+            if addressed and self._user_allowed(access) is not None and self._tenant_allowed(access) is None \
                     and self._place_allowed(access) is None:
                 self.delivery.background(asyncio.create_task(self._refuse_once(place, language)))
             return
