@@ -292,3 +292,30 @@ async def test_access_settings_refuse_other_users_once_and_other_teams_silently(
     [told] = bot_posts(teams, teams.private(bob).id)
     assert told.text.startswith("Sorry, you are not on the list"), "told once, not twice"
     assert not bot_posts(teams, other_team)
+
+
+# --- who reads a conversation ----------------------------------------------------------------------------
+async def test_a_private_channels_roster_and_its_members_e_mails_decide_what_it_may_read(tmp_path, teams: TeamsDriver):
+    from tests.refresh_helpers import folder_source
+    from tests.scenarios.test_scenarios import CLAIMS, CLAIMS_QUESTION, DOCS, knowledge
+
+    people = {n: teams.fake.users[teams.user_id(n)] for n in ("alice", "bob", "carol")}
+    alice, carol = people["alice"], people["carol"]
+    finance = teams.fake.add_channel(teams.shared.id, "Finance", members=[alice, carol], membership="private")
+    guest = teams.fake.add_user("Gus Guest", email="gus@partner.example", role="guest")
+    audit = teams.fake.add_channel(teams.shared.id, "Audit", members=[alice, carol, guest], membership="private")
+
+    def restricted(settings, docs: Path) -> None:
+        readers = [f"user:{alice.email}", f"user:{carol.email}"]
+        settings.sources = [folder_source("docs", docs, acl={"finance/": readers})]
+        settings.permissions.cache_s = 0
+
+    async with knowledge(tmp_path, {**DOCS, "finance/claims.md": CLAIMS}, restricted) as (runtime, _), \
+            serving(runtime, teams) as bot:
+        for place in (finance, teams.shared.id, audit):
+            await bot.ask(CLAIMS_QUESTION, user=alice.id, place=Place(place, private=False))
+    in_finance, in_team, with_guest = (t.answer for t in bot.turns)
+    assert in_finance.outcome is Outcome.ANSWERED and "4,800" in in_finance.text, "its two members may read it"
+    assert in_team.outcome is Outcome.NOT_FOUND, "bob reads the team's channel"
+    assert with_guest.outcome is Outcome.NOT_FOUND, "a guest's e-mail says nothing of what they may read"
+    assert "4,800" not in "".join(m.text for m in teams.fake.chat(teams.shared.id) + teams.fake.chat(audit))

@@ -1,7 +1,8 @@
 """Microsoft Teams: channel mentions (answered in their reply chain), personal and group chats in;
 streamed, cited answers out (``platform``: activities, invokes, commands; ``reply``: its messages,
 streaming and rate limits; ``text``: escaping, citations, cards; ``connector``: the Bot Connector through
-the Teams SDK; ``auth``: the Bot Framework's JWTs and the app's token; ``settings``: its section)."""
+the Teams SDK; ``auth``: the Bot Framework's JWTs and the app's token; ``directory``: who a user is and who
+reads a conversation; ``settings``: its section)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ def build(runtime: Any, conversations: Any) -> TeamsAdapter | None:
     if not settings.enabled:
         return None
     # The SDK loads here, for ``kbbot serve``: the registry, which imports this package, is read by every command.
+    from adapters.teams.directory import TeamsDirectory
     from adapters.teams.platform import TeamsAdapter
     from adapters.teams.reply import make_rates
 
     settings.check_serving()
-    return TeamsAdapter(conversations, settings, rates=make_rates(settings, runtime.redis, s.redis_prefix),
-                        redis=runtime.redis, prefix=s.redis_prefix)
+    platform = TeamsAdapter(conversations, settings, rates=make_rates(settings, runtime.redis, s.redis_prefix),
+                            redis=runtime.redis, prefix=s.redis_prefix)
+    runtime.audiences.register("teams", TeamsDirectory(platform.connector, platform.service_url_of, platform.seen,
+                                                       cache_s=s.permissions.cache_s))
+    return platform

@@ -132,6 +132,8 @@ class TeamsAdapter:
         self._teams_of: dict[str, str] = {}
         self._object_ids: dict[str, str] = {}
         self._chats: dict[str, str] = {}
+        #: User id -> a conversation they wrote in (where the connector describes them: ``directory``).
+        self.seen: dict[str, str] = {}
 
     # --- serving ------------------------------------------------------------------------------------
     def mount(self, web_app: web.Application) -> None:
@@ -230,6 +232,7 @@ class TeamsAdapter:
             self._teams_of[place.base] = str(team.id)
         if activity.from_.aad_object_id:
             self._object_ids[place.user] = str(activity.from_.aad_object_id)
+        self.seen[place.user] = place.base
         return Access(what, place.user, place.tenant, "" if place.personal else place.base, private=place.personal,
                       turn_id=turn_id)
 
@@ -511,7 +514,8 @@ class TeamsAdapter:
                 log.warning("%s: reviewer %s cannot get the expert reply note", place.key, reviewer)
 
     # --- messages kbbot starts ---------------------------------------------------------------------------
-    def _service_url(self, tenant: str) -> str:
+    def service_url_of(self, tenant: str) -> str:
+        """The connector of ``tenant``: the last an activity of it named, else any seen, else the setting."""
         return self._service_urls.get(tenant) or next(iter(self._service_urls.values()), self.settings.service_url)
 
     def _default_tenant(self) -> str:
@@ -519,7 +523,7 @@ class TeamsAdapter:
 
     async def _chat_with(self, user: str, tenant: str) -> TeamsPlace:
         """The personal chat with ``user`` (created once: Teams answers with the same chat each time)."""
-        service_url = self._service_url(tenant)
+        service_url = self.service_url_of(tenant)
         chat = self._chats.get(user)
         if chat is None:
             params = CreateConversationParams(members=[Account(id=user)], tenant_id=tenant or None,
@@ -535,7 +539,7 @@ class TeamsAdapter:
         if self.owns(to):
             return await self._chat_with(to, tenant)
         kind = "channel" if to.endswith("@thread.tacv2") or to.endswith("@thread.skype") else "groupChat"
-        return TeamsPlace(self._service_url(tenant), to, kind, tenant)
+        return TeamsPlace(self.service_url_of(tenant), to, kind, tenant)
 
     async def _to_person(self, to: str, tenant: str, parts: list[str],
                          actions: list[tuple[str, str, dict[str, str]]] | None = None) -> bool:
