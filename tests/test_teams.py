@@ -319,3 +319,30 @@ async def test_a_private_channels_roster_and_its_members_e_mails_decide_what_it_
     assert in_team.outcome is Outcome.NOT_FOUND, "bob reads the team's channel"
     assert with_guest.outcome is Outcome.NOT_FOUND, "a guest's e-mail says nothing of what they may read"
     assert "4,800" not in "".join(m.text for m in teams.fake.chat(teams.shared.id) + teams.fake.chat(audit))
+
+
+# --- the app package ------------------------------------------------------------------------------------------
+def test_the_app_package_holds_the_manifest_for_the_bot_and_its_icons(tmp_path: Path):
+    import io
+    import json
+    import zipfile
+
+    from adapters.teams.manifest import PERMISSIONS, package
+    from adapters.teams.platform import COMMANDS
+
+    app_id = "7e1b0b52-0000-4000-8000-00000000b07a"
+    with zipfile.ZipFile(io.BytesIO(package(app_id, name="Docs Bot"))) as archive:
+        assert sorted(archive.namelist()) == ["color.png", "manifest.json", "outline.png"]
+        manifest = json.loads(archive.read("manifest.json"))
+        assert archive.read("color.png").startswith(b"\x89PNG") and archive.read("outline.png").startswith(b"\x89PNG")
+    [bot] = manifest["bots"]
+    assert bot["botId"] == app_id and set(bot["scopes"]) == {"personal", "team", "groupChat"}
+    assert manifest["webApplicationInfo"] == {"id": app_id, "resource": f"api://botid-{app_id}"}
+    assert manifest["id"] != app_id and manifest["id"] == json.loads(zipfile.ZipFile(io.BytesIO(package(app_id)))
+                                                                  .read("manifest.json"))["id"], "stable per bot"
+    titles = [c["title"] for c in bot["commandLists"][0]["commands"]]
+    assert set(titles) <= set(COMMANDS) and len(titles) <= 10 and all(len(t) <= 32 for t in titles)
+    assert [p["name"] for p in manifest["authorization"]["permissions"]["resourceSpecific"]] == PERMISSIONS
+    assert manifest["supportsChannelFeatures"] == "tier1" and manifest["manifestVersion"] == "1.25"
+    with pytest.raises(ValueError):
+        package("not-a-guid")
