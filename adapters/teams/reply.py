@@ -196,7 +196,10 @@ class TeamsMessages:
     # --- the acknowledgement ----------------------------------------------------------------------------
     async def acknowledge(self) -> None:
         """At once, before the turn waits: the informative update that opens the stream (personal chats),
-        or "typing…"; in the background, so the turn never waits for the conversation's budget."""
+        or "typing…" (chats: Teams shows none in channels, where the budget is every reply chain's); in the
+        background, so the turn never waits for the conversation's budget."""
+        if self.place.kind == "channel" and not self.stream:
+            return
         if self._ack is None and not self.posted:
             self._ack = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.place.key}")
 
