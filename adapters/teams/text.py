@@ -4,8 +4,8 @@
   wrote is escaped (``neutralise``): ``&`` and ``<`` as entities, so no tag (``<at>``, ``<img>``, a link)
   is ever made of it; a mention needs an entity, and kbbot adds none;
 - an answer's last message carries its sources as Teams citations (``[n]`` in the text, a citation
-  entity per source: at most 20, name 80 and abstract 160 characters), the "AI generated" label when the
-  model wrote it, and the feedback loop (👍/👎, answered by a ``message/submitAction`` invoke);
+  entity per source: at most 20, name 80 and abstract 160 characters), the "AI generated" label when a
+  model had a hand in it, and the feedback loop (👍/👎, answered by a ``message/submitAction`` invoke);
 - reviewers' buttons (approving an answer, an expert's reply, a re-checked approval) are an Adaptive Card with
   ``Action.Execute`` buttons whose verb names the action and whose data names only the reply or turn
   (``card_action`` reads them back), under the message's escaped text.
@@ -80,7 +80,7 @@ def answer_message(text: str, answer: Answer | None, *, last: bool, feedback: bo
     cited = sorted({c.index: c for c in answer.citations}.values(), key=lambda c: c.index)[:MAX_CITATIONS]
     for citation in cited:
         message.add_citation(citation.index, appearance(citation))
-    if answer.outcome is Outcome.ANSWERED:
+    if answer.outcome is Outcome.ANSWERED and answer.trace.model_calls:  # not passages quoted without a model
         message.add_ai_generated()
     if feedback and answer.outcome is not Outcome.ERROR and answer.trace.turn_id:
         message.add_feedback()
