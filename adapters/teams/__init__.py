@@ -2,11 +2,13 @@
 streamed, cited answers out (``platform``: activities, invokes, commands; ``reply``: its messages,
 streaming and rate limits; ``text``: escaping, citations, cards; ``connector``: the Bot Connector through
 the Teams SDK; ``auth``: the Bot Framework's JWTs and the app's token; ``directory``: who a user is and who
-reads a conversation; ``settings``: its section)."""
+reads a conversation; ``graph``: a user's Entra groups from Microsoft Graph; ``settings``: its section)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from bot.settings.base import reveal
 
 if TYPE_CHECKING:
     from adapters.teams.platform import TeamsAdapter
@@ -26,6 +28,20 @@ def build(runtime: Any, conversations: Any) -> TeamsAdapter | None:
     settings.check_serving()
     platform = TeamsAdapter(conversations, settings, rates=make_rates(settings, runtime.redis, s.redis_prefix),
                             redis=runtime.redis, prefix=s.redis_prefix)
+    platform.graph = _graph(settings)
     runtime.audiences.register("teams", TeamsDirectory(platform.connector, platform.service_url_of, platform.seen,
-                                                       cache_s=s.permissions.cache_s))
+                                                       cache_s=s.permissions.cache_s, groups=platform.graph,
+                                                       graph_tenant=reveal(settings.tenant_id)))
     return platform
+
+
+def _graph(settings: Any) -> Any:
+    """Microsoft Graph for users' groups, when ``teams.graph_groups`` asks for it."""
+    if not settings.graph_groups:
+        return None
+    from adapters.teams.auth import BotTokens
+    from adapters.teams.graph import GRAPH_SCOPE, GraphGroups
+
+    tokens = BotTokens(reveal(settings.app_id), reveal(settings.app_secret), reveal(settings.tenant_id),
+                       login_url=settings.graph_login_url or settings.login_url, scope=GRAPH_SCOPE)
+    return GraphGroups(tokens, graph_url=settings.graph_url)

@@ -134,6 +134,8 @@ class TeamsAdapter:
         self._chats: dict[str, str] = {}
         #: User id -> a conversation they wrote in (where the connector describes them: ``directory``).
         self.seen: dict[str, str] = {}
+        #: Microsoft Graph for users' groups (``teams.graph_groups``; set by ``adapters.teams.build``), closed with the rest.
+        self.graph: Any = None
 
     # --- serving ------------------------------------------------------------------------------------
     def mount(self, web_app: web.Application) -> None:
@@ -146,6 +148,8 @@ class TeamsAdapter:
         await self.delivery.drain(timeout_s)
         await self.connector.close()
         await self.auth.close()
+        if self.graph is not None:
+            await self.graph.close()
 
     def health(self) -> dict[str, Any]:
         return {"mode": "webhook", "turns_in_progress": self.delivery.in_progress}

@@ -16,6 +16,7 @@ from bot.settings.platforms import PlatformSettings, Seconds, SpacesByChat
 
 OPENID_CONFIGURATION_URL = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 LOGIN_URL = "https://login.microsoftonline.com"
+GRAPH_URL = "https://graph.microsoft.com"
 #: Where proactive messages go when no activity has named a service URL yet (Teams' public one).
 SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 
@@ -62,6 +63,12 @@ class TeamsSettings(PlatformSettings):
     service_url: Annotated[str, Env("TEAMS_SERVICE_URL")] = SERVICE_URL
     openid_url: Annotated[str, Env("TEAMS_OPENID_URL")] = OPENID_CONFIGURATION_URL
     login_url: Annotated[str, Env("TEAMS_LOGIN_URL")] = LOGIN_URL
+    #: Users' Entra groups from Microsoft Graph as ``group:<object id>`` principals (the app needs Graph's
+    #: ``User.Read.All`` or ``GroupMember.Read.All`` application permission, and ``TEAMS_TENANT_ID``).
+    graph_groups: StrictBool = False
+    graph_url: Annotated[str, Env("TEAMS_GRAPH_URL")] = GRAPH_URL
+    #: The login service for Graph's token; unset: ``login_url`` (one cloud signs in for both).
+    graph_login_url: Annotated[str | None, Env("TEAMS_GRAPH_LOGIN_URL")] = None
     app_id: Annotated[SecretStr | None, Env("TEAMS_APP_ID", only=True)] = None
     app_secret: Annotated[SecretStr | None, Env("TEAMS_APP_SECRET", only=True)] = None
     #: The app's Entra tenant (single-tenant registrations); unset: ``botframework.com`` (multi-tenant).
@@ -86,4 +93,6 @@ class TeamsSettings(PlatformSettings):
     def problems(self) -> list[str]:
         if self.enabled and self.app_secret is None:
             return ["TEAMS_APP_ID is set but TEAMS_APP_SECRET is not (kbbot's replies need the app's token)"]
+        if self.enabled and self.graph_groups and self.tenant_id is None:
+            return ["teams.graph_groups needs TEAMS_TENANT_ID (Graph's token is for the app's own tenant)"]
         return []
