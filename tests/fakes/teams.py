@@ -33,6 +33,7 @@ import base64
 import hashlib
 import itertools
 import json
+import random
 import time
 import uuid
 from collections import defaultdict, deque
@@ -235,7 +236,9 @@ class FakeTeams(LocalServer):
         #: How often the signing keys were read (GET of the JWKS).
         self.key_fetches = 0
         self._access_tokens: dict[str, float] = {}
-        self._ids = itertools.count(1_700_000_000_001)
+        # Activity ids are unique across fakes, as Teams' are: a second fake in one process (a bench's next
+        # run on the same runtime) must not reuse ids its questions' dedupe keys have already seen.
+        self._ids = itertools.count(1_700_000_000_001 + random.randrange(10**9) * 1000)
         self._throttled: dict[str, deque[float | None]] = defaultdict(deque)
         self._throttled_kinds: dict[str, deque[float | None]] = defaultdict(deque)
         self._windows: dict[str, deque[float]] = defaultdict(deque)
