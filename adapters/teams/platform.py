@@ -85,8 +85,6 @@ from bot.types import Inquiry
 
 log = logging.getLogger("kbbot.teams")
 
-#: A user not in ``teams.allowed_users`` is told once per this (30 days), on every replica.
-STRANGER_TOLD_EVERY_S = 30 * 86400.0
 #: How the catalogue's words name this platform's commands and settings.
 NAMES = {"commands": "status and refresh", "admins": "teams.admins", "reviewers": "teams.reviewers"}
 #: Commands and the most words each takes without a ``/`` (more: a question that starts with the word).
@@ -353,13 +351,7 @@ class TeamsAdapter:
 
     async def _refuse_once(self, place: TeamsPlace, language: str) -> None:
         log.info("user %s is not in teams.allowed_users", place.user)
-        try:
-            first = await self.conversations.idempotency.claim(f"teams:refused:{self.app_id}:{place.user}",
-                                                                  STRANGER_TOLD_EVERY_S)
-        except Exception:
-            log.exception("the idempotency store failed; not repeating the refusal")
-            return
-        if first:
+        if await self.delivery.first_refusal(f"teams:{self.app_id}:{place.user}"):
             await self._say(place, say("refused", language))
 
     # --- commands --------------------------------------------------------------------------------------

@@ -98,12 +98,6 @@ from pipelines.text import detect_language
 
 log = logging.getLogger("kbbot.telegram")
 
-#: A stranger (not in ``telegram.allowed_users``) is told they are refused once per this: 30 days, kept
-#: in Redis for every replica (an idempotency claim). Each message they send would otherwise get the
-#: same refusal back, a reply kbbot sends to someone it does not serve; once a month reminds whoever
-#: still writes. Not ``bot.delivery.CAPABILITY_RETRY_S`` (an hour), which is how long a capability the
-#: platform refused is left untried.
-STRANGER_TOLD_EVERY_S = 30 * 86400.0
 UPDATES = ["message", "callback_query"]
 #: How the catalogue's words name this platform's commands and settings.
 NAMES = {"commands": "/status and /refresh", "admins": "telegram.admins", "reviewers": "telegram.reviewers"}
@@ -324,13 +318,7 @@ class TelegramAdapter:
         user = message.from_user
         assert user is not None
         log.info("user %s is not in telegram.allowed_users", user.id)
-        try:
-            first = await self.conversations.idempotency.claim(f"telegram:refused:{self.bot_id}:{user.id}",
-                                                                  STRANGER_TOLD_EVERY_S)
-        except Exception:
-            log.exception("the idempotency store failed; not repeating the refusal")
-            return
-        if first:
+        if await self.delivery.first_refusal(f"telegram:{self.bot_id}:{user.id}"):
             language = user_language(user.language_code, message.text or "")
             await self._say(message, say("refused", language))
 

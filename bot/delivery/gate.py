@@ -50,9 +50,11 @@ TURN_ID = re.compile(r"[0-9a-f]{32}")
 #: is left untried: an hour, then one answer tries it again. A server is upgraded, a workspace's setting
 #: changes: trying again costs one refused call and a fallback within that answer, so an hour keeps it
 #: rare without leaving a fixed platform unused for long. Kept in this process only (``time.monotonic``).
-#: Not ``adapters.telegram.platform.STRANGER_TOLD_EVERY_S``, which spaces the messages that tell a person they are
-#: refused.
+#: Not ``STRANGER_TOLD_EVERY_S``, which spaces the messages that tell a person they are refused.
 CAPABILITY_RETRY_S = 3600.0
+#: A person not allowed to ask is told so once in this long (``Delivery.first_refusal``); the rest of the
+#: time their messages are ignored, so a stranger cannot make kbbot talk to a chat at will.
+STRANGER_TOLD_EVERY_S = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,17 @@ class Delivery:
         """The event's claim on a renewed lease, or None: it was already handled (a redelivery)."""
         assert self.turns is not None
         return await self.turns.claim(keys, ttl_s, lease_s=lease_s)
+
+    async def first_refusal(self, who: str) -> bool:
+        """Whether to tell ``who`` (the platform's account-scoped key of a person not allowed) that they are
+        refused: the first time in ``STRANGER_TOLD_EVERY_S``, across replicas. When the store fails the
+        refusal is not repeated: silence is the side that cannot be abused."""
+        assert self.turns is not None
+        try:
+            return await self.turns.idempotency.claim(f"refused:{who}", STRANGER_TOLD_EVERY_S)
+        except Exception:
+            log.exception("the idempotency store failed; not repeating the refusal")
+            return False
 
     @contextlib.asynccontextmanager
     async def claimed(self, keys: list[str], ttl_s: float, lease_s: float) -> AsyncIterator[Claim | None]:
