@@ -60,10 +60,10 @@ class ConsoleMessages:
     def __init__(self, screen: Screen, width: int = 60):
         self.screen = screen
         self.width = width
-        self.shown: list[Line] = []
+        self.posted: list[Line] = []
 
     async def add(self, text: str, last: bool = False) -> None:
-        self.shown.append(Line(self.screen.write(text), text))
+        self.posted.append(Line(self.screen.write(text), text))
 
     async def edit(self, line: Line, text: str, last: bool = False) -> None:
         self.screen.lines[line.id] = line.text = text
@@ -71,7 +71,7 @@ class ConsoleMessages:
     async def delete(self, line: Line) -> None:
         del self.screen.lines[line.id]
         self.screen.removed.append(line.id)
-        self.shown.remove(line)
+        self.posted.remove(line)
 
     @staticmethod
     def same(line: Line, part: str, last: bool) -> bool:
@@ -81,7 +81,7 @@ class ConsoleMessages:
         return split_message(text, self.width)
 
     async def show(self, text: str) -> bool:
-        await reconcile(self.shown, self.final_parts(text), same=self.same, edit=self.edit, add=self.add,
+        await reconcile(self.posted, self.final_parts(text), same=self.same, edit=self.edit, add=self.add,
                         delete=self.delete)
         return True
 
@@ -90,15 +90,15 @@ class ConsoleMessages:
 
     async def show_failure(self, message: str) -> None:
         async def replace() -> bool:
-            if not self.shown:
+            if not self.posted:
                 return False
-            await self.edit(self.shown[-1], f"! {message}")
+            await self.edit(self.posted[-1], f"! {message}")
             return True
 
         await show_failure(replace, lambda: self.add(f"! {message}"))
 
     def message_ids(self) -> list[str]:
-        return [line.id for line in self.shown]
+        return [line.id for line in self.posted]
 
     def complete(self, answer: Answer) -> None:
         pass

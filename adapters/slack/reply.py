@@ -195,10 +195,6 @@ class SlackMessages:
         self._status_interrupted = False
 
     @property
-    def shown(self) -> list[_Posted]:
-        return self.posted
-
-    @property
     def cadence(self) -> Cadence:
         return self.native_cadence if self.native else self.edit_cadence
 

@@ -161,10 +161,6 @@ class TeamsMessages:
         self._streamed_at = float("-inf")
 
     @property
-    def shown(self) -> list[_Posted]:
-        return self.posted
-
-    @property
     def cadence(self) -> Cadence:
         return self.stream_cadence if self.stream else self.edit_cadence
 
@@ -205,9 +201,7 @@ class TeamsMessages:
 
     async def _acknowledge(self) -> None:
         # One call makes the question seen: it goes before the texts of questions already seen.
-        priority = (COMPLETES, 0, self._taken_at)
-        for scope, method in send_budgets(self.place):
-            await self.rates.acquire(scope, method, priority)
+        await take_send_budget(self.rates, self.place, (COMPLETES, 0, self._taken_at))
         self._prepaid = True
         self._ack_in_flight = True
         try:

@@ -193,10 +193,6 @@ class TelegramMessages:
         self.reacted: str | None = None
 
     @property
-    def shown(self) -> list[_Posted]:
-        return self.posted
-
-    @property
     def cadence(self) -> Cadence:
         return self.draft_cadence if self.draft else self.edit_cadence
 
@@ -365,8 +361,7 @@ class TelegramMessages:
             if not await self.rates.try_acquire_all(*send_budgets(self.where.chat_id)):
                 return None
         else:
-            for scope, method in send_budgets(self.where.chat_id):
-                await self.rates.acquire(scope, method, priority)
+            await take_send_budget(self.rates, self.where.chat_id, priority)
         try:
             await call()
             return True
@@ -460,10 +455,10 @@ def send_budgets(chat: int | str) -> tuple[tuple[str, str], tuple[str, str]]:
     return (str(chat), "send"), ("bot", BOT_SEND)
 
 
-async def take_send_budget(rates: PlatformRates, chat: int | str) -> None:
-    """One send's tokens (``send_budgets``), waiting for each in turn."""
+async def take_send_budget(rates: PlatformRates, chat: int | str, priority: Priority | None = None) -> None:
+    """One send's tokens (``send_budgets``), waiting for each in turn (in ``priority`` order)."""
     for scope, method in send_budgets(chat):
-        await rates.acquire(scope, method)
+        await rates.acquire(scope, method, priority)
 
 
 def make_rates(settings: TelegramSettings, redis: Any = None, prefix: str = "kbbot:") -> PlatformRates:

@@ -315,8 +315,8 @@ class AnswerMessages(Protocol):
     #: How often this answer may be sent now (a platform that falls back from streaming to edits
     #: paces the rest of the answer as edits).
     cadence: Cadence
-    #: The messages already shown for this answer, in order (what ``reconcile`` goes over).
-    shown: list[Any]
+    #: The messages already posted for this answer, in order (what ``reconcile`` goes over).
+    posted: list[Any]
 
     async def acknowledge(self) -> None:
         """Show at once that the question was taken (a status, typing, a reaction); returns when the
@@ -347,10 +347,10 @@ class AnswerMessages(Protocol):
     async def edit(self, shown: Any, part: Any, last: bool) -> None: ...
 
     async def add(self, part: Any, last: bool) -> None:
-        """``part`` in a message of its own (appended to ``shown``)."""
+        """``part`` in a message of its own (appended to ``posted``)."""
 
     async def delete(self, shown: Any) -> None:
-        """A message the final text no longer needs (removed from ``shown``)."""
+        """A message the final text no longer needs (removed from ``posted``)."""
 
     async def final_shown(self) -> None:
         """The final text is on screen: what was kept for finishing it goes back."""
@@ -423,7 +423,7 @@ class ChatReply:
             sent = await messages.show(text)
             self.writer.cadence = messages.cadence
             return sent
-        await reconcile(messages.shown, messages.final_parts(text), same=messages.same, edit=messages.edit,
+        await reconcile(messages.posted, messages.final_parts(text), same=messages.same, edit=messages.edit,
                         add=messages.add, delete=messages.delete)
         await messages.final_shown()
         return True
