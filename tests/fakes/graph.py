@@ -155,8 +155,8 @@ class FakeDrive:
     site: JSON | None  # None: a user's OneDrive
     items: dict[str, FakeItem] = field(default_factory=dict)
     seq: int = 0
-    #: Delta tokens below this number answer 410 (Graph forgot them).
-    expired_below: int = 0
+    #: Delta tokens of an earlier epoch answer 410 (Graph forgot them).
+    epoch: int = 0
     root: FakeItem = field(init=False)
 
     def __post_init__(self) -> None:
@@ -588,7 +588,7 @@ class FakeGraph(LocalServer):
         item.drive.touch(item)
 
     def expire_delta_tokens(self, drive: FakeDrive) -> None:
-        drive.expired_below = drive.seq + 1
+        drive.epoch += 1
 
     def _drive(self, request: web.Request) -> FakeDrive:
         drive = self.drives.get(request.match_info["drive"])
@@ -647,14 +647,15 @@ class FakeGraph(LocalServer):
         snapshot = int(request.query.get("snapshot") or drive.seq)
         skip = int(request.query.get("$skiptoken") or 0)
         if token is not None:
-            if int(token) < drive.expired_below:
+            epoch, _, since = token.partition(".")
+            if epoch != str(drive.epoch) or not since.isdigit():
                 fresh = f"{self.graph_url}{request.path}"
                 raise GraphRefusal(410, "resyncChangesApplyDifferences",
                                    "Resync required. Replace any local items with the server's version (including "
                                    "deletes) if you're sure that the service was up to date with your local changes "
                                    "when you last sync'd. Upload any local changes that the server doesn't know about.",
                                    {"Location": fresh})
-            changed = sorted((i for i in drive.items.values() if int(token) < i.seq <= snapshot), key=lambda i: i.seq)
+            changed = sorted((i for i in drive.items.values() if int(since) < i.seq <= snapshot), key=lambda i: i.seq)
         else:
             changed = drive.ordered()
         shown = changed[skip:skip + self.delta_page_size]
@@ -665,7 +666,7 @@ class FakeGraph(LocalServer):
                      "$skiptoken": skip + self.delta_page_size}
             body["@odata.nextLink"] = f"{self.next_link_root or self.graph_url}{request.path}?{urlencode(query)}"
         else:
-            body["@odata.deltaLink"] = f"{self.graph_url}{request.path}?token={snapshot}"
+            body["@odata.deltaLink"] = f"{self.graph_url}{request.path}?token={drive.epoch}.{snapshot}"
         return body
 
     async def _item_by_path(self, request: web.Request) -> tuple[int, JSON]:

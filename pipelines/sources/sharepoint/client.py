@@ -234,8 +234,8 @@ class GraphClient:
                             "to Files.Read.All, or granted Sites.Selected read on this site?")
         if status == 404:
             raise ItemGone(f"HTTP 404 for {what}: deleted, or not visible to the app ({detail})")
-        if status == 410:
-            raise DeltaExpired(f"HTTP 410 for {what}: Graph no longer accepts the delta token ({detail})")
+        if status == 410:  # Graph's long message adds nothing to its code
+            raise DeltaExpired(f"HTTP 410 {detail.split(':')[0] or 'Gone'}")
         raise GraphError(f"HTTP {status} for {what}" + (f": {detail}" if detail else ""))
 
     async def json(self, link: str, params: dict[str, str] | None = None,

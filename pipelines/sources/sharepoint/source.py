@@ -512,7 +512,8 @@ class SharePointSource(ConfiguredSource):
             self._keep_state(work, held)
             return item
         if self.max_file_bytes is not None and known.size > self.max_file_bytes:
-            item.error = (f"too large: {known.size / 1e6:.1f} MB, over the {self.max_file_bytes / 1e6:.1f} MB "
+            mib = 1024 * 1024  # as indexing.max_file_mb counts
+            item.error = (f"too large: {known.size / mib:.1f} MB, over the {self.max_file_bytes / mib:g} MB "
                           "limit (indexing.max_file_mb); not downloaded")
             self._keep_state(work, held)
             return item
