@@ -2,6 +2,7 @@
 
     uv run python -m bench.indexing [PATH ...] [--json]
     uv run python -m bench.indexing --corpus ../shared/eval/cmrc2018 [--json]
+    uv run python -m bench.indexing --source sharepoint [--files 60] [--drives 2] [--json]
 
 Both sides embed the same chunk texts in the same process after a warm-up of the model (with
 ``--rounds N``: alternated N times, best time of each side), so the ratio holds on a noisy machine
@@ -9,6 +10,10 @@ even when the absolute numbers do not. ``--corpus`` reads a dataset's
 ``corpus.jsonl`` as a source (one document per passage) and times a full index against a refresh
 with nothing changed, through the same ``Indexer.refresh`` a scheduled run uses, on the configured
 store (Weaviate when ``WEAVIATE_URL`` is set, in a collection of its own that is dropped after).
+``--source sharepoint`` reads libraries of the fake Microsoft Graph (``tests/fakes/graph.py``, served
+from a thread of its own) through the real SharePoint source: a first run (files per second, Graph
+calls and downloads per file), a run with nothing changed (one delta call per library) and one with one
+file edited.
 """
 
 from __future__ import annotations
@@ -149,14 +154,93 @@ def measure(paths: list[str], threads: int = 2, rounds: int = 1) -> dict[str, fl
     }
 
 
+def measure_sharepoint(files: int = 60, drives: int = 2) -> dict[str, float | int | str]:
+    """A SharePoint source against the fake Graph: a full run, a run with nothing changed, one edit."""
+    import os
+
+    from pipelines.sources.kind import SourceContext
+    from pipelines.sources.sharepoint import SHAREPOINT, SharePointEntry, SharePointSettings
+    from tests.fakes.graph import FakeGraph, site_user_permission
+
+    graph = FakeGraph(tls=True)
+    with graph.run_in_thread(), tempfile.TemporaryDirectory() as tmp:
+        os.environ["REQUESTS_CA_BUNDLE"] = graph.ca_file  # MSAL's requests trusts the fake login
+        os.environ["KBBOT_BENCH_SHAREPOINT_SECRET"] = graph.app_secret
+        site = graph.add_site("contoso.sharepoint.com", "sites/bench", permissions=[
+            site_user_permission("c:0-.f|rolemanager|spo-grid-all-users/bench")])
+        libraries = [graph.add_drive(f"Library {d}", site=site) for d in range(drives)]
+        items = [graph.add_file(libraries[i % drives], f"Manuals/Folder {i % 7}/HL-K{i} note.md",
+                                f"# HL-K{i}\n\nThe HL-K{i} pump impeller is inspected every {1000 + i} hours.\n".encode())
+                 for i in range(files)]
+        entry = SharePointEntry(name="bench", sharepoint=SharePointSettings(
+            tenant_id=graph.tenant_id, client_id=graph.app_id, client_secret_env="KBBOT_BENCH_SHAREPOINT_SECRET",
+            site="https://contoso.sharepoint.com/sites/bench", folder="Manuals", graph_url=graph.graph_url,
+            login_url=graph.login_url, download_hosts=["localhost"]))
+        settings = load_settings(env={**os.environ, "KBBOT_DATA_DIR": tmp})
+        context = SourceContext(extensions=tuple(settings.indexing.extensions), allow_hosts=("127.0.0.1", "localhost"))
+        runtime = build_runtime(settings, collection=f"BenchSharePoint_{uuid.uuid4().hex[:8]}")
+        store = runtime.store
+        states: dict = {}
+        try:
+            indexer = Indexer(store, runtime.indexing_pipeline(document_embedder=runtime.document_embedder))
+            load_e5(settings.embedder.threads).passage(["warm-up"])
+
+            def run() -> tuple[Any, float, int, int]:
+                nonlocal states
+                calls, downloads = len(graph.calls), len(graph.downloads)
+                source = SHAREPOINT.build(entry, context, states)
+                started = time.perf_counter()
+                try:
+                    report = indexer.refresh(source)
+                finally:
+                    source.close()
+                states = dict(source.updated_states)
+                return (report, time.perf_counter() - started, len(graph.calls) - calls,
+                        len(graph.downloads) - downloads)
+
+            full, full_s, full_calls, full_downloads = run()
+            assert len(full.added) == files, full
+            again, again_s, again_calls, _ = run()
+            assert not (again.added or again.changed or again.removed), again
+            graph.edit(items[0], b"# HL-K0\n\nThe HL-K0 pump impeller is inspected every 999 hours.\n")
+            edit, edit_s, edit_calls, edit_downloads = run()
+            assert len(edit.changed) == 1, edit
+        finally:
+            if hasattr(store, "drop"):
+                store.drop()
+            store.close()
+    return {
+        "store": settings.store_kind,
+        "files": files,
+        "libraries": drives,
+        "full_s": round(full_s, 2),
+        "full_files_per_s": round(files / full_s, 1),
+        "full_graph_calls": full_calls,
+        "full_graph_calls_per_file": round(full_calls / files, 2),
+        "full_downloads_per_file": round(full_downloads / files, 2),
+        "no_change_s": round(again_s, 3),
+        "no_change_graph_calls": again_calls,
+        "no_change_delta_calls_per_library": round(again_calls / drives, 2),
+        "one_edit_s": round(edit_s, 2),
+        "one_edit_graph_calls": edit_calls,
+        "one_edit_downloads": edit_downloads,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", default=["examples/kb"])
     parser.add_argument("--corpus", help="a dataset folder with corpus.jsonl (e.g. ../shared/eval/cmrc2018)")
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds of index and bare embedder (best of each)")
+    parser.add_argument("--source", choices=["sharepoint"], help="a run of that kind of source against its fake")
+    parser.add_argument("--files", type=int, default=60, help="--source sharepoint: files in the libraries")
+    parser.add_argument("--drives", type=int, default=2, help="--source sharepoint: libraries")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = measure_corpus(args.corpus) if args.corpus else measure(args.paths, rounds=args.rounds)
+    if args.source == "sharepoint":
+        result = measure_sharepoint(args.files, args.drives)
+    else:
+        result = measure_corpus(args.corpus) if args.corpus else measure(args.paths, rounds=args.rounds)
     emit(result, args.json)
 
 

@@ -4,7 +4,8 @@ sources that carry none of their own (folders, web pages); and the principals' o
 A principal is ``public`` (everyone who may search the knowledge space), ``user:<e-mail>``,
 ``group:<name>``, ``channel:<platform channel id>``, or one the operator names for Confluence
 (``space:<key>``: the readers of a space whose permissions kbbot cannot see; ``confluence:everyone``:
-every Confluence account) and grants in ``permissions.principals``; a bare e-mail address means
+every Confluence account) or SharePoint (``sharepoint:organization``: whoever an organisation-wide sharing
+link reaches) and grants in ``permissions.principals``; a bare e-mail address means
 ``user:`` it. ``nobody`` (a document held back) is none: no setting can grant it.
 """
 
@@ -19,7 +20,7 @@ from pydantic import AfterValidator
 
 from pipelines.records import PUBLIC
 
-KINDS = ("user:", "group:", "channel:", "space:", "confluence:")
+KINDS = ("user:", "group:", "channel:", "space:", "confluence:", "sharepoint:")
 
 
 def principal(text: str) -> str:
@@ -31,7 +32,7 @@ def principal(text: str) -> str:
         value = "user:" + value
     if not value.startswith(KINDS) or not value.split(":", 1)[1].strip():
         raise ValueError(f"{text!r} is not a principal: use public, user:<e-mail>, group:<name>, "
-                         "channel:<channel id>, space:<Confluence space key> or confluence:everyone (a bare "
+                         "channel:<channel id>, space:<Confluence space key>, confluence:everyone or sharepoint:organization (a bare "
                          "e-mail address is a user)")
     return value
 
