@@ -385,10 +385,10 @@ class DriveScan:
         src = self.source
         file_id = src.file_id(doc_id)
         src.updated_states[doc_id] = src.states[doc_id]
-        held = self._held(file_id)
+        readers = None if record.readers == [NOBODY] else list(record.readers)
+        held = self._held(file_id) if readers is None else ""
         if held:
             src.updated_states[HELD_KEY + file_id] = FetchState(etag=held)
-        readers = None if record.readers == [NOBODY] else list(record.readers)
         return SourceItem(doc_id=doc_id, source=record.source, root=src.root, not_modified=True, readers=readers,
                           held=held)
 
