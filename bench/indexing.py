@@ -2,6 +2,7 @@
 
     uv run python -m bench.indexing [PATH ...] [--json]
     uv run python -m bench.indexing --corpus ../shared/eval/cmrc2018 [--json]
+    uv run python -m bench.indexing --gdrive 200 [--json]
 
 Both sides embed the same chunk texts in the same process after a warm-up of the model (with
 ``--rounds N``: alternated N times, best time of each side), so the ratio holds on a noisy machine
@@ -9,6 +10,8 @@ even when the absolute numbers do not. ``--corpus`` reads a dataset's
 ``corpus.jsonl`` as a source (one document per passage) and times a full index against a refresh
 with nothing changed, through the same ``Indexer.refresh`` a scheduled run uses, on the configured
 store (Weaviate when ``WEAVIATE_URL`` is set, in a collection of its own that is dropped after).
+``--gdrive N``: a Google Drive source of N files against the tests' local Drive (``bench.gdrive``):
+items per second, Drive calls per item, and the calls of a refresh with nothing changed.
 """
 
 from __future__ import annotations
@@ -154,8 +157,14 @@ def main() -> None:
     parser.add_argument("paths", nargs="*", default=["examples/kb"])
     parser.add_argument("--corpus", help="a dataset folder with corpus.jsonl (e.g. ../shared/eval/cmrc2018)")
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds of index and bare embedder (best of each)")
+    parser.add_argument("--gdrive", type=int, metavar="FILES", help="a Google Drive source of FILES files (the fake)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.gdrive:
+        from bench import gdrive
+
+        emit(gdrive.measure(args.gdrive), args.json)
+        return
     result = measure_corpus(args.corpus) if args.corpus else measure(args.paths, rounds=args.rounds)
     emit(result, args.json)
 
