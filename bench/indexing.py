@@ -3,6 +3,7 @@
     uv run python -m bench.indexing [PATH ...] [--json]
     uv run python -m bench.indexing --corpus ../shared/eval/cmrc2018 [--json]
     uv run python -m bench.indexing --source sharepoint [--files 60] [--drives 2] [--json]
+    uv run python -m bench.indexing --source gdrive [--files 200] [--json]
 
 Both sides embed the same chunk texts in the same process after a warm-up of the model (with
 ``--rounds N``: alternated N times, best time of each side), so the ratio holds on a noisy machine
@@ -14,6 +15,8 @@ store (Weaviate when ``WEAVIATE_URL`` is set, in a collection of its own that is
 from a thread of its own) through the real SharePoint source: a first run (files per second, Graph
 calls and downloads per file), a run with nothing changed (one delta call per library) and one with one
 file edited.
+``--source gdrive``: a Google Drive source of ``--files`` files against the tests' local Drive
+(``bench.gdrive``): items per second, Drive calls per item, and the calls of a refresh with nothing changed.
 """
 
 from __future__ import annotations
@@ -232,13 +235,17 @@ def main() -> None:
     parser.add_argument("paths", nargs="*", default=["examples/kb"])
     parser.add_argument("--corpus", help="a dataset folder with corpus.jsonl (e.g. ../shared/eval/cmrc2018)")
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds of index and bare embedder (best of each)")
-    parser.add_argument("--source", choices=["sharepoint"], help="a run of that kind of source against its fake")
-    parser.add_argument("--files", type=int, default=60, help="--source sharepoint: files in the libraries")
+    parser.add_argument("--source", choices=["sharepoint", "gdrive"], help="a run of that kind of source against its fake")
+    parser.add_argument("--files", type=int, help="--source: files in the source (sharepoint 60, gdrive 200)")
     parser.add_argument("--drives", type=int, default=2, help="--source sharepoint: libraries")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.source == "sharepoint":
-        result = measure_sharepoint(args.files, args.drives)
+        result = measure_sharepoint(args.files or 60, args.drives)
+    elif args.source == "gdrive":
+        from bench import gdrive
+
+        result = gdrive.measure(args.files or 200)
     else:
         result = measure_corpus(args.corpus) if args.corpus else measure(args.paths, rounds=args.rounds)
     emit(result, args.json)

@@ -22,7 +22,8 @@ An asker that cannot be mapped to an identity gets public documents only (``Audi
 Identities come from the platform (``Directory``: Slack's e-mail, and its user groups as
 ``slackgroup:<handle>``, source groups only as ``permissions.slack_groups`` maps them; in the adapter) and
 from the ``permissions.principals`` settings (``platform:user id`` -> principals, which add to the
-platform's; Telegram users and API callers have only these).
+platform's; Telegram users and API callers have only these). An asker with ``user:<e-mail>`` also holds
+``domain:<the e-mail's domain>`` (``with_domains``: Google Drive files shared with a whole domain).
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ class Audiences:
                             type(exc).__name__)
         if found is None and from_map is None:
             return None
-        return frozenset(found or ()) | (from_map or frozenset())
+        return with_domains(frozenset(found or ()) | (from_map or frozenset()))
 
     def maps(self, platform: str) -> bool:
         """Whether identities of ``platform`` are mapped at all (a directory, or settings naming its
@@ -220,6 +221,15 @@ class Audiences:
         each = await asyncio.gather(*(self.principals_of(inquiry.platform, inquiry.tenant, m) for m in members))
         return Audience(private=False, everyone=everyone, each=tuple(p or frozenset() for p in each), asker=asker,
                         channel=channel)
+
+
+def with_domains(principals: frozenset[str]) -> frozenset[str]:
+    """``principals`` and, for each ``user:<e-mail>``, ``domain:<its domain>``: a document shared with a
+    whole Google Workspace domain reads as that domain's people. The e-mail is one the platform checked
+    (Slack's, Teams') or the operator wrote in ``permissions.principals``, never one an asker typed."""
+    domains = {f"domain:{p.rsplit('@', 1)[1]}" for p in principals
+               if p.startswith("user:") and p.count("@") == 1 and p.rsplit("@", 1)[1]}
+    return principals | domains if domains else principals
 
 
 def audience_meta(audience: Audience) -> dict[str, str]:

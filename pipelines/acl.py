@@ -5,8 +5,9 @@ A principal is ``public`` (everyone who may search the knowledge space), ``user:
 ``group:<name>``, ``channel:<platform channel id>``, or one the operator names for Confluence
 (``space:<key>``: the readers of a space whose permissions kbbot cannot see; ``confluence:everyone``:
 every Confluence account) or SharePoint (``sharepoint:organization``: whoever an organisation-wide sharing
-link reaches) and grants in ``permissions.principals``; a bare e-mail address means
-``user:`` it. ``nobody`` (a document held back) is none: no setting can grant it.
+link reaches) and grants in ``permissions.principals``; ``domain:<domain>`` (everyone of a
+Google Workspace domain: an asker holds it through an e-mail address of that domain); a bare e-mail
+address means ``user:`` it. ``nobody`` (a document held back) is none: no setting can grant it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import AfterValidator
 
 from pipelines.records import PUBLIC
 
-KINDS = ("user:", "group:", "channel:", "space:", "confluence:", "sharepoint:")
+KINDS = ("user:", "group:", "channel:", "space:", "confluence:", "sharepoint:", "domain:")
 
 
 def principal(text: str) -> str:
@@ -32,8 +33,8 @@ def principal(text: str) -> str:
         value = "user:" + value
     if not value.startswith(KINDS) or not value.split(":", 1)[1].strip():
         raise ValueError(f"{text!r} is not a principal: use public, user:<e-mail>, group:<name>, "
-                         "channel:<channel id>, space:<Confluence space key>, confluence:everyone or sharepoint:organization (a bare "
-                         "e-mail address is a user)")
+                         "channel:<channel id>, space:<Confluence space key>, confluence:everyone, "
+                         "sharepoint:organization or domain:<e-mail domain> (a bare e-mail address is a user)")
     return value
 
 

@@ -4,6 +4,7 @@
 - ``urls``: pages and sitemaps (``urls``, with ``fetcher``, ``robots``, ``sitemaps``);
 - ``confluence``: a Confluence site (``confluence/``: client, source, permissions);
 - ``sharepoint``: a SharePoint site's libraries or a OneDrive, through Microsoft Graph (``sharepoint/``).
+- ``gdrive``: a Google Drive folder or shared drive (``gdrive/``: client, source, permissions).
 
 What a kind is and gives is ``kind.SourceKind`` (``kind`` also holds ``SourceItem`` and ``Source``, what
 the indexer reads). A new kind is one module or package here and one line below; ``bot`` builds,
@@ -16,12 +17,13 @@ from typing import Any
 
 from pipelines.sources.confluence import CONFLUENCE
 from pipelines.sources.folder import FOLDER
+from pipelines.sources.gdrive import GDRIVE
 from pipelines.sources.kind import SourceKind
 from pipelines.sources.sharepoint import SHAREPOINT
 from pipelines.sources.urls import URLS
 
 #: name (the ``sources:`` entry's key that selects the kind) -> the kind.
-SOURCE_KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (FOLDER, URLS, CONFLUENCE, SHAREPOINT)}
+SOURCE_KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (FOLDER, URLS, CONFLUENCE, SHAREPOINT, GDRIVE)}
 
 
 def kind_of(entry: Any) -> SourceKind:

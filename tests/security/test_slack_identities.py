@@ -102,12 +102,14 @@ async def test_a_slack_user_group_is_a_source_group_only_through_the_settings(tm
         slack.add_user(CAROL, "carol@example.com")
         slack.usergroups = {"finance": [ALICE], "hr": [CAROL]}
         unmapped = audiences_of(tmp_path / "unmapped", slack)
-        assert await unmapped.principals_of("slack", TEAM, ALICE) == {"user:alice@example.com", "slackgroup:finance"}
+        assert await unmapped.principals_of("slack", TEAM, ALICE) == {"user:alice@example.com", "slackgroup:finance",
+                                                                     "domain:example.com"}
         mapped = audiences_of(tmp_path / "mapped", slack, groups={"hr": ["group:hr"]})
         alice = await mapped.principals_of("slack", TEAM, ALICE)
         carol = await mapped.principals_of("slack", TEAM, CAROL)
-    assert alice == {"user:alice@example.com", "slackgroup:finance"}
-    assert carol == {"user:carol@example.com", "slackgroup:hr", "group:hr"}
+    # The e-mail's domain (Google Drive files shared with the whole domain), never a group of the same name.
+    assert alice == {"user:alice@example.com", "slackgroup:finance", "domain:example.com"}
+    assert carol == {"user:carol@example.com", "slackgroup:hr", "group:hr", "domain:example.com"}
 
 
 def settings_with(tmp_path: Path, permissions: dict) -> Path:

@@ -1,0 +1,157 @@
+"""A restricted Google Drive file never reaches an audience that may not read it (issue 42), on real
+Weaviate and the embedded store, with the local Drive (tests/fakes/gdrive.py):
+
+- a file shared with one user is read by that user only; one shared with a whole domain (found by
+  its people) by askers whose e-mail is of that domain, not by an outsider or an unmapped asker;
+- "anyone with the link" is no grant, nor is "anyone" while the operator has not said it is public;
+  a file whose permissions Drive will not list (403) is held back: readable by nobody;
+- a sharing change moves the readers without embedding anything, through the changes feed and
+  through ``kbbot refresh --permissions-only`` (no content read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from adapters.cli import SilentReply
+from bot.knowledge.refresh import Refresher
+from bot.runtime import Runtime, build_runtime
+from bot.types import Answer, Inquiry
+from tests.conftest import make_settings
+from tests.fakes.gdrive import FakeDrive, FakeFile, anyone, domain, user
+from tests.gdrive_world import drive_source
+from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
+
+BONUS = "# HL-K8 commissioning bonus\n\nThe HL-K8 commissioning bonus is 1,250 euros per machine.\n"
+PAY = "# DC depot pay\n\nService technicians of the DC depot are paid on pay scale T9 from March.\n"
+SEALS = "# HL-K8 seals\n\nThe HL-K8 compressor seal must be replaced every 7,200 operating hours.\n"
+ROADMAP = "# Roadmap\n\nThe HL-K9 compressor ships in spring with a 90 kW motor.\n"
+LEAKED = "# Salaries\n\nThe HL-K8 team lead earns 98,400 euros a year.\n"
+QUESTIONS = {"bonus": ("How much is the HL-K8 commissioning bonus per machine?", "1,250"),
+             "pay": ("Which pay scale are the service technicians of the DC depot paid on?", "T9"),
+             "seals": ("How often must the HL-K8 compressor seal be replaced?", "7,200"),
+             "roadmap": ("When does the HL-K9 compressor ship and with which motor?", "90 kW"),
+             "salaries": ("How much does the HL-K8 team lead earn?", "98,400")}
+HIDDEN = "Drive refused to list its permissions (HTTP 403 insufficientFilePermissions)"
+
+
+@dataclass
+class World:
+    runtime: Runtime
+    refresher: Refresher
+    drive: FakeDrive
+    files: dict[str, FakeFile]
+
+    def doc(self, name: str) -> str:
+        return f"gdrive:drive:file:{self.files[name].id}"
+
+    def readers(self, name: str) -> list[str]:
+        return self.runtime.store.record(self.doc(name)).readers
+
+    async def ask(self, caller: str, question: str) -> Answer:
+        inquiry = Inquiry(platform="api", tenant=caller, channel=caller, thread_key=f"api:{caller}:{uuid.uuid4().hex}",
+                          user_id=caller, text=question, private=True)
+        return await self.runtime.answerer.answer(inquiry, SilentReply())
+
+    async def reads(self, caller: str, name: str) -> bool:
+        question, fact = QUESTIONS[name]
+        answer = await self.ask(caller, question)
+        doc = self.doc(name)
+        seen = doc in {c.doc_id for c in answer.citations} or doc in {r["doc_id"] for r in answer.trace.ranked}
+        assert seen or fact not in answer.text, (caller, name, answer.text)
+        return seen
+
+
+@contextlib.asynccontextmanager
+async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    tag = uuid.uuid4().hex[:10]
+    with FakeDrive().run_in_thread() as drive:
+        kb = drive.folder("HR", "root")
+        files = {"bonus": drive.add("bonus.md", kb.id, BONUS.encode(), permissions=[user("carol@example.com")]),
+                 "pay": drive.add("pay.md", kb.id, PAY.encode(), permissions=[domain("example.com"),
+                                                                           user("eve@partner.org", "owner")]),
+                 "seals": drive.add("seals.md", kb.id, SEALS.encode(), permissions=[anyone(True)]),
+                 "roadmap": drive.add("roadmap.md", kb.id, ROADMAP.encode(),
+                                      permissions=[anyone(False), domain("example.com", discoverable=False)]),
+                 "salaries": drive.add("salaries.md", kb.id, LEAKED.encode(), permissions_hidden=True)}
+        env = {"REDIS_URL": REDIS_URL} if REDIS_URL else {}
+        if kind == "weaviate":
+            env["WEAVIATE_URL"] = WEAVIATE_URL or ""
+        settings = make_settings(tmp_path / "data", **env)
+        settings.store.collection = f"DriveLeak{tag}"
+        settings.redis_prefix = f"kbbot-test-{tag}:"
+        settings.refresh.allow_hosts = ["127.0.0.1"]
+        settings.refresh.fetch_timeout_s = 5
+        settings.permissions.cache_s = 0
+        settings.permissions.principals = {"api:carol": ["user:carol@example.com"],
+                                           "api:dave": ["user:dave@example.com"],
+                                           "api:eve": ["user:eve@partner.org"]}
+        settings.sources = [drive_source(drive, kb.id, monkeypatch)]  # anyone_public: false, the default
+        runtime = build_runtime(settings)
+        await runtime.start()
+        refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
+        try:
+            record = await refresher.run("drive")
+            assert record is not None and record.ok and record.added == 5, record
+            yield World(runtime, refresher, drive, files)
+        finally:
+            if kind == "weaviate":
+                runtime.store.drop()
+            await runtime.close()
+            if REDIS_URL:
+                await drop_prefix(REDIS_URL, settings.redis_prefix)
+
+
+@pytest.fixture(params=["weaviate", "memory"])
+async def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if request.param == "weaviate" and SERVICES_MISSING is not None:
+        pytest.skip(SERVICES_MISSING)
+    async with world_on(request.param, tmp_path, monkeypatch) as w:
+        yield w
+
+
+async def test_a_restricted_drive_file_never_reaches_an_audience_that_may_not_read_it(world):
+    assert world.readers("bonus") == ["user:carol@example.com"]
+    assert world.readers("pay") == ["domain:example.com", "user:eve@partner.org"]
+    assert world.readers("seals") == ["nobody"], "'anyone' is public only when the operator says so"
+    assert world.readers("roadmap") == ["nobody"], "link-only sharing grants no one"
+    assert world.readers("salaries") == ["nobody"], "permissions Drive would not list"
+    chunks = world.runtime.store.document_store.filter_documents(
+        {"field": "meta.doc_id", "operator": "==", "value": world.doc("salaries")})
+    assert chunks and all(c.meta["readers"] == ["nobody"] for c in chunks)
+
+    expected = {"carol": {"bonus", "pay"}, "dave": {"pay"}, "eve": {"pay"}, "stranger": set()}
+    for caller, allowed in expected.items():
+        for name in QUESTIONS:
+            assert await world.reads(caller, name) == (name in allowed), (caller, name)
+    run = await world.refresher.last_run("drive")
+    assert "3 held back (readable by nobody)" in run.summary(), run.summary()
+    assert any(HIDDEN in line for line in run.held_lines()), run.held_lines()
+
+
+async def test_a_sharing_change_moves_the_readers_without_embedding(world):
+    embedded = world.runtime.document_embedder.embedded_texts
+    world.drive.share(world.files["bonus"], [user("dave@example.com")])  # carol out, dave in
+    record = await world.refresher.run("drive")
+    assert record is not None and record.ok and record.permissions == 1, record
+    assert world.runtime.document_embedder.embedded_texts == embedded, "written in place, nothing embedded"
+    assert world.readers("bonus") == ["user:dave@example.com"]
+    assert not await world.reads("carol", "bonus") and await world.reads("dave", "bonus")
+
+    # Permissions alone: every indexed file's permissions read again, no content, the page token kept.
+    world.drive.files[world.files["pay"].id].permissions = [user("carol@example.com")]  # not in the feed
+    sent = len(world.drive.log)
+    record = await world.refresher.run("drive", permissions_only=True)
+    assert record is not None and record.ok and record.permissions == 1, record
+    since = [path for _, path, _, _ in world.drive.log[sent:]]
+    assert since and all("/permissions" in p for p in since), since
+    assert world.runtime.document_embedder.embedded_texts == embedded
+    assert not await world.reads("dave", "pay") and await world.reads("carol", "pay")
+    record = await world.refresher.run("drive")
+    assert record.ok and (record.unchanged, record.changed, record.removed) == (5, 0, 0), record
