@@ -35,7 +35,7 @@ from bot.state.feedback import Feedback, MemoryFeedback, RedisFeedback
 from bot.types import Outcome
 from tests.conftest import break_retrieval
 from tests.fakes.anthropic_server import Script
-from tests.fakes.slack_server import STREAM_METHODS, FakeSlack, Message
+from tests.fakes.slack_server import DOCUMENTED_TIERS, PER_CHANNEL, STREAM_METHODS, FakeSlack, Message
 from tests.model_router import quoting, steps
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -631,11 +631,18 @@ async def test_reactions_follow_slack_s_rules_in_the_fake(fake_slack):
     assert limited.value.response.status_code == 429 and int(limited.value.response.headers["Retry-After"]) >= 59
 
 
-def test_the_apps_slack_rates_are_the_tiers_with_the_overrides():
+def test_the_apps_slack_rates_stay_inside_slacks_tiers_with_the_overrides():
     # Slack limits the app per workspace and channel, whichever process calls: replicas share these
-    # buckets in Redis (tests/test_rate_buckets.py), so no process takes a share of them.
+    # buckets in Redis (tests/test_rate_buckets.py), so no process takes a share of them. A bucket lets
+    # ``burst`` calls through at once and ``per_minute / 60`` a second after: no window of the tier's
+    # length may hold more calls than the tier allows, or kbbot's own calls would meet 429s.
     rates = make_rates(SlackSettings())
-    assert rates.rates["chat.stopStream"] == Rate(20, burst=10)
+    for method, per_minute in DOCUMENTED_TIERS.items():
+        rate = rates.rates[method]
+        assert rate.burst + rate.per_minute <= per_minute, method
+    for method, (calls, per_s) in PER_CHANNEL.items():
+        rate = rates.rates[method]
+        assert rate.burst + rate.per_minute / 60 * per_s < calls + 1, method
     custom = make_rates(SlackSettings(rate_limits={"chat.update": 100}))
     assert custom.rates["chat.update"] == Rate(100, burst=5)
 

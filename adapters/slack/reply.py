@@ -63,24 +63,28 @@ UNREACT = "reactions.remove"
 
 #: Calls per minute per workspace (chat.postMessage: per channel) and the burst allowed. Slack's tiers:
 #: appendStream Tier 4 (100+/min), update and reactions.add Tier 3 (50+/min), stopStream and
-#: reactions.remove Tier 2 (20+/min); postMessage about 1 per second per channel. The status has
-#: "special" limits, not published, and delete's is not documented: Tier 3 assumed. startStream's is
-#: not documented either; it gets stopStream's, since every stream started must be stopped. Streams
-#: start only with a token free at once: the other answers post and edit instead. The status and the
-#: reaction are the two ways to acknowledge a question; their bursts add up to 50 questions shown
-#: "seen" at once, whatever the chat.* budgets are doing.
+#: reactions.remove Tier 2 (20+/min); postMessage about 1 per second per channel, "short bursts"
+#: allowed. The status has "special" limits, not published, and delete's is not documented: Tier 3
+#: assumed. startStream's is not documented either; it gets stopStream's, since every stream started
+#: must be stopped. A bucket lets through at most ``burst + per_minute`` calls in any minute, so every
+#: tier's two add up to Slack's figure: kbbot's own calls never meet a 429, whose Retry-After (up to a
+#: minute for a Tier 2 method) would hold the whole workspace's or channel's budget. postMessage is
+#: one call every 1.05 s with no burst, so no six of them fall within five seconds. Streams start only
+#: with a token free at once: the other answers post and edit instead. The status and the reaction are
+#: the two ways to acknowledge a question; their bursts add up to 50 questions shown "seen" at once,
+#: whatever the chat.* budgets are doing.
 DEFAULT_RATES: dict[str, Rate] = {
-    "chat.startStream": Rate(20, burst=10),
-    "chat.appendStream": Rate(100, burst=10),
-    "chat.stopStream": Rate(20, burst=10),
-    "chat.update": Rate(50, burst=5),
-    "chat.postMessage": Rate(60, burst=5),
-    "chat.delete": Rate(50, burst=5),
+    "chat.startStream": Rate(10, burst=10),
+    "chat.appendStream": Rate(90, burst=10),
+    "chat.stopStream": Rate(10, burst=10),
+    "chat.update": Rate(45, burst=5),
+    "chat.postMessage": Rate(57, burst=1),
+    "chat.delete": Rate(45, burst=5),
     # Reviewers' notes (expert replies, refused clicks): Tier 4, far below what answers need of their own.
-    "chat.postEphemeral": Rate(100, burst=10),
-    STATUS: Rate(50, burst=25),
-    REACT: Rate(50, burst=25),
-    # Never urgent: kept inside 20 in any minute (burst + rate), so taking reactions back meets no 429.
+    "chat.postEphemeral": Rate(90, burst=10),
+    STATUS: Rate(15, burst=35),
+    REACT: Rate(25, burst=25),
+    # Never urgent: a removal waits for its turn rather than meet a 429.
     UNREACT: Rate(15, burst=5),
 }
 #: A reaction is added only with the token that takes it back reserved (see ``_acknowledge``).
