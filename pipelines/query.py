@@ -216,6 +216,7 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
         pipe.add_component("rest", DocumentRest())
         pipe.connect("answerable.documents", "rest.documents")
         pipe.connect("current.documents", "rest.candidates")
+        pipe.connect("answerable.query", "rest.query")
         pipe.connect("rest.documents", "fit.documents")
     else:
         pipe.connect("answerable.documents", "fit.documents")

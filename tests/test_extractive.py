@@ -191,8 +191,10 @@ def test_the_rest_of_the_first_documents_joins_them_from_the_candidates():
 
     kept = [chunk("a", 0), chunk("b", 2), chunk("c", 1)]
     candidates = [chunk("c", 0), chunk("a", 0), chunk("a", 5), chunk("b", 1), chunk("a", 3), chunk("d", 0)]
-    out = DocumentRest(documents=2, more_chunks=1).run(documents=kept, candidates=candidates)["documents"]
+    rest = DocumentRest(documents=2, more_chunks=1)
+    out = rest.run(documents=kept, candidates=candidates, query="How do I fix it?")["documents"]
     assert [d.id for d in out] == ["a-0", "b-2", "c-1", "a-5", "b-1"]  # only a and b, one more each, best first
+    assert rest.run(documents=kept, candidates=candidates, query="What is the warranty period?")["documents"] == kept
 
 
 async def test_the_demo_overheating_question_is_answered_with_measures(kb_runtime):

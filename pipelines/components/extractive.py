@@ -145,16 +145,21 @@ def _by_meaning(question: str, candidates: list[Candidate], similarity: Similari
     for a code the question names. Only each source's ``MAX_SENTENCES_PER_SOURCE`` best by shared
     terms are embedded."""
     language = detect_language(question)
-    codes = _distinguishing(identifiers(question), candidates)
+    asked = [c.lower() for c in identifiers(question)]
+    codes = _distinguishing(identifiers(question), candidates)  # over every sentence: what the sources name
     focus = question_focus(question)
+    # A sentence about its document ("本文说明……", "This guide describes…") names the topic and answers
+    # nothing: shown only when its sources hold nothing else.
+    candidates = [c for c in candidates if not about_the_document(c[2])] or candidates
 
     def answers_focus(number: int, sentence: str) -> bool:
         return gives(focus, sentence) and not about_the_document(sentence) and (number, sentence) not in openings
 
-    def preference(c: Candidate) -> tuple[bool, float]:
-        # Shared terms pick what is embedded; a sentence giving what the question asks for is embedded
-        # first (a measure rarely repeats the question's words).
-        return (answers_focus(c[0], c[2]), c[3])
+    def preference(c: Candidate) -> tuple[bool, bool, float]:
+        # Shared terms pick what is embedded; first a sentence naming the code asked about (the table row
+        # of "E-007 是什么意思？"), then one giving what the question asks for (a measure rarely repeats
+        # the question's words).
+        return (any(code in c[2].lower() for code in asked), answers_focus(c[0], c[2]), c[3])
 
     kept = [c for number in dict.fromkeys(c[0] for c in candidates)
             for c in sorted((c for c in candidates if c[0] == number), key=preference,
@@ -200,9 +205,6 @@ def select_sentences(question: str, sources: list[Document], max_sentences: int 
         for i, (number, _) in enumerate(considered) for order, sentence in enumerate(per_source[i])]
     if not candidates:
         return []
-    # A sentence about its document ("本文说明……", "This guide describes…") names the topic and answers
-    # nothing: shown only when its sources hold nothing else.
-    candidates = [c for c in candidates if not about_the_document(c[2])] or candidates
     if similarity is not None:
         openings = {(number, s) for (number, doc) in considered for s in opening_sentences(doc)}
         scored = _by_meaning(question, candidates, similarity, openings)

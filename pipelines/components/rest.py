@@ -17,6 +17,8 @@ from typing import Any
 
 from haystack import Document, component
 
+from pipelines.focus import question_focus
+
 # The documents the answer draws on first, and how many more chunks of each it may read: its own
 # sentence choice weighs at most ``MAX_SENTENCES_PER_SOURCE`` of a source, so a few are enough.
 DOCUMENTS = 2
@@ -30,14 +32,20 @@ def _doc_id(doc: Document) -> str:
 @component
 class DocumentRest:
     """``documents`` followed by up to ``more_chunks`` other chunks of each of the first ``documents``
-    kept documents, taken from ``candidates`` in their order (best first)."""
+    kept documents, taken from ``candidates`` in their order (best first), when the question's form
+    asks for something (measures, steps, an interval, a cause, a meaning: ``question_focus``). A
+    question without one ("What is the warranty period of the HL-M200?") keeps the kept chunks: the
+    rest of a data sheet that names the product would only crowd its answer out."""
 
     def __init__(self, documents: int = DOCUMENTS, more_chunks: int = MORE_CHUNKS):
         self.documents = documents
         self.more_chunks = more_chunks
 
     @component.output_types(documents=list[Document])
-    def run(self, documents: list[Document], candidates: list[Document] | None = None) -> dict[str, Any]:
+    def run(self, documents: list[Document], candidates: list[Document] | None = None,
+            query: str = "") -> dict[str, Any]:
+        if question_focus(query) is None:
+            return {"documents": documents}
         leading = list(dict.fromkeys(_doc_id(d) for d in documents))[: self.documents]
         have = {d.id for d in documents}
         added: dict[str, int] = {}
@@ -53,5 +61,6 @@ class DocumentRest:
         return {"documents": [*documents, *more]}
 
     @component.output_types(documents=list[Document])
-    async def run_async(self, documents: list[Document], candidates: list[Document] | None = None) -> dict[str, Any]:
-        return self.run(documents, candidates)
+    async def run_async(self, documents: list[Document], candidates: list[Document] | None = None,
+                        query: str = "") -> dict[str, Any]:
+        return self.run(documents, candidates, query)
