@@ -30,7 +30,14 @@ from bot.types import Answer
 from pipelines.components.extractive import ExtractiveAnswerer
 from pipelines.components.turn import TurnLedger
 from pipelines.errors import ErrorKind, ServiceUnavailable, diagnose
-from pipelines.evaluation import corpus_documents, evaluate, evaluate_abstention, index_corpus, load_queries
+from pipelines.evaluation import (
+    corpus_documents,
+    corpus_folder,
+    evaluate,
+    evaluate_abstention,
+    index_corpus,
+    load_queries,
+)
 from pipelines.redact import scrub
 from pipelines.sources.folder import FolderSource
 from pipelines.topics import Topics
@@ -116,6 +123,21 @@ def run_index(runtime: Runtime, paths: list[str], space: str) -> int:
     print(report.summary())  # the last line: scripts read it
     nothing_indexed = not (report.added or report.changed or report.unchanged)
     return 1 if report.failed and nothing_indexed else 0
+
+
+def run_corpus_folder(runtime: Runtime, folder: Path) -> int:
+    """An eval set's folder corpus refreshed into its own store; how many files were (re)indexed."""
+    async def work() -> Any:
+        async with runtime.refreshing() as refresher:
+            source = FolderSource([str(folder)], suffixes=runtime.settings.indexing.extensions,
+                                  max_file_mb=runtime.settings.indexing.max_file_mb)
+            return await refresher.run_source(source, space="default", progress=tqdm_progress("indexing"),
+                                              on_wait=_waiting)
+
+    report = asyncio.run(work())
+    for failure in report.failed:
+        print(f"failed: {failure.source}: {failure.reason}", file=sys.stderr)
+    return report.added + report.changed
 
 
 def run_refresh(runtime: Runtime, names: list[str], *, trigger: str = "manual", out: Any = None,
@@ -277,7 +299,8 @@ def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool
     if not path.is_dir():
         raise UserError(f"no dataset folder at {dataset}")
     try:
-        docs = corpus_documents(path)
+        folder = corpus_folder(path)
+        docs = corpus_documents(path) if folder is None else []
         queries = load_queries(path)
         refusals = load_queries(path, "queries_unanswerable.jsonl") if unanswerable else []
     except (FileNotFoundError, ValueError) as exc:
@@ -285,8 +308,11 @@ def _run_eval(settings: Settings, dataset: str, k: int, mode: str, as_json: bool
     name = path.resolve().name
     runtime = build_runtime(settings, directory_name=f"eval/{name}", collection=f"Eval_{name}")
     store = runtime.store
-    indexed = index_corpus(store, runtime.indexing_pipeline(from_documents=True), docs,
-                           progress=tqdm_progress("embedding corpus"))
+    if folder is not None:  # files, read as `kbbot index` reads them (unchanged ones are skipped)
+        indexed = run_corpus_folder(runtime, folder)
+    else:
+        indexed = index_corpus(store, runtime.indexing_pipeline(from_documents=True), docs,
+                               progress=tqdm_progress("embedding corpus"))
     if indexed:
         print(f"indexed {indexed} passages of {name}", file=sys.stderr)
 

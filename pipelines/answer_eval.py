@@ -41,7 +41,7 @@ from haystack import Document, Pipeline
 from pipelines.citations import MARKER, attach_missing_markers, cited_numbers, normalize_markers, sentence_citations
 from pipelines.components.extractive import HEADINGS
 from pipelines.components.turn import TurnLedger
-from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, read_jsonl, step_value
+from pipelines.evaluation import EVIDENCE_SWEEP, Decided, decision_sweep, gold_ids, read_jsonl, step_value
 from pipelines.query import turn_end
 from pipelines.text import detect_language, split_sentences, terms
 
@@ -113,7 +113,7 @@ def load_cases(dataset: Path, limit: int | None = None) -> list[AnswerCase]:
                 raise FileNotFoundError(f"{path} not found")
             continue
         for row in read_jsonl(path)[:limit]:
-            gold = [str(g) for g in row.get("gold_ids", [])]
+            gold = gold_ids(dataset, row)
             cases.append(AnswerCase(str(row["id"]), row["text"], gold, list(row.get("answers") or []), kind))
     return cases
 

@@ -43,11 +43,31 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def corpus_folder(dataset: Path) -> Path | None:
+    """The folder of files a dataset's questions are about, when its ``corpus.folder`` names one (relative
+    to the dataset: ``examples/kb-eval`` holds ``../kb``) instead of a ``corpus.jsonl``."""
+    pointer = dataset / "corpus.folder"
+    if not pointer.exists():
+        return None
+    folder = (dataset / pointer.read_text(encoding="utf-8").strip()).resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{pointer} names {folder}, which is not a folder")
+    return folder
+
+
+def gold_ids(dataset: Path, row: dict[str, Any]) -> list[str]:
+    """A question's gold passages as the store names them: a folder corpus's files by their absolute
+    path (the document id a folder source gives them)."""
+    folder = corpus_folder(dataset)
+    gold = [str(g) for g in row.get("gold_ids", [])]
+    return [str(folder / g) for g in gold] if folder is not None else gold
+
+
 def load_queries(dataset: Path, name: str = "queries.jsonl") -> list[EvalQuery]:
     path = dataset / name
     if not path.exists():
         raise FileNotFoundError(f"{path} not found")
-    return [EvalQuery(str(r["id"]), r["text"], [str(g) for g in r.get("gold_ids", [])]) for r in read_jsonl(path)]
+    return [EvalQuery(str(r["id"]), r["text"], gold_ids(dataset, r)) for r in read_jsonl(path)]
 
 
 def corpus_documents(dataset: Path) -> list[Document]:

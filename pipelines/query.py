@@ -12,6 +12,8 @@
     fit -> prompt -> judge -+-> generate (checked) -> end
                             +-> end
 
+    extractive (no model): answerable -> rest -> fit -> generate (checked) -> end
+
 Every ending output goes to ``end``, whose one output ``turn`` is a ``TurnEnd`` (``off_topic``,
 ``not_found``, ``clarify`` or ``answered``, with what the answer needs).
 
@@ -51,6 +53,7 @@ from pipelines.components.guard import GuardFork, ScopeCheck, TopicGuard
 from pipelines.components.judge import AnswerabilityJudge
 from pipelines.components.prompt import compiled_chat_prompt_builder
 from pipelines.components.reformulate import QueryReformulator
+from pipelines.components.rest import DocumentRest
 from pipelines.components.retrievers import DEFAULT_ALPHA, CurrentKnowledge, retriever_for
 from pipelines.components.rewrite import QueryRewriter
 from pipelines.grounding import SentenceEmbedder
@@ -207,7 +210,16 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     pipe.connect("clarify.query", "answerable.query")
     pipe.connect("clarify.documents", "answerable.documents")
     pipe.connect("answerable.query", "facts.query")
-    pipe.connect("answerable.documents", "fit.documents")
+    extractive = isinstance(models.answer, ExtractiveAnswerer)
+    if extractive:
+        # Source sentences only: the answer reads the rest of its first documents that retrieval found.
+        pipe.add_component("rest", DocumentRest())
+        pipe.connect("answerable.documents", "rest.documents")
+        pipe.connect("current.documents", "rest.candidates")
+        pipe.connect("answerable.query", "rest.query")
+        pipe.connect("rest.documents", "fit.documents")
+    else:
+        pipe.connect("answerable.documents", "fit.documents")
     pipe.connect("facts.facts", "fit.facts")
     pipe.connect("fit.sources", "generate.sources")
     for ending in ("guard.off_topic", "scope.off_topic"):
@@ -219,7 +231,7 @@ def build_query_pipeline(store: KnowledgeStore, text_embedder: Any, ranker: Any,
     pipe.connect("fit.sources", "end.sources")
     pipe.connect("generate.replies", "end.replies")
     pipe.connect("generate.draft", "end.draft")
-    if isinstance(models.answer, ExtractiveAnswerer):
+    if extractive:
         pipe.connect("answerable.query", "generate.question")
         return pipe
     prompt = compiled_chat_prompt_builder(

@@ -9,7 +9,7 @@ import numpy as np
 from haystack import Document
 
 from adapters.cli import main
-from pipelines.answer_eval import AnswerCase, EvalTurn, overlap, score_answer, summarize, supported
+from pipelines.answer_eval import AnswerCase, EvalTurn, load_cases, overlap, score_answer, summarize, supported
 
 
 def _sources() -> list[Document]:
@@ -90,3 +90,21 @@ def test_the_eval_command_scores_extractive_answers_on_a_small_dataset(tmp_path:
     assert answerable["citation_validity"] == 1.0 and answerable["groundedness"] == 1.0
     assert unanswerable["abstained"] == 1.0
     assert len(turns.read_text(encoding="utf-8").splitlines()) == 3
+
+
+def test_a_folder_corpus_names_its_gold_files_as_the_store_does(tmp_path):
+    """``examples/kb-eval`` points at ``examples/kb`` (``corpus.folder``) instead of a corpus.jsonl: its
+    gold files are compared by the document id a folder source gives them, the absolute path."""
+    from pipelines.evaluation import corpus_folder, load_queries
+
+    root = Path(__file__).resolve().parent.parent
+    dataset = root / "examples" / "kb-eval"
+    assert corpus_folder(dataset) == root / "examples" / "kb"
+    answerable = load_queries(dataset)
+    unanswerable = load_queries(dataset, "queries_unanswerable.jsonl")
+    assert len(answerable) == len(unanswerable) == 15
+    assert all(Path(g).is_file() for q in answerable for g in q.gold_ids)
+    assert all(not q.gold_ids for q in unanswerable)
+    cases = load_cases(dataset)
+    assert {c.set for c in cases} == {"answerable", "unanswerable"}
+    assert all(Path(g).is_file() for c in cases for g in c.gold_ids)

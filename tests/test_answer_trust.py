@@ -258,3 +258,24 @@ async def test_the_http_api_stream_never_carries_the_unsupported_sentence(claude
     assert "R134a" not in deltas
     shown_ok(deltas)
     shown_ok(final["answer"])
+
+
+# --- issue 43: out-of-scope questions in the products' words ------------------------------------------
+async def test_a_question_about_something_else_in_the_products_words_is_not_answered(kb_runtime):
+    """The product name covers most of the question and its data sheet is close in meaning, but no
+    candidate holds "pay" or "bill": what it asks about is nowhere in the knowledge base."""
+    answer = await kb_runtime.answerer.answer(
+        inquiry("Can I pay my electricity bill through the HL-D50 drive?", "bill"), RecordingReply())
+    assert answer.outcome in (Outcome.NOT_FOUND, Outcome.OFF_TOPIC), answer.text
+    decision = next(s for s in answer.trace.steps if s.get("step") == "answerable")
+    assert set(decision["unheld"]) == {"pay", "bill"}
+
+
+def test_unheld_intent_leaves_out_frame_words_numbers_and_misspellings():
+    from pipelines.components.answerability import unheld_intent
+
+    pool = [Document(id="s", content="Adjust the screen brightness: explain each setting of the HL-D50 display.")]
+    assert unheld_intent("Can I pay my electricity bill through the HL-D50?", pool) == ["pay", "electr", "bill"]
+    assert unheld_intent("What are the four steps to fix the screen brightness?", pool) == []
+    assert unheld_intent("Can you explian the screen brightness?", pool) == []  # one slip from "explain"
+    assert unheld_intent("电机过热怎么办？", pool) == []  # Chinese is left to the cover

@@ -144,3 +144,66 @@ async def test_an_extractive_turn_embeds_its_sentences_off_the_event_loop(kb_run
     assert threads, "the extractive answer chose its sentences by meaning"
     assert threading.main_thread() not in threads, "the embedding model ran on the event loop's thread"
     print(f"longest loop stall {watch.longest * 1000:.0f} ms")
+
+
+# --- issue 43: the answer chosen by what was asked ------------------------------------------------
+def test_the_question_form_says_what_it_asks_for():
+    from pipelines.focus import question_focus
+
+    assert question_focus("电机过热怎么办？") == "measures"
+    assert question_focus("My motor is overheating, what should I check?") == "measures"
+    assert question_focus("How often should the bearings be greased?") == "interval"
+    assert question_focus("电机轴承多久加一次润滑脂？") == "interval"
+    assert question_focus("What does fault E-004 mean?") == "meaning"
+    assert question_focus("E-004 是什么意思？") == "meaning"
+    assert question_focus("Why does the drive trip with E-002?") == "cause"
+    assert question_focus("如何更换轴承？") == "steps"
+    assert question_focus("What is the warranty period of the HL-M200?") is None
+
+
+GUIDE = Document(
+    content=f"{OVERHEATING_TITLE}\n"
+            "本文说明电动机出现过热时的判断标准、常见原因和处理措施。\n"
+            f"{OVERHEATING_TITLE} > 二、常见原因及处理方法 > 3. 散热片积灰\n"
+            "- 现象：机壳散热片被粉尘覆盖，散热能力下降。\n"
+            "- 处理：每 3 个月清洁一次散热片和风罩进风口，可用压缩空气清理。",
+    meta={"doc_id": "overheating-zh", "title": OVERHEATING_TITLE, "header": "", "position": 0})
+
+
+def test_a_what_to_do_question_gets_the_measures_not_the_documents_opening(similarity):
+    picked = [s for _, s in select_sentences("电机过热怎么办？", [GUIDE], max_sentences=1, similarity=similarity)]
+    assert picked == ["处理：每 3 个月清洁一次散热片和风罩进风口，可用压缩空气清理。"]
+
+
+def test_a_bilingual_table_row_is_not_lifted_as_the_other_language():
+    from pipelines.components.extractive import _holds_language
+
+    row = "| E-004 | Drive overheat / 变频器过热 | Heatsink above 95 °C. 散热器温度超过 95 °C。 |"
+    assert _holds_language(row, "zh") and _holds_language(row, "en")
+    assert not _holds_language("Check the fan.", "zh")
+
+
+def test_the_rest_of_the_first_documents_joins_them_from_the_candidates():
+    from pipelines.components.rest import DocumentRest
+
+    def chunk(doc: str, position: int) -> Document:
+        return Document(id=f"{doc}-{position}", content=f"{doc} {position}", meta={"doc_id": doc, "position": position})
+
+    kept = [chunk("a", 0), chunk("b", 2), chunk("c", 1)]
+    candidates = [chunk("c", 0), chunk("a", 0), chunk("a", 5), chunk("b", 1), chunk("a", 3), chunk("d", 0)]
+    rest = DocumentRest(documents=2, more_chunks=1)
+    out = rest.run(documents=kept, candidates=candidates, query="How do I fix it?")["documents"]
+    assert [d.id for d in out] == ["a-0", "b-2", "c-1", "a-5", "b-1"]  # only a and b, one more each, best first
+    assert rest.run(documents=kept, candidates=candidates, query="What is the warranty period?")["documents"] == kept
+
+
+async def test_the_demo_overheating_question_is_answered_with_measures(kb_runtime):
+    from bot.types import Inquiry
+    from tests.replies import RecordingReply
+
+    inquiry = Inquiry(platform="console", tenant="t", channel="c", thread_key="console:focus-measures",
+                      user_id="u", text="电机过热怎么办？")
+    answer = await kb_runtime.answerer.answer(inquiry, RecordingReply())
+    assert answer.outcome.value == "answered"
+    assert "本文说明" not in answer.text  # the guide's opening names its measures and answers nothing
+    assert "处理：" in answer.text  # one of the guide's measures

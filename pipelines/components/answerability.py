@@ -118,6 +118,55 @@ def codes_held(query: str, chunks: Sequence[Document]) -> bool:
     return bool(named) and any(named <= facts(c.content or "") for c in chunks)
 
 
+# Words of a question's frame that say how it asks, not what about ("what are the steps to…", "is there
+# a way…", "how do I fix…"), and number words: a candidate need not hold them.
+QUESTION_FRAME = frozenset({
+    "fix", "step", "way", "procedur", "again", "even", "identifi", "describ", "list", "name", "possibl", "abl",
+    "want", "like", "pleas", "help", "issu", "problem", "question", "differ", "type", "kind", "someon", "someth",
+    "anyon", "anyth", "thing", "come", "occur", "find", "show", "give", "instruct",
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"})
+# Two intent words no candidate holds: one alone is often a question's own spelling or phrasing
+# (clapnq and emanual answerable questions: "explian", "jurors"); two are a question about something
+# else in the products' words ("pay my electricity bill through the HL-D50").
+UNHELD_TO_DECLINE = 2
+
+
+def _near_spelling(word: str, held: frozenset[str] | set[str]) -> bool:
+    """Whether ``word`` is one typing slip (a letter added, dropped, changed, or two swapped) from a held
+    term of five letters or more: a misspelt word asks for what the held one names."""
+    if len(word) < 5:
+        return False
+    for term in held:
+        if abs(len(term) - len(word)) > 1 or len(term) < 5 or term[0] != word[0] and term[1] != word[1]:
+            continue
+        if _one_slip(word, term):
+            return True
+    return False
+
+
+def _one_slip(a: str, b: str) -> bool:
+    if a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+                                  and a[diff[1]] == b[diff[0]])
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def unheld_intent(query: str, pool: Sequence[Document]) -> list[str]:
+    """The question's English content words that no candidate holds, less its frame words and number
+    words and what is one typing slip from a held term: what it asks about that retrieval found nowhere
+    ("pay", "bill" in "Can I pay my electricity bill through the HL-D50 drive?"). Chinese is analysed into
+    overlapping bigrams, many of which no text holds whatever it asks, so it is left to ``cover``."""
+    words = [t for t in dict.fromkeys(content_terms(query)) if t.isascii() and t.isalpha() and t not in QUESTION_FRAME]
+    if not words:
+        return []
+    held: set[str] = set().union(*(terms_of(d) for d in pool)) if pool else set()
+    return [w for w in words if w not in held and not _near_spelling(w, held)]
+
+
 _TERMS: dict[str, frozenset[str]] = {}
 _TERMS_KEPT = 20000
 
@@ -154,9 +203,11 @@ class EvidenceCheck:
         if named:
             found = Signals(max(found.similarity, self.calibration.typical.similarity), found.cover)
         score = self.calibration.margin(found)
-        answerable = self.margin is None or score >= self.margin
+        pool = list({d.id: d for d in (*(candidates or documents), *(dense_documents or ()))}.values())
+        unheld = unheld_intent(query, pool)
+        answerable = self.margin is None or (score >= self.margin and len(unheld) < UNHELD_TO_DECLINE)
         current_ledger().note("answerable", score=round(score, 4), similarity=round(similarity, 4),
-                    cover=round(found.cover, 4), codes_held=named, answerable=answerable)
+                    cover=round(found.cover, 4), codes_held=named, unheld=unheld, answerable=answerable)
         return {"documents": documents, "query": query} if answerable else {"not_found": score}
 
     @component.output_types(documents=list[Document], query=str, not_found=float)

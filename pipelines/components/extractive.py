@@ -18,6 +18,7 @@ from haystack.dataclasses import ChatMessage, ComponentInfo, StreamingChunk
 from haystack.dataclasses.streaming_chunk import StreamingCallbackT, select_streaming_callback
 
 from pipelines.components.embedders import SentenceVectors
+from pipelines.focus import about_the_document, gives, question_focus
 from pipelines.text import breadcrumb, detect_language, identifiers, split_sentences, terms
 
 HEADINGS = {
@@ -35,6 +36,10 @@ CROSS_LANGUAGE_OFFSET = 0.03
 LEXICAL_WEIGHT = 0.03  # shared rare terms (numbers, names) break near-ties of meaning
 IDENTIFIER_BONUS = 0.1  # a fault code or model number the question names is an exact key
 MAX_SENTENCES_PER_SOURCE = 8  # what is embedded per turn stays small (~20 sentences/s on 2 cores)
+# What the question's form asks for (``pipelines.focus``): a sentence that gives it (a measure for
+# "what should I do", an interval for "how often") is lifted by as much as the offsets above move a
+# sentence (not fitted to a set: the size of the nudges this scoring already makes).
+FOCUS_BONUS = 0.03
 
 Similarity = Callable[[str, list[str]], list[float]]  # question, sentences -> cosine each
 
@@ -51,7 +56,9 @@ def _heading_lines(doc: Document) -> tuple[set[str], list[str]]:
     path = [p for p in str(meta.get("header") or "").split(" > ") if p]
     crumb = breadcrumb(title, path)
     prefixes = [f"{p} > " for p in (title, *path[:1]) if p]
-    return {*path, title, crumb}, prefixes
+    # A title can be a path itself ("User manual > Settings > Time zone converter"): its parts head
+    # the text too.
+    return {*path, title, crumb, *(p.strip() for p in title.split(" > ") if p.strip())}, prefixes
 
 
 def _is_sentence(line: str) -> bool:
@@ -78,6 +85,21 @@ def answer_sentences(doc: Document) -> list[str]:
             if cleaned and not cleaned.endswith(("?", "？")) and (cleaned not in headings or _is_sentence(cleaned)):
                 out.append(sentence)
     return out
+
+
+def opening_sentences(doc: Document) -> set[str]:
+    """The sentences of a document's introduction, before its first section, when it has sections
+    (its merged chunks' breadcrumbs or Markdown headings say so): they announce what the sections
+    say, so they do not count as giving what a question asks for. A document of one section has
+    no such opening."""
+    _, prefixes = _heading_lines(doc)
+    lines = [ln.strip() for ln in (doc.content or "").splitlines() if ln.strip()]
+    if (doc.meta or {}).get("position", 0) != 0:
+        return set()
+    for i, line in enumerate(lines):
+        if i and (line.startswith("#") or line.startswith(tuple(prefixes))):
+            return {s for ln in lines[:i] for s in split_sentences(ln)}
+    return set()
 
 
 def _lexical(question: str, per_source: list[list[str]]) -> list[list[float]]:
@@ -107,22 +129,49 @@ def _distinguishing(codes: list[str], candidates: list[Candidate]) -> list[str]:
     return [c for c in (c.lower() for c in codes) if 2 * sum(c in t for t in texts) <= len(texts)]
 
 
-def _by_meaning(question: str, candidates: list[Candidate], similarity: Similarity) -> list[tuple[float, int, int, str]]:
+_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def _holds_language(sentence: str, language: str) -> bool:
+    """Whether ``sentence`` is, or has a part, in ``language``: a bilingual table row ("| E-004 | Drive
+    overheat / 变频器过热 | …") holds both, and needs no lift for either."""
+    return detect_language(sentence) == language or (language == "zh" and len(_CJK.findall(sentence)) >= 4)
+
+
+def _by_meaning(question: str, candidates: list[Candidate], similarity: Similarity,
+                openings: set[tuple[int, str]] = frozenset()) -> list[tuple[float, int, int, str]]:
     """Scores by cosine with the question (the other language's sentences lifted by
     ``CROSS_LANGUAGE_OFFSET``), plus a small share of the lexical score and ``IDENTIFIER_BONUS``
     for a code the question names. Only each source's ``MAX_SENTENCES_PER_SOURCE`` best by shared
     terms are embedded."""
     language = detect_language(question)
-    codes = _distinguishing(identifiers(question), candidates)
+    asked = [c.lower() for c in identifiers(question)]
+    codes = _distinguishing(identifiers(question), candidates)  # over every sentence: what the sources name
+    focus = question_focus(question)
+    # A sentence about its document ("本文说明……", "This guide describes…") names the topic and answers
+    # nothing: shown only when its sources hold nothing else.
+    candidates = [c for c in candidates if not about_the_document(c[2])] or candidates
+
+    def answers_focus(number: int, sentence: str) -> bool:
+        return gives(focus, sentence) and not about_the_document(sentence) and (number, sentence) not in openings
+
+    def preference(c: Candidate) -> tuple[bool, bool, float]:
+        # Shared terms pick what is embedded; first a sentence naming the code asked about (the table row
+        # of "E-007 是什么意思？"), then one giving what the question asks for (a measure rarely repeats
+        # the question's words).
+        return (any(code in c[2].lower() for code in asked), answers_focus(c[0], c[2]), c[3])
+
     kept = [c for number in dict.fromkeys(c[0] for c in candidates)
-            for c in sorted((c for c in candidates if c[0] == number), key=lambda c: -c[3])[:MAX_SENTENCES_PER_SOURCE]]
+            for c in sorted((c for c in candidates if c[0] == number), key=preference,
+                            reverse=True)[:MAX_SENTENCES_PER_SOURCE]]
     cosines = similarity(question, [_clean(s) for _, _, s, _ in kept])
     top = max(lex for *_, lex in kept) or 1.0
     scored = []
     for (number, order, sentence, lex), cosine in zip(kept, cosines):
         score = cosine + LEXICAL_WEIGHT * lex / top
-        score += CROSS_LANGUAGE_OFFSET if detect_language(sentence) != language else 0.0
+        score += CROSS_LANGUAGE_OFFSET if not _holds_language(sentence, language) else 0.0
         score += IDENTIFIER_BONUS if any(c in sentence.lower() for c in codes) else 0.0
+        score += FOCUS_BONUS if answers_focus(number, sentence) else 0.0
         scored.append((score, number, order, sentence))
     return scored
 
@@ -157,7 +206,8 @@ def select_sentences(question: str, sources: list[Document], max_sentences: int 
     if not candidates:
         return []
     if similarity is not None:
-        scored = _by_meaning(question, candidates, similarity)
+        openings = {(number, s) for (number, doc) in considered for s in opening_sentences(doc)}
+        scored = _by_meaning(question, candidates, similarity, openings)
     else:
         scored = [(lex / (1 + 0.15 * (number - 1)), number, order, s) for number, order, s, lex in candidates if lex > 0]
         if not scored:
