@@ -18,6 +18,8 @@ from bot.settings.platforms import PlatformSettings, Seconds, SpacesByChat
 class SlackSettings(PlatformSettings):
     """The ``slack:`` section."""
 
+    SECTION = "slack"
+
     #: ``insights.digest.slack_channel`` was the digest's Slack channel before ``digest_to``.
     OLDER_KEYS = {"insights.digest.slack_channel": "digest_to"}
 
@@ -48,11 +50,8 @@ class SlackSettings(PlatformSettings):
     #: Emoji name (no colons) put on a question when its status cannot be set at once (the status
     #: tier is spent), removed when the answer is shown; "" never reacts.
     ack_reaction: str = "eyes"
-    #: How long a delivered event id is remembered (Slack retries within minutes).
+    #: Slack retries an event within minutes: its ids are remembered for an hour.
     dedupe_ttl_s: float = Field(3600, gt=0)
-    #: While its turn runs, an event's claim lasts this long and is renewed: a replica that dies
-    #: mid-turn frees the event for Slack's next retry (1 and 5 minutes after a missed ack).
-    claim_lease_s: float = Field(30, gt=0)
     #: How long this process remembers a thread it answered in (follow-ups; history is the lasting record).
     thread_memory_s: Seconds = 86400
     #: Retries of a 429 inside the Slack client (AsyncRateLimitErrorRetryHandler) before our writer waits.
@@ -99,11 +98,6 @@ class SlackSettings(PlatformSettings):
                           "whatever their number; remove it", at=("replicas",))
         return value
 
-    @model_validator(mode="after")
-    def _lease_within_dedupe(self) -> SlackSettings:
-        if self.claim_lease_s > self.dedupe_ttl_s:
-            raise Problem("must be at most slack.dedupe_ttl_s", at=("claim_lease_s",))
-        return self
 
     @property
     def enabled(self) -> bool:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, StrictBool, model_validator
+from pydantic import Field, SecretStr, StrictBool
 
-from bot.settings.base import Env, Ids, Problem, Spaces
+from bot.settings.base import Env, Ids, Spaces
 from bot.settings.platforms import PlatformSettings, Seconds, SpacesByChat
 
 OPENID_CONFIGURATION_URL = "https://login.botframework.com/v1/.well-known/openidconfiguration"
@@ -23,6 +23,8 @@ SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 
 class TeamsSettings(PlatformSettings):
     """The ``teams:`` section (``digest_to``: a channel's or group chat's conversation id)."""
+
+    SECTION = "teams"
 
     #: stream: Teams' streaming protocol in personal chats (informative update, streaming updates, the
     #: final message); edit: one message posted and updated. Channels and group chats always edit
@@ -49,11 +51,6 @@ class TeamsSettings(PlatformSettings):
     max_message_chars: int = Field(4000, ge=1, le=12000)
     #: 👍/👎 through Teams' feedback loop under each answer.
     feedback: StrictBool = True
-    #: How long a delivered activity id is remembered.
-    dedupe_ttl_s: float = Field(86400, gt=0)
-    #: While its turn runs, an activity's claim lasts this long and is renewed (a replica that dies
-    #: mid-turn frees it for another replica's take-over).
-    claim_lease_s: float = Field(30, gt=0)
     #: User ids (``29:…``) allowed to send ``status`` and ``refresh [SOURCE]``.
     admins: Ids = []
     #: User ids (``29:…``) who may keep experts' replies and decide re-checked approvals.
@@ -74,11 +71,6 @@ class TeamsSettings(PlatformSettings):
     #: The app's Entra tenant (single-tenant registrations); unset: ``botframework.com`` (multi-tenant).
     tenant_id: Annotated[SecretStr | None, Env("TEAMS_TENANT_ID", only=True)] = None
 
-    @model_validator(mode="after")
-    def _lease_within_dedupe(self) -> TeamsSettings:
-        if self.claim_lease_s > self.dedupe_ttl_s:
-            raise Problem("must be at most teams.dedupe_ttl_s", at=("claim_lease_s",))
-        return self
 
     @property
     def enabled(self) -> bool:

@@ -10,9 +10,9 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, StrictBool, field_validator, model_validator
+from pydantic import Field, SecretStr, StrictBool, field_validator
 
-from bot.settings.base import Env, Ids, Problem, Spaces, reveal
+from bot.settings.base import Env, Ids, Spaces, reveal
 from bot.settings.platforms import PlatformSettings, Seconds, SpacesByChat
 
 _WEBHOOK_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -21,6 +21,8 @@ _BOT_TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
 
 class TelegramSettings(PlatformSettings):
     """The ``telegram:`` section."""
+
+    SECTION = "telegram"
 
     #: ``insights.digest.telegram_chat`` was the digest's Telegram chat before ``digest_to``.
     OLDER_KEYS = {"insights.digest.telegram_chat": "digest_to"}
@@ -48,12 +50,6 @@ class TelegramSettings(PlatformSettings):
     ack_reaction: str = Field("", max_length=8)
     #: Longest message in UTF-16 code units after entity parsing (Telegram: 4096); longer answers are split.
     max_message_units: int = Field(4096, ge=1, le=4096)
-    #: How long a delivered update id is remembered.
-    dedupe_ttl_s: float = Field(86400, gt=0)
-    #: While its turn runs, an update's claim lasts this long and is renewed: a process that dies
-    #: mid-turn (a replica, or the one long-polling reader restarting before it confirmed the
-    #: update) lets the update be answered when it comes again, instead of after ``dedupe_ttl_s``.
-    claim_lease_s: float = Field(30, gt=0)
     #: 👍/👎 buttons under each answer.
     feedback: StrictBool = True
     #: getUpdates long-polling timeout in seconds.
@@ -76,11 +72,6 @@ class TelegramSettings(PlatformSettings):
             raise ValueError("must be a list of user ids (numbers)")
         return value
 
-    @model_validator(mode="after")
-    def _lease_within_dedupe(self) -> TelegramSettings:
-        if self.claim_lease_s > self.dedupe_ttl_s:
-            raise Problem("must be at most telegram.dedupe_ttl_s", at=("claim_lease_s",))
-        return self
 
     @property
     def enabled(self) -> bool:

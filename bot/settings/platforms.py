@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from bot.errors import SettingsError
-from bot.settings.base import Section, Spaces
+from bot.settings.base import Problem, Section, Spaces
 
 Seconds = Annotated[float, Field(ge=0)]
 
@@ -33,8 +33,23 @@ class PlatformSettings(Section):
     #: path -> the key here (``bot.settings.load_settings`` moves them, with a warning).
     OLDER_KEYS: ClassVar[dict[str, str]] = {}
 
+    #: The section's key in the settings file (``slack``, ``telegram``, ...), for the messages that name a key.
+    SECTION: ClassVar[str] = ""
+
     #: Where the weekly digest goes on this platform (a channel or chat id); null: not here.
     digest_to: str | None = None
+    #: How long a delivered event id is remembered: a redelivery within it is not answered twice.
+    dedupe_ttl_s: float = Field(86400, gt=0)
+    #: While its turn runs, an event's claim lasts this long and is renewed: a process that dies
+    #: mid-turn frees the event for the platform's next delivery or another replica's take-over,
+    #: instead of after ``dedupe_ttl_s``.
+    claim_lease_s: float = Field(30, gt=0)
+
+    @model_validator(mode="after")
+    def _lease_within_dedupe(self) -> PlatformSettings:
+        if self.claim_lease_s > self.dedupe_ttl_s:
+            raise Problem(f"must be at most {self.SECTION}.dedupe_ttl_s", at=("claim_lease_s",))
+        return self
 
     @field_validator("digest_to", mode="before")
     @classmethod
