@@ -14,7 +14,6 @@ import pytest
 from adapters.platforms import load_settings
 from bot.settings import SettingsError, SourceSettings
 from pipelines.sources.confluence import ConfluenceSettings
-from pipelines.sources.confluence.client import retry_after_s
 from pipelines.sources.confluence.source import storage_to_markdown
 from tests.conftest import REPO
 from tests.fakes.confluence_server import FakeConfluence
@@ -178,12 +177,6 @@ def test_storage_format_becomes_markdown_under_the_page_title():
     text = storage_to_markdown("Pump", SEALS)
     assert text.startswith("# Pump\n") and "\n## Seal replacement\n" in text and "\n### Torque values\n" in text
     assert "| HL-K8 cover screw | 14 Nm |" in text
-
-
-def test_retry_after_reads_seconds_and_http_dates():
-    assert retry_after_s("7") == 7.0
-    assert retry_after_s("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
-    assert retry_after_s("soon") is None and retry_after_s(None) is None
 
 
 @pytest.mark.parametrize("entry, message", [
