@@ -6,12 +6,14 @@ paging and status mapping."""
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -132,3 +134,14 @@ async def aread_capped(response: httpx.Response, limit: int, what: str, error: t
         if len(body) > limit:
             raise too_large(what, limit, error)
     return bytes(body)
+
+
+def json_object(body: bytes, what: str, error: type[SourceError], question: str) -> dict[str, Any]:
+    """``body`` as a JSON object; else ``error``, asking ``question`` (is this URL the service's?)."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise error(f"{what}: not a JSON answer; {question}") from exc
+    if not isinstance(data, dict):
+        raise error(f"{what}: unexpected answer ({type(data).__name__})")
+    return data

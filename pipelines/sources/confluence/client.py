@@ -4,7 +4,6 @@ permissions; the knowledge loop's draft pages): its credentials, the network gua
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -13,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pipelines.netguard import guarded_transport
-from pipelines.sources.http import RetryPolicy, origin, reaching, read_capped
+from pipelines.sources.http import RetryPolicy, json_object, origin, reaching, read_capped
 from pipelines.sources.kind import SourceError
 
 PAGE_SIZE = 100
@@ -107,16 +106,8 @@ class ConfluenceClient:
         return data
 
     def json(self, link: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = self.get(link, params)
-        path = urlsplit(self.url(link)).path
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise ConfluenceError(f"{path}: not a JSON answer; is {self.base_url} the Confluence base URL "
-                                  "(Cloud: https://<site>.atlassian.net/wiki)?") from exc
-        if not isinstance(data, dict):
-            raise ConfluenceError(f"{path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(self.get(link, params), urlsplit(self.url(link)).path, ConfluenceError,
+                           f"is {self.base_url} the Confluence base URL (Cloud: https://<site>.atlassian.net/wiki)?")
 
     def results(self, link: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Every result of a paginated listing, following ``_links.next`` (offsets on Data Center,

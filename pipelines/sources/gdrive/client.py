@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pipelines.netguard import guarded_transport
-from pipelines.sources.http import RetryPolicy, on_hosts, origin, reaching, read_capped
+from pipelines.sources.http import RetryPolicy, json_object, on_hosts, origin, reaching, read_capped
 from pipelines.sources.kind import SourceError
 
 #: Read-only access to content and metadata: ``files.export`` needs it (``drive.metadata.readonly`` does not cover it).
@@ -192,14 +192,7 @@ class DriveClient:
         raise DriveError(f"{urlsplit(url).path}: more than {MAX_REDIRECTS} redirects")
 
     def json(self, path: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        body = self.get(path, params)
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise DriveError(f"/drive/v3/{path}: not a JSON answer; is {self.api_url} the Drive API?") from exc
-        if not isinstance(data, dict):
-            raise DriveError(f"/drive/v3/{path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(self.get(path, params), f"/drive/v3/{path}", DriveError, f"is {self.api_url} the Drive API?")
 
     def pages(self, path: str, params: Mapping[str, Any], key: str) -> Iterator[dict[str, Any]]:
         """Every item under ``key`` of a listing, page after page (``nextPageToken``)."""

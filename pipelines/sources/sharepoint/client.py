@@ -9,7 +9,6 @@ SharePoint's download hosts."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from pipelines.netguard import guarded_async_transport
-from pipelines.sources.http import RetryPolicy, aread_capped, on_hosts, origin, reaching
+from pipelines.sources.http import RetryPolicy, aread_capped, json_object, on_hosts, origin, reaching
 from pipelines.sources.kind import SourceError
 
 GRAPH_URL = "https://graph.microsoft.com"
@@ -200,13 +199,7 @@ class GraphClient:
             body = await self._read(response, what=urlsplit(url).path)
         finally:
             await response.aclose()
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise GraphError(f"{urlsplit(url).path}: not a JSON answer; is {self.graph_url} Microsoft Graph?") from exc
-        if not isinstance(data, dict):
-            raise GraphError(f"{urlsplit(url).path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(body, urlsplit(url).path, GraphError, f"is {self.graph_url} Microsoft Graph?")
 
     async def pages(self, link: str, params: dict[str, str] | None = None,
                     headers: dict[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
