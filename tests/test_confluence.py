@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.platforms import load_settings
 from bot.settings import SettingsError, SourceSettings
 from pipelines.sources.confluence import ConfluenceSettings
 from pipelines.sources.confluence.source import storage_to_markdown
-from tests.conftest import REPO
+from tests.conftest import settings_with_source
 from tests.fakes.confluence_server import FakeConfluence
 from tests.refresh_helpers import SERVICES_MISSING, Stack, isolated_stack
 
@@ -187,14 +186,8 @@ def test_storage_format_becomes_markdown_under_the_page_title():
     ({"path": ".", "confluence": {"url": "https://x/wiki", "spaces": ["A"]}}, "exactly one of path"),
 ])
 def test_confluence_settings_are_checked(tmp_path: Path, entry: dict, message: str):
-    import yaml
-
-    raw = yaml.safe_load((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8"))
-    raw["sources"] = [{"name": "wiki", "interval": "1h", **entry}]
-    path = tmp_path / "kbbot.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(SettingsError, match=message):
-        load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path)})
+        settings_with_source(tmp_path, {"name": "wiki", **entry})
 
 
 
