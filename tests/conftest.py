@@ -24,6 +24,17 @@ def make_settings(data_dir: Path, **env: str) -> Settings:
     return load_settings(REPO / "config" / "kbbot.yaml", env={**base, **env})
 
 
+def settings_with_source(tmp_path: Path, entry: dict) -> Settings:
+    """The repository's settings with ``entry`` as their one source, checked as at start (``SettingsError``)."""
+    import yaml
+
+    raw = yaml.safe_load((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8"))
+    raw["sources"] = [{"interval": "1h", **entry}]
+    path = tmp_path / "kbbot.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path)})
+
+
 def break_retrieval(runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes the runtime's retriever fail as an unreachable Weaviate would."""
     from weaviate.exceptions import WeaviateConnectionError

@@ -1,5 +1,6 @@
 """Shared pieces of the refresh tests: a runtime on a Weaviate collection and Redis prefix of its own,
-a local website that serves ETag / Last-Modified and counts what it sends, and asking the answerer."""
+a local website that serves ETag / Last-Modified and counts what it sends, and asking the answerer
+(also as one user, as the leak tests of each source kind do)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from aiohttp import web
 from adapters.cli import SilentReply
 from adapters.console.platform import console_inquiry
 from bot.knowledge.refresh import Refresher
-from bot.runtime import build_runtime
-from bot.settings import SourceSettings
-from bot.types import Answer
+from bot.runtime import Runtime, build_runtime
+from bot.settings import Settings, SourceSettings
+from bot.types import Answer, Inquiry
 from tests.conftest import make_settings
 
 WEAVIATE_URL = os.environ.get("WEAVIATE_URL")
@@ -192,6 +193,64 @@ async def isolated_stack(tmp_path: Path, name: str, files: dict[str, str] | None
         s.runtime.store.drop()
         await s.close()
         await drop_prefix(REDIS_URL, s.settings.redis_prefix)
+
+
+def world_settings(tmp_path: Path, kind: str, collection: str, principals: dict[str, list[str]],
+                   allow_hosts: tuple[str, ...] = ("127.0.0.1",)) -> Settings:
+    """A leak test's settings: real Weaviate (``kind`` "weaviate") or the embedded store, a collection and
+    Redis prefix of their own, the local fakes' hosts allowed, and ``principals`` read afresh on each ask."""
+    tag = uuid.uuid4().hex[:10]
+    env = {"REDIS_URL": REDIS_URL} if REDIS_URL else {}
+    if kind == "weaviate":
+        env["WEAVIATE_URL"] = WEAVIATE_URL or ""
+    settings = make_settings(tmp_path / "data", **env)
+    settings.store.collection = f"{collection}{tag}"
+    settings.redis_prefix = f"kbbot-test-{tag}:"
+    settings.refresh.allow_hosts = list(allow_hosts)
+    settings.refresh.fetch_timeout_s = 5
+    settings.permissions.cache_s = 0
+    settings.permissions.principals = principals
+    return settings
+
+
+@contextlib.asynccontextmanager
+async def refreshed(settings: Settings, kind: str, source: str,
+                    added: int | None = None) -> AsyncIterator[tuple[Runtime, Refresher]]:
+    """A started runtime after a first good refresh of ``source`` (``added`` documents, if given); its
+    collection and Redis keys are dropped afterwards."""
+    runtime = build_runtime(settings)
+    await runtime.start()
+    refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
+    try:
+        record = await refresher.run(source)
+        assert record is not None and record.ok and added in (None, record.added), record
+        yield runtime, refresher
+    finally:
+        if kind == "weaviate":
+            runtime.store.drop()
+        await runtime.close()
+        if REDIS_URL:
+            await drop_prefix(REDIS_URL, settings.redis_prefix)
+
+
+@dataclass
+class RefreshedWorld:
+    """A leak test's runtime after ``refreshed``; a kind's world adds its fake and names its documents."""
+
+    runtime: Runtime
+    refresher: Refresher
+
+    def doc(self, name: str) -> str:
+        raise NotImplementedError
+
+    def readers(self, name: str) -> list[str]:
+        return self.runtime.store.record(self.doc(name)).readers
+
+    async def ask(self, caller: str, question: str) -> Answer:
+        """``question`` asked privately by ``caller`` (mapped by ``permissions.principals`` as ``api:<caller>``)."""
+        inquiry = Inquiry(platform="api", tenant=caller, channel=caller, thread_key=f"api:{caller}:{uuid.uuid4().hex}",
+                          user_id=caller, text=question, private=True)
+        return await self.runtime.answerer.answer(inquiry, SilentReply())
 
 
 def cited(answer: Answer) -> list[str]:

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.platforms import load_settings
 from bot.settings import SettingsError, SourceSettings
 from pipelines.sources.confluence import ConfluenceSettings
-from pipelines.sources.confluence.client import retry_after_s
 from pipelines.sources.confluence.source import storage_to_markdown
-from tests.conftest import REPO
+from tests.conftest import settings_with_source
 from tests.fakes.confluence_server import FakeConfluence
 from tests.refresh_helpers import SERVICES_MISSING, Stack, isolated_stack
 
@@ -180,12 +178,6 @@ def test_storage_format_becomes_markdown_under_the_page_title():
     assert "| HL-K8 cover screw | 14 Nm |" in text
 
 
-def test_retry_after_reads_seconds_and_http_dates():
-    assert retry_after_s("7") == 7.0
-    assert retry_after_s("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
-    assert retry_after_s("soon") is None and retry_after_s(None) is None
-
-
 @pytest.mark.parametrize("entry, message", [
     ({"confluence": {"url": "https://x.atlassian.net/wiki"}}, "exactly one of spaces"),
     ({"confluence": {"url": "https://x.atlassian.net/wiki", "spaces": ["A"], "cql": "label = x"}}, "exactly one of"),
@@ -194,14 +186,8 @@ def test_retry_after_reads_seconds_and_http_dates():
     ({"path": ".", "confluence": {"url": "https://x/wiki", "spaces": ["A"]}}, "exactly one of path"),
 ])
 def test_confluence_settings_are_checked(tmp_path: Path, entry: dict, message: str):
-    import yaml
-
-    raw = yaml.safe_load((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8"))
-    raw["sources"] = [{"name": "wiki", "interval": "1h", **entry}]
-    path = tmp_path / "kbbot.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(SettingsError, match=message):
-        load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path)})
+        settings_with_source(tmp_path, {"name": "wiki", **entry})
 
 
 

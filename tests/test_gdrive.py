@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from adapters.platforms import load_settings
 from bot.knowledge.status import format_status, knowledge_status
 from bot.settings import SettingsError
 from pipelines.sources.gdrive import GDRIVE, DriveEntry, DriveSettings
 from pipelines.sources.gdrive.permissions import ReadersUnknown, principals
 from pipelines.sources.kind import SourceContext, SourceItem
-from tests.conftest import REPO
+from tests.conftest import settings_with_source
 from tests.fakes.gdrive import DOC, SHEET, SLIDES, FakeDrive, anyone, domain, group, service_account_json, user
 from tests.gdrive_world import KEY_ENV, docx, drive_source, pptx, xlsx
 from tests.refresh_helpers import SERVICES_MISSING, Site, Stack, isolated_stack
@@ -287,14 +286,8 @@ def test_drive_permissions_become_principals_and_fail_closed():
     ({"path": ".", "gdrive": {"folder": "abc"}}, "exactly one of path"),
 ])
 def test_drive_settings_are_checked(tmp_path: Path, entry: dict, message: str):
-    import yaml
-
-    raw = yaml.safe_load((REPO / "config" / "kbbot.yaml").read_text(encoding="utf-8"))
-    raw["sources"] = [{"name": "drive", "interval": "1h", **entry}]
-    path = tmp_path / "kbbot.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(SettingsError, match=message):
-        load_settings(path, env={"KBBOT_DATA_DIR": str(tmp_path)})
+        settings_with_source(tmp_path, {"name": "drive", **entry})
 
 
 def test_a_key_file_is_read_and_checked(tmp_path: Path):

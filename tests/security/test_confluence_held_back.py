@@ -15,7 +15,6 @@ and the embedded store, with the Confluence fake:
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +23,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.cli import SilentReply
-from bot.knowledge.refresh import Refresher
 from bot.knowledge.status import format_status, knowledge_status
-from bot.runtime import Runtime, build_runtime
 from bot.settings import PermissionsSettings, SourceSettings
-from bot.types import Answer, Inquiry
+from bot.types import Answer
 from pipelines.sources.confluence import ConfluenceSettings
 from tests.admin_site import admin_site
-from tests.conftest import make_settings
 from tests.fakes.confluence_server import FakeConfluence
 from tests.fakes.slack_server import FakeSlack
-from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
+from tests.refresh_helpers import SERVICES_MISSING, RefreshedWorld, refreshed, world_settings
 from tests.test_admin_page import login
 
 SEALS = "<p>The HL-K8 compressor seal must be replaced every 7,200 operating hours.</p>"
@@ -48,24 +43,13 @@ HIDDEN = "the read permissions of Confluence space DC are not visible to the API
 
 
 @dataclass
-class World:
-    kind: str
-    runtime: Runtime
-    refresher: Refresher
+class World(RefreshedWorld):
     confluence: FakeConfluence
     slack: FakeSlack
     pages: dict[str, Any]
 
     def doc(self, name: str) -> str:
         return f"confluence:wiki:page:{self.pages[name].id}"
-
-    def readers(self, name: str) -> list[str]:
-        return self.runtime.store.record(self.doc(name)).readers
-
-    async def ask(self, caller: str, question: str) -> Answer:
-        inquiry = Inquiry(platform="api", tenant=caller, channel=caller, thread_key=f"api:{caller}:{uuid.uuid4().hex}",
-                          user_id=caller, text=question, private=True)
-        return await self.runtime.answerer.answer(inquiry, SilentReply())
 
     def reads(self, answer: Answer, name: str) -> bool:
         doc = self.doc(name)
@@ -74,7 +58,6 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
-    tag = uuid.uuid4().hex[:10]
     monkeypatch.setenv("KBBOT_TEST_CONFLUENCE_TOKEN", "conf-token")
     with FakeConfluence(cloud=False).run_in_thread() as confluence:
         async with FakeSlack(team_id="T0HELD", bot_user_id="UKBBOT") as slack:
@@ -85,32 +68,13 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             confluence.hidden_permissions = {"DC"}
             confluence.set_space_readers("HR", groups=["staff"])
             confluence.groups = {"staff": ["alice@example.com"], "confluence-users": []}
-            env = {"REDIS_URL": REDIS_URL} if REDIS_URL else {}
-            if kind == "weaviate":
-                env["WEAVIATE_URL"] = WEAVIATE_URL or ""
-            settings = make_settings(tmp_path / "data", **env)
-            settings.store.collection = f"Held{tag}"
-            settings.redis_prefix = f"kbbot-test-{tag}:"
-            settings.refresh.allow_hosts = ["127.0.0.1"]
-            settings.refresh.fetch_timeout_s = 5
-            settings.permissions.cache_s = 0
-            settings.permissions.principals = {"api:depot": ["space:dc"], "api:staff": ["confluence:everyone"],
-                                               "api:dave": ["user:dave@example.com"]}
+            settings = world_settings(tmp_path, kind, "Held", {"api:depot": ["space:dc"],
+                                                               "api:staff": ["confluence:everyone"],
+                                                               "api:dave": ["user:dave@example.com"]})
             settings.sources = [SourceSettings(name="wiki", interval="1h", confluence=ConfluenceSettings(
                 url=confluence.base_url, spaces=["OPS", "DC", "HR"], token_env="KBBOT_TEST_CONFLUENCE_TOKEN"))]
-            runtime = build_runtime(settings)
-            await runtime.start()
-            refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
-            try:
-                record = await refresher.run("wiki")
-                assert record is not None and record.ok, record
-                yield World(kind, runtime, refresher, confluence, slack, pages)
-            finally:
-                if kind == "weaviate":
-                    runtime.store.drop()
-                await runtime.close()
-                if REDIS_URL:
-                    await drop_prefix(REDIS_URL, settings.redis_prefix)
+            async with refreshed(settings, kind, "wiki") as (runtime, refresher):
+                yield World(runtime, refresher, confluence, slack, pages)
 
 
 @pytest.fixture(params=["weaviate", "memory"])

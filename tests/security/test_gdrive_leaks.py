@@ -12,21 +12,15 @@ Weaviate and the embedded store, with the local Drive (tests/fakes/gdrive.py):
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from adapters.cli import SilentReply
-from bot.knowledge.refresh import Refresher
-from bot.runtime import Runtime, build_runtime
-from bot.types import Answer, Inquiry
-from tests.conftest import make_settings
 from tests.fakes.gdrive import FakeDrive, FakeFile, anyone, domain, user
 from tests.gdrive_world import drive_source
-from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
+from tests.refresh_helpers import SERVICES_MISSING, RefreshedWorld, refreshed, world_settings
 
 BONUS = "# HL-K8 commissioning bonus\n\nThe HL-K8 commissioning bonus is 1,250 euros per machine.\n"
 PAY = "# DC depot pay\n\nService technicians of the DC depot are paid on pay scale T9 from March.\n"
@@ -42,22 +36,12 @@ HIDDEN = "Drive refused to list its permissions (HTTP 403 insufficientFilePermis
 
 
 @dataclass
-class World:
-    runtime: Runtime
-    refresher: Refresher
+class World(RefreshedWorld):
     drive: FakeDrive
     files: dict[str, FakeFile]
 
     def doc(self, name: str) -> str:
         return f"gdrive:drive:file:{self.files[name].id}"
-
-    def readers(self, name: str) -> list[str]:
-        return self.runtime.store.record(self.doc(name)).readers
-
-    async def ask(self, caller: str, question: str) -> Answer:
-        inquiry = Inquiry(platform="api", tenant=caller, channel=caller, thread_key=f"api:{caller}:{uuid.uuid4().hex}",
-                          user_id=caller, text=question, private=True)
-        return await self.runtime.answerer.answer(inquiry, SilentReply())
 
     async def reads(self, caller: str, name: str) -> bool:
         question, fact = QUESTIONS[name]
@@ -70,7 +54,6 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
-    tag = uuid.uuid4().hex[:10]
     with FakeDrive().run_in_thread() as drive:
         kb = drive.folder("HR", "root")
         files = {"bonus": drive.add("bonus.md", kb.id, BONUS.encode(), permissions=[user("carol@example.com")]),
@@ -80,32 +63,12 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                  "roadmap": drive.add("roadmap.md", kb.id, ROADMAP.encode(),
                                       permissions=[anyone(False), domain("example.com", discoverable=False)]),
                  "salaries": drive.add("salaries.md", kb.id, LEAKED.encode(), permissions_hidden=True)}
-        env = {"REDIS_URL": REDIS_URL} if REDIS_URL else {}
-        if kind == "weaviate":
-            env["WEAVIATE_URL"] = WEAVIATE_URL or ""
-        settings = make_settings(tmp_path / "data", **env)
-        settings.store.collection = f"DriveLeak{tag}"
-        settings.redis_prefix = f"kbbot-test-{tag}:"
-        settings.refresh.allow_hosts = ["127.0.0.1"]
-        settings.refresh.fetch_timeout_s = 5
-        settings.permissions.cache_s = 0
-        settings.permissions.principals = {"api:carol": ["user:carol@example.com"],
-                                           "api:dave": ["user:dave@example.com"],
-                                           "api:eve": ["user:eve@partner.org"]}
+        settings = world_settings(tmp_path, kind, "DriveLeak", {"api:carol": ["user:carol@example.com"],
+                                                                "api:dave": ["user:dave@example.com"],
+                                                                "api:eve": ["user:eve@partner.org"]})
         settings.sources = [drive_source(drive, kb.id, monkeypatch)]  # anyone_public: false, the default
-        runtime = build_runtime(settings)
-        await runtime.start()
-        refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
-        try:
-            record = await refresher.run("drive")
-            assert record is not None and record.ok and record.added == 5, record
+        async with refreshed(settings, kind, "drive", added=5) as (runtime, refresher):
             yield World(runtime, refresher, drive, files)
-        finally:
-            if kind == "weaviate":
-                runtime.store.drop()
-            await runtime.close()
-            if REDIS_URL:
-                await drop_prefix(REDIS_URL, settings.redis_prefix)
 
 
 @pytest.fixture(params=["weaviate", "memory"])

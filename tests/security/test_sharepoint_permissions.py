@@ -14,23 +14,17 @@ and the embedded store, with the fake Microsoft Graph (tests/fakes/graph.py) as 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from adapters.cli import SilentReply
-from bot.knowledge.refresh import Refresher
-from bot.runtime import Runtime, build_runtime
 from bot.settings import SourceSettings
-from bot.types import Answer, Inquiry
+from bot.types import Answer
 from pipelines.sources.sharepoint import SharePointSettings
-from tests.conftest import make_settings
 from tests.fakes.graph import FakeGraph, FakeItem, group_permission, link_permission, site_user_permission, user_permission
-from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, WEAVIATE_URL, drop_prefix
+from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, RefreshedWorld, refreshed, world_settings
 
 FINANCE = "6f1c3a3e-0000-4000-8000-00000000f14a"
 HANDBOOK = b"# Handbook\n\nThe HL-K8 compressor seal must be replaced every 7,200 operating hours.\n"
@@ -45,24 +39,13 @@ QUESTIONS = {"handbook": "How often must the HL-K8 compressor seal be replaced?"
 
 
 @dataclass
-class World:
-    kind: str
-    runtime: Runtime
-    refresher: Refresher
+class World(RefreshedWorld):
     graph: FakeGraph
     files: dict[str, FakeItem]
 
     def doc(self, name: str) -> str:
         item = self.files[name]
         return f"sharepoint:service:{item.drive.id}:{item.id}"
-
-    def readers(self, name: str) -> list[str]:
-        return self.runtime.store.record(self.doc(name)).readers
-
-    async def ask(self, caller: str, name: str) -> Answer:
-        inquiry = Inquiry(platform="api", tenant=caller, channel=caller, thread_key=f"api:{caller}:{uuid.uuid4().hex}",
-                          user_id=caller, text=QUESTIONS[name], private=True)
-        return await self.runtime.answerer.answer(inquiry, SilentReply())
 
     def leaked(self, answer: Answer, name: str) -> list[str]:
         doc = self.doc(name)
@@ -73,7 +56,6 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
-    tag = uuid.uuid4().hex[:10]
     async with FakeGraph(tls=True) as graph:
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", graph.ca_file)
         monkeypatch.setenv("KBBOT_TEST_SHAREPOINT_SECRET", graph.app_secret)
@@ -86,35 +68,15 @@ async def world_on(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                  "escalation": graph.add_file(docs, "Finance/Escalation.md", ESCALATION,
                                               permissions=[user_permission("carol@contoso.com")]),
                  "linked": graph.add_file(docs, "Bonus.md", LINKED, permissions=[link_permission("anonymous")])}
-        env: dict[str, Any] = {"REDIS_URL": REDIS_URL or ""}
-        if kind == "weaviate":
-            env["WEAVIATE_URL"] = WEAVIATE_URL or ""
-        settings = make_settings(tmp_path / "data", **env)
-        settings.store.collection = f"SpPerm{tag}"
-        settings.redis_prefix = f"kbbot-test-{tag}:"
-        settings.refresh.allow_hosts = ["127.0.0.1", "localhost"]
-        settings.refresh.fetch_timeout_s = 5
-        settings.permissions.cache_s = 0
-        settings.permissions.principals = {"api:staff": ["sharepoint:organization"],
-                                           "api:finance": ["sharepoint:organization", f"group:{FINANCE}"],
-                                           "api:carol": ["user:carol@contoso.com"]}
+        settings = world_settings(tmp_path, kind, "SpPerm", {
+            "api:staff": ["sharepoint:organization"], "api:finance": ["sharepoint:organization", f"group:{FINANCE}"],
+            "api:carol": ["user:carol@contoso.com"]}, allow_hosts=("127.0.0.1", "localhost"))
         settings.sources = [SourceSettings(name="service", interval="1h", sharepoint=SharePointSettings(
             tenant_id=graph.tenant_id, client_id=graph.app_id, client_secret_env="KBBOT_TEST_SHAREPOINT_SECRET",
             site="https://contoso.sharepoint.com/sites/service", graph_url=graph.graph_url,
             login_url=graph.login_url, download_hosts=["localhost"]))]
-        runtime = build_runtime(settings)
-        await runtime.start()
-        refresher = Refresher(settings, runtime.store, runtime.indexer, redis=runtime.redis)
-        try:
-            record = await refresher.run("service")
-            assert record is not None and record.ok and record.added == 4, record
-            yield World(kind, runtime, refresher, graph, files)
-        finally:
-            if kind == "weaviate":
-                runtime.store.drop()
-            await runtime.close()
-            if REDIS_URL:
-                await drop_prefix(REDIS_URL, settings.redis_prefix)
+        async with refreshed(settings, kind, "service", added=4) as (runtime, refresher):
+            yield World(runtime, refresher, graph, files)
 
 
 @pytest.fixture(params=["weaviate", "memory"])
@@ -135,7 +97,7 @@ async def test_a_restricted_file_never_reaches_an_audience_that_may_not_read_it(
                 "carol": {"escalation"}}
     for caller, allowed in may_read.items():
         for name in QUESTIONS:
-            answer = await world.ask(caller, name)
+            answer = await world.ask(caller, QUESTIONS[name])
             if name in allowed:
                 assert world.doc(name) in {c.doc_id for c in answer.citations}, (caller, name)
             else:
@@ -153,8 +115,8 @@ async def test_a_file_reshared_at_the_source_moves_its_readers_in_place(world: W
     assert record is not None and record.ok and record.permissions == 1 and record.changed == 0, record
     assert world.runtime.document_embedder.embedded_texts == embedded, "nothing embedded again"
     assert world.readers("escalation") == [f"group:{FINANCE}"]
-    assert not world.leaked(await world.ask("carol", "escalation"), "escalation"), "no longer shared with carol"
-    answer = await world.ask("finance", "escalation")
+    assert not world.leaked(await world.ask("carol", QUESTIONS["escalation"]), "escalation"), "no longer shared with carol"
+    answer = await world.ask("finance", QUESTIONS["escalation"])
     assert world.doc("escalation") in {c.doc_id for c in answer.citations} and "Marta Ruiz" in answer.text
 
     # The Finance folder shared with carol alone: its files follow at a permissions-only run.
@@ -162,4 +124,4 @@ async def test_a_file_reshared_at_the_source_moves_its_readers_in_place(world: W
     record = await world.refresher.run("service", permissions_only=True)
     assert record is not None and record.ok, record
     assert world.readers("claims") == ["user:carol@contoso.com"]
-    assert not world.leaked(await world.ask("finance", "claims"), "claims")
+    assert not world.leaked(await world.ask("finance", QUESTIONS["claims"]), "claims")

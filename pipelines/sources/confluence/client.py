@@ -4,23 +4,17 @@ permissions; the knowledge loop's draft pages): its credentials, the network gua
 
 from __future__ import annotations
 
-import email.utils
-import json
-import logging
 import time
 from collections.abc import Callable, Collection, Iterator
-from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from pipelines.netguard import guarded_transport, refusal
+from pipelines.netguard import guarded_transport
+from pipelines.sources.http import RetryPolicy, json_object, origin, reaching, read_capped
 from pipelines.sources.kind import SourceError
 
-log = logging.getLogger("pipelines.sources.confluence")
-
-RETRY_STATUSES = (429, 503)
 PAGE_SIZE = 100
 
 
@@ -37,23 +31,6 @@ class Refused(Gone):
     page that is gone, a version indexed earlier is revoked."""
 
 
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """``Retry-After`` as seconds to wait: a number of seconds or an HTTP date (RFC 9110 10.2.3)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    now = time.time() if now is None else now
-    return max(0.0, moment.timestamp() - now)
-
-
 class ConfluenceClient:
     """GETs against one Confluence site with its credentials, rate-limit retries and size cap."""
 
@@ -63,8 +40,8 @@ class ConfluenceClient:
                  transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep):
         self.base_url = base_url.rstrip("/")
         self.max_bytes = max_bytes
-        self.max_retries = max_retries
-        self.max_retry_wait_s = max_retry_wait_s
+        self.retry = RetryPolicy("Confluence", max_retries=max_retries, max_wait_s=max_retry_wait_s,
+                                 error=ConfluenceError)
         self.sleep = sleep
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
         auth: httpx.Auth | None = None
@@ -79,10 +56,9 @@ class ConfluenceClient:
         self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
                                    headers=headers, auth=auth, follow_redirects=True, max_redirects=5,
                                    transport=transport or guarded_transport([site, *allow_hosts]))
-        self.origin = _origin(self.base_url)
-        #: Requests sent and 429/503 answers waited out, for the run's log line.
+        self.origin = origin(self.base_url)
+        #: Requests sent, for the run's log line.
         self.requests = 0
-        self.throttled = 0
 
     def close(self) -> None:
         self.client.close()
@@ -90,46 +66,24 @@ class ConfluenceClient:
     def url(self, link: str) -> str:
         """An API or web link (``_links.next``, ``webui``, ``download``) as an absolute URL of this site."""
         if link.startswith(("http://", "https://")):
-            if _origin(link) != self.origin:
-                raise ConfluenceError(f"the API pointed to another site ({_origin(link)}); not followed")
+            if origin(link) != self.origin:
+                raise ConfluenceError(f"the API pointed to another site ({origin(link)}); not followed")
             return link
         return self.base_url + "/" + link.lstrip("/")
 
     def get(self, link: str, params: dict[str, Any] | None = None) -> bytes:
         """The body of a 200 answer (at most ``max_bytes``); else ``Gone`` or ``ConfluenceError``."""
         url = self.url(link)
-        for attempt in range(self.max_retries + 1):
+        path = urlsplit(url).path
+        waits: list[float] = []
+        while True:
             self.requests += 1
-            try:
-                with self.client.stream("GET", url, params=params) as response:
-                    if response.status_code in RETRY_STATUSES:
-                        wait = retry_after_s(response.headers.get("Retry-After"))
-                        wait = min(2.0 ** attempt, 30.0) if wait is None else wait
-                        if attempt == self.max_retries or wait > self.max_retry_wait_s:
-                            raise ConfluenceError(
-                                f"HTTP {response.status_code} from {urlsplit(url).path}: rate limited; gave up after "
-                                f"{attempt + 1} tries (Retry-After {wait:g} s, longest wait allowed "
-                                f"{self.max_retry_wait_s:g} s)")
-                        self.throttled += 1
-                        log.info("confluence: HTTP %d, waiting %.1f s as Retry-After asks", response.status_code, wait)
-                    else:
-                        _check_status(response, url)
-                        body = bytearray()
-                        for chunk in response.iter_bytes():
-                            body.extend(chunk)
-                            if len(body) > self.max_bytes:
-                                raise ConfluenceError(f"{urlsplit(url).path}: larger than the "
-                                                      f"{self.max_bytes / 1e6:.1f} MB limit; not downloaded")
-                        return bytes(body)
-            except httpx.TimeoutException as exc:
-                raise ConfluenceError(f"no answer from {self.origin} in time ({type(exc).__name__})") from exc
-            except httpx.TransportError as exc:
-                refused = refusal(exc)
-                if refused is not None:
-                    raise Refused(f"{urlsplit(url).path}: {refused}") from exc
-                raise ConfluenceError(f"cannot reach {self.origin} ({type(exc).__name__}: {exc})") from exc
+            with reaching(url, ConfluenceError, Refused, path), self.client.stream("GET", url, params=params) as response:
+                if not self.retry.applies(response.status_code):
+                    _check_status(response, url)
+                    return read_capped(response, self.max_bytes, path, ConfluenceError)
+                wait = self.retry.wait_s(waits, response.status_code, response.headers.get("Retry-After"), path)
             self.sleep(wait)
-        raise AssertionError("unreachable")
 
     def create_draft(self, space: str, title: str, storage: str) -> dict[str, Any]:
         """A draft page (``status: draft``, seen by its author and admins until someone publishes it) in
@@ -140,12 +94,8 @@ class ConfluenceClient:
         body = {"type": "page", "status": "draft", "title": title, "space": {"key": space},
                 "body": {"storage": {"value": storage, "representation": "storage"}}}
         self.requests += 1
-        try:
+        with reaching(url, ConfluenceError, ConfluenceError):
             response = self.client.post(url, json=body)
-        except httpx.TimeoutException as exc:
-            raise ConfluenceError(f"no answer from {self.origin} in time ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise ConfluenceError(f"cannot reach {self.origin} ({type(exc).__name__}: {exc})") from exc
         if response.status_code not in (200, 201):
             detail = response.text[:200].strip()
             raise ConfluenceError(f"HTTP {response.status_code}: the draft page was not created"
@@ -156,16 +106,8 @@ class ConfluenceClient:
         return data
 
     def json(self, link: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = self.get(link, params)
-        path = urlsplit(self.url(link)).path
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise ConfluenceError(f"{path}: not a JSON answer; is {self.base_url} the Confluence base URL "
-                                  "(Cloud: https://<site>.atlassian.net/wiki)?") from exc
-        if not isinstance(data, dict):
-            raise ConfluenceError(f"{path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(self.get(link, params), urlsplit(self.url(link)).path, ConfluenceError,
+                           f"is {self.base_url} the Confluence base URL (Cloud: https://<site>.atlassian.net/wiki)?")
 
     def results(self, link: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Every result of a paginated listing, following ``_links.next`` (offsets on Data Center,
@@ -177,11 +119,6 @@ class ConfluenceClient:
             if not following:
                 return
             data = self.json(following)
-
-
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{(parts.netloc or '').lower()}"
 
 
 def _check_status(response: httpx.Response, url: str) -> None:

@@ -239,5 +239,5 @@ class ConfluenceSource(ConfiguredSource):
             raise ConfluenceError(f"{exc}; is {self.client.base_url} the Confluence base URL (Cloud: "
                                   "https://<site>.atlassian.net/wiki)?") from exc
         log.info("confluence source=%s: %d pages and attachments listed in %.1f s (%d requests, %d rate-limited)",
-                 self.name, len(entries), time.perf_counter() - started, self.client.requests, self.client.throttled)
+                 self.name, len(entries), time.perf_counter() - started, self.client.requests, self.client.retry.throttled)
         return _ConfluenceScan(self, entries, current, space)

@@ -5,8 +5,6 @@ limits, and no connection to a host that is not Google's (or the configured API 
 from __future__ import annotations
 
 import json
-import logging
-import random
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
@@ -14,17 +12,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pipelines.netguard import guarded_transport, refusal
-from pipelines.sources.confluence.client import retry_after_s
+from pipelines.netguard import guarded_transport
+from pipelines.sources.http import RetryPolicy, json_object, on_hosts, origin, reaching, read_capped
 from pipelines.sources.kind import SourceError
-
-log = logging.getLogger("pipelines.sources.gdrive")
 
 #: Read-only access to content and metadata: ``files.export`` needs it (``drive.metadata.readonly`` does not cover it).
 DRIVE_SCOPE = "https://www.googleapis.com/auth/drive.readonly"
 DEFAULT_API = "https://www.googleapis.com"
 #: Where Drive itself sends kbbot: the API, and the content hosts its downloads are redirected to.
 GOOGLE_HOSTS = ("googleapis.com", "googleusercontent.com", "docs.google.com", "drive.google.com")
+#: Drive says "rate limited" with a 403 of these reasons as well as with a 429.
 RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_REDIRECTS = 5
@@ -72,13 +69,6 @@ def error_reason(body: bytes) -> tuple[str, str]:
     return (str(reasons[0]) if reasons else str(error.get("status") or "")), str(error.get("message") or "")
 
 
-def host_is_google(host: str, extra: Collection[str] = ()) -> bool:
-    host = host.lower().rstrip(".")
-    if host in {h.lower() for h in extra}:
-        return True
-    return any(host == g or host.endswith("." + g) for g in GOOGLE_HOSTS)
-
-
 class _AuthResponse:
     """What google-auth reads of a token endpoint's answer (``google.auth.transport.Response``)."""
 
@@ -105,7 +95,7 @@ class HttpxAuthRequest:
             response = self.client.http.request(method, url, content=body, headers=dict(headers or {}),
                                                 follow_redirects=False)
         except (httpx.HTTPError, Refused) as exc:
-            raise TransportError(f"cannot reach the token endpoint {_origin(url)} ({exc})") from exc
+            raise TransportError(f"cannot reach the token endpoint {origin(url)} ({exc})") from exc
         return _AuthResponse(response)
 
 
@@ -120,8 +110,8 @@ class DriveClient:
         self.credentials = credentials
         self.api_url = api_url.rstrip("/")
         self.max_bytes = max_bytes
-        self.max_retries = max_retries
-        self.max_retry_wait_s = max_retry_wait_s
+        self.retry = RetryPolicy("Google Drive", max_retries=max_retries, max_wait_s=max_retry_wait_s,
+                                 statuses=RETRY_STATUSES, reasons=RATE_REASONS, error=RateLimited)
         self.sleep = sleep
         token_uri = str(getattr(credentials, "_token_uri", "") or "")
         #: The operator chose these two (settings, the key's ``token_uri``); any other host must be Google's.
@@ -132,19 +122,16 @@ class DriveClient:
                                  headers={"User-Agent": user_agent}, follow_redirects=False,
                                  transport=transport or guarded_transport([*self.own_hosts, *allow_hosts]))
         self.auth_request = HttpxAuthRequest(self)
-        #: Drive calls sent, token requests, and rate-limited answers waited out (bench, the run's log line).
+        #: Drive calls sent and token requests (bench, the run's log line).
         self.requests = 0
         self.token_requests = 0
-        self.throttled = 0
 
     def close(self) -> None:
         self.http.close()
 
     def check_host(self, url: str) -> None:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if parts.scheme not in ("http", "https") or not host_is_google(host, self.own_hosts):
-            raise Refused(f"refused: {_origin(url)} is not a Google Drive host; nothing was read from it")
+        if not on_hosts(url, GOOGLE_HOSTS, exact=self.own_hosts):
+            raise Refused(f"refused: {origin(url)} is not a Google Drive host; nothing was read from it")
 
     def token(self, renew: bool = False) -> str:
         """A valid access token, asked for again when it expired (or ``renew``: the API refused it)."""
@@ -167,7 +154,7 @@ class DriveClient:
         redirects to Google's hosts only; rate limits waited out; else ``ApiError`` / ``Gone`` / ``Refused``."""
         url = self.url(path)
         renewed = False
-        attempt = 0
+        waits: list[float] = []
         while True:
             self.requests += 1
             status, body, headers = self._send(url, params)
@@ -178,12 +165,8 @@ class DriveClient:
                 renewed = True
                 self.token(renew=True)
                 continue
-            if status in RETRY_STATUSES or (status == 403 and reason in RATE_REASONS):
-                wait = self._backoff(attempt, headers.get("retry-after"), status, reason, path)
-                attempt += 1
-                self.throttled += 1
-                log.info("gdrive: HTTP %d %s, waiting %.1f s", status, reason, wait)
-                self.sleep(wait)
+            if self.retry.applies(status, reason):
+                self.sleep(self.retry.wait_s(waits, status, headers.get("retry-after"), path.split("?")[0], reason))
                 continue
             if status == 401:
                 raise CredentialsRefused("HTTP 401: Drive refused the service account's token even after a new one "
@@ -194,54 +177,22 @@ class DriveClient:
             raise ApiError(f"HTTP {status} for {urlsplit(url).path}" + (f" ({detail})" if detail else ""), status,
                            reason)
 
-    def _backoff(self, attempt: int, retry_after: str | None, status: int, reason: str, path: str) -> float:
-        """How long to wait before try ``attempt + 2``: Retry-After when given, else exponential with jitter."""
-        asked = retry_after_s(retry_after)
-        wait = asked if asked is not None else min(2.0 ** attempt, 32.0) + random.uniform(0, 1)  # noqa: S311
-        if attempt >= self.max_retries or wait > self.max_retry_wait_s:
-            raise RateLimited(f"HTTP {status}{' ' + reason if reason else ''} from {path.split('?')[0]}: rate limited; "
-                             f"gave up after {attempt + 1} tries (next wait {wait:.0f} s, longest allowed "
-                             f"{self.max_retry_wait_s:g} s)")
-        return wait
-
     def _send(self, url: str, params: Mapping[str, Any] | None) -> tuple[int, bytes, httpx.Headers]:
         request_url, request_params = url, params
         for _ in range(MAX_REDIRECTS + 1):
             self.check_host(request_url)
-            headers = {"Authorization": f"Bearer {self.token()}"} if _same_origin(request_url, self.api_url) else {}
-            try:
-                with self.http.stream("GET", request_url, params=request_params, headers=headers) as response:
-                    if response.is_redirect and response.headers.get("location"):
-                        request_url, request_params = str(response.url.join(response.headers["location"])), None
-                        continue
-                    return response.status_code, self._read(response, url), response.headers
-            except httpx.TimeoutException as exc:
-                raise DriveError(f"no answer from {_origin(request_url)} in time ({type(exc).__name__})") from exc
-            except httpx.TransportError as exc:
-                refused = refusal(exc)
-                if refused is not None:
-                    raise Refused(f"{urlsplit(url).path}: {refused}") from exc
-                raise DriveError(f"cannot reach {_origin(request_url)} ({type(exc).__name__}: {exc})") from exc
+            headers = {"Authorization": f"Bearer {self.token()}"} if origin(request_url) == origin(self.api_url) else {}
+            with (reaching(request_url, DriveError, Refused, urlsplit(url).path),
+                  self.http.stream("GET", request_url, params=request_params, headers=headers) as response):
+                if response.is_redirect and response.headers.get("location"):
+                    request_url, request_params = str(response.url.join(response.headers["location"])), None
+                    continue
+                body = read_capped(response, self.max_bytes, urlsplit(url).path, DriveError)
+                return response.status_code, body, response.headers
         raise DriveError(f"{urlsplit(url).path}: more than {MAX_REDIRECTS} redirects")
 
-    def _read(self, response: httpx.Response, url: str) -> bytes:
-        body = bytearray()
-        for chunk in response.iter_bytes():
-            body.extend(chunk)
-            if len(body) > self.max_bytes:
-                raise DriveError(f"larger than the {self.max_bytes / 1e6:.1f} MB download limit "
-                                 "(refresh.max_bytes); not downloaded")
-        return bytes(body)
-
     def json(self, path: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        body = self.get(path, params)
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise DriveError(f"/drive/v3/{path}: not a JSON answer; is {self.api_url} the Drive API?") from exc
-        if not isinstance(data, dict):
-            raise DriveError(f"/drive/v3/{path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(self.get(path, params), f"/drive/v3/{path}", DriveError, f"is {self.api_url} the Drive API?")
 
     def pages(self, path: str, params: Mapping[str, Any], key: str) -> Iterator[dict[str, Any]]:
         """Every item under ``key`` of a listing, page after page (``nextPageToken``)."""
@@ -255,13 +206,6 @@ class DriveClient:
             query["pageToken"] = following
 
 
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{(parts.netloc or '').lower()}"
-
-
-def _same_origin(url: str, base: str) -> bool:
-    return _origin(url) == _origin(base)
 
 
 def _refused_text(exc: Exception) -> str:

@@ -306,7 +306,7 @@ class DriveSource(ConfiguredSource):
             if token is None:
                 steps, token = self._full(tree)
         log.info("gdrive source=%s: %d files to go through, planned in %.1f s (%d Drive calls, %d rate-limited)",
-                 self.name, len(steps), time.perf_counter() - started, self.client.requests, self.client.throttled)
+                 self.name, len(steps), time.perf_counter() - started, self.client.requests, self.client.retry.throttled)
         return DriveScan(self, notices + steps, current, space, token, tree)
 
 

@@ -4,9 +4,9 @@ libraries (or of one user's OneDrive), under an optional folder, with their perm
 Kind ``sharepoint`` (``SHAREPOINT``): a ``sharepoint:`` section (``SharePointSettings``); its root is
 ``sharepoint:<name>``. Modules: ``client`` (``GraphClient``, ``AppToken``: MSAL's app-only token, httpx,
 throttling, paging, downloads), ``source`` (``SharePointSource``: delta query, scope, what changed),
-``permissions`` (``SharePointReaders``: Graph permissions -> principals), ``guard`` (the network guard
-for async clients). The app authenticates as itself (client credentials) with a client secret or a
-certificate, read from the environment as Confluence's token is; see docs/sharepoint.md.
+``permissions`` (``SharePointReaders``: Graph permissions -> principals). The app authenticates as
+itself (client credentials) with a client secret or a certificate, read from the environment as
+Confluence's token is; see docs/sharepoint.md.
 """
 
 from __future__ import annotations

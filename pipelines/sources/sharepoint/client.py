@@ -2,34 +2,26 @@
 credentials: a client secret or a certificate; MSAL is blocking, so it runs in a worker thread), plain
 ``httpx.AsyncClient`` for the calls (the Graph SDK is hundreds of megabytes for a handful of GETs), every
 connection through the network guard, 429/503 waited out as ``Retry-After`` asks (every call of the run
-pauses, as Graph asks of an app it throttles), ``@odata.nextLink`` followed on the Graph host only, and
-``/content``'s redirect followed without the token, only to SharePoint's download hosts."""
+pauses, as Graph asks of an app it throttles: ``RetryPolicy.paused_until``), ``@odata.nextLink``
+followed on the Graph host only, and ``/content``'s redirect followed without the token, only to
+SharePoint's download hosts."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import time
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from pipelines.netguard import normalise_host, refusal
-from pipelines.sources.confluence.client import retry_after_s
+from pipelines.netguard import guarded_async_transport
+from pipelines.sources.http import RetryPolicy, aread_capped, json_object, on_hosts, origin, reaching
 from pipelines.sources.kind import SourceError
-from pipelines.sources.sharepoint.guard import guarded_async_transport
-
-log = logging.getLogger("pipelines.sources.sharepoint")
 
 GRAPH_URL = "https://graph.microsoft.com"
 LOGIN_URL = "https://login.microsoftonline.com"
 GRAPH_SCOPE = "https://graph.microsoft.com/.default"
-RETRY_STATUSES = (429, 503)
-#: Graph's advice for a 429/503 that names no wait.
-DEFAULT_RETRY_S = 2.0
 
 
 class GraphError(SourceError):
@@ -106,19 +98,6 @@ class AppToken:
             return await asyncio.to_thread(self._acquire, force)
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.scheme.lower(), (parts.netloc or "").lower()
-
-
-def host_matches(host: str | None, hosts: Collection[str]) -> bool:
-    """``host`` is one of ``hosts`` or below one (``contoso.sharepoint.com`` is below ``sharepoint.com``)."""
-    if not host:
-        return False
-    name = normalise_host(host)
-    return any(name == h or name.endswith("." + h) for h in (normalise_host(h) for h in hosts))
-
-
 def _graph_error(response: httpx.Response) -> str:
     try:
         error = response.json().get("error") or {}
@@ -139,11 +118,11 @@ class GraphClient:
                  user_agent: str = "kbbot", transport: httpx.AsyncBaseTransport | None = None):
         self.token = token
         self.graph_url = graph_url.rstrip("/")
-        self.origin = _origin(self.graph_url)
+        self.origin = origin(self.graph_url)
         self.download_hosts = tuple(download_hosts)
         self.max_bytes = max_bytes
-        self.max_retries = max_retries
-        self.max_retry_wait_s = max_retry_wait_s
+        self.retry = RetryPolicy("Microsoft Graph", max_retries=max_retries, max_wait_s=max_retry_wait_s,
+                                 error=GraphError)
         graph_host = urlsplit(self.graph_url).hostname or ""
         # Graph is the operator's choice (a sovereign cloud, the tests' fake); a download host must
         # also be a public address unless refresh.allow_hosts names it.
@@ -151,11 +130,8 @@ class GraphClient:
             timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
             headers={"User-Agent": user_agent, "Accept": "application/json"}, follow_redirects=False,
             transport=transport or guarded_async_transport([graph_host, *allow_hosts]))
-        #: Throttled: no call of this run before this moment (time.monotonic).
-        self.paused_until = 0.0
-        #: Calls sent (Graph and downloads) and 429/503 answers waited out, for the log and the bench.
+        #: Calls sent (Graph and downloads), for the log and the bench.
         self.requests = 0
-        self.throttled = 0
         self.downloads = 0
 
     async def close(self) -> None:
@@ -165,56 +141,30 @@ class GraphClient:
         """A Graph path (``/v1.0/...``) or a link Graph gave (``@odata.nextLink``) as a URL on the Graph host;
         a link to another host would carry the app's token away."""
         if link.startswith(("http://", "https://")):
-            if _origin(link) != self.origin:
+            if origin(link) != self.origin:
                 raise GraphError(f"Graph pointed to another host ({urlsplit(link).netloc[:80]}); not followed")
             return link
         return self.graph_url + "/" + link.lstrip("/")
-
-    async def _wait_if_paused(self) -> None:
-        delay = self.paused_until - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    def _throttled(self, response: httpx.Response, attempt: int, what: str) -> float:
-        wait = retry_after_s(response.headers.get("Retry-After"))
-        wait = DEFAULT_RETRY_S * 2 ** attempt if wait is None else wait
-        if attempt >= self.max_retries or wait > self.max_retry_wait_s:
-            raise GraphError(f"HTTP {response.status_code} for {what}: throttled by Microsoft Graph; gave up after "
-                             f"{attempt + 1} tries (Retry-After {wait:g} s, longest wait allowed "
-                             f"{self.max_retry_wait_s:g} s)")
-        self.throttled += 1
-        self.paused_until = max(self.paused_until, time.monotonic() + wait)
-        log.info("sharepoint: HTTP %d, every call waits %.1f s as Retry-After asks", response.status_code, wait)
-        return wait
 
     async def _send(self, url: str, *, authorized: bool, headers: dict[str, str] | None = None) -> httpx.Response:
         """One GET, retried on 429/503 and, once with a new token, on 401; the response is streamed (the
         caller reads or closes it)."""
         what = urlsplit(url).path
         renewed = False
-        attempt = 0
+        waits: list[float] = []
         while True:
-            await self._wait_if_paused()
+            await asyncio.sleep(self.retry.pause_left())
             request_headers = dict(headers or {})
             if authorized:
                 request_headers["Authorization"] = f"Bearer {await self.token.get(force=renewed)}"
             self.requests += 1
-            try:
+            with reaching(url, GraphError, Refused):
                 response = await self.http.send(self.http.build_request("GET", url, headers=request_headers),
                                                 stream=True)
-            except httpx.TimeoutException as exc:
-                raise GraphError(f"no answer from {urlsplit(url).netloc} in time ({type(exc).__name__})") from exc
-            except httpx.TransportError as exc:
-                refused = refusal(exc)
-                if refused is not None:
-                    raise Refused(str(refused)) from exc
-                raise GraphError(f"cannot reach {urlsplit(url).netloc} ({type(exc).__name__}: {exc})") from exc
-            if response.status_code in RETRY_STATUSES:
+            if self.retry.applies(response.status_code):
                 await response.aclose()
-                wait = self._throttled(response, attempt, what)
-                attempt += 1
-                await asyncio.sleep(wait)
-                continue
+                self.retry.wait_s(waits, response.status_code, response.headers.get("Retry-After"), what)
+                continue  # the pause at the top of the loop waits
             if response.status_code == 401 and authorized and not renewed:
                 await response.aclose()
                 renewed = True
@@ -249,13 +199,7 @@ class GraphClient:
             body = await self._read(response, what=urlsplit(url).path)
         finally:
             await response.aclose()
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise GraphError(f"{urlsplit(url).path}: not a JSON answer; is {self.graph_url} Microsoft Graph?") from exc
-        if not isinstance(data, dict):
-            raise GraphError(f"{urlsplit(url).path}: unexpected answer ({type(data).__name__})")
-        return data
+        return json_object(body, urlsplit(url).path, GraphError, f"is {self.graph_url} Microsoft Graph?")
 
     async def pages(self, link: str, params: dict[str, str] | None = None,
                     headers: dict[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
@@ -273,13 +217,7 @@ class GraphClient:
                 if isinstance(v, dict)]
 
     async def _read(self, response: httpx.Response, *, what: str, limit: int | None = None) -> bytes:
-        limit = self.max_bytes if limit is None else limit
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body.extend(chunk)
-            if len(body) > limit:
-                raise GraphError(f"{what}: larger than the {limit / 1e6:.1f} MB limit; not downloaded")
-        return bytes(body)
+        return await aread_capped(response, self.max_bytes if limit is None else limit, what, GraphError)
 
     async def download(self, drive_id: str, item_id: str, *, limit: int | None = None) -> bytes:
         """An item's bytes: ``/content`` answers 302 to a pre-authenticated download URL, fetched without
@@ -296,9 +234,8 @@ class GraphClient:
             await response.aclose()
         if response.status_code not in (301, 302, 303, 307, 308) or not location:
             raise GraphError(f"HTTP {response.status_code} for {what} without a download location")
-        target = urlsplit(location)
-        if target.scheme not in ("http", "https") or not host_matches(target.hostname, self.download_hosts):
-            raise Refused(f"refused: its download URL is on {target.hostname or '?'}, not a SharePoint host "
+        if not on_hosts(location, self.download_hosts):
+            raise Refused(f"refused: its download URL is on {urlsplit(location).hostname or '?'}, not a SharePoint host "
                           f"({', '.join(self.download_hosts) or 'none'}; sharepoint.download_hosts)")
         self.downloads += 1
         got = await self._send(location, authorized=False)

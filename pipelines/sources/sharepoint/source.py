@@ -249,7 +249,7 @@ class SharePointSource(ConfiguredSource):
             work, notes = self.run(self._list(mine))
         log.info("sharepoint source=%s: %d files to yield (%d to read) in %.1f s (%d requests, %d throttled)",
                  self.name, len(work), sum(w.fetch for w in work), time.perf_counter() - started,
-                 self.client.requests, self.client.throttled)
+                 self.client.requests, self.client.retry.throttled)
         return _SharePointScan(self, work, notes, current, space)
 
     # --- listing --------------------------------------------------------------------------------------
