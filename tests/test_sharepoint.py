@@ -1,7 +1,8 @@
 """A SharePoint source against a local Microsoft Graph (tests/fakes/graph.py: sites, drives, delta,
 permissions, content redirects; the login service over HTTPS for the real MSAL), on real Weaviate and
 Redis: a library's folder indexed and cited by the files' web URLs, a second run with nothing changed
-costing one delta call, edits, deletions, moves and renames followed, a sharing change moving readers
+costing one delta call, edits, deletions, moves and renames followed (a folder moved into the folder has
+its files listed in the same run), a sharing change moving readers
 without embedding, throttling waited out, and an expired secret, revoked consent, a file that fails to
 convert, one too large and a delta token Graph forgot each giving a clear line while the rest stands."""
 
@@ -140,6 +141,43 @@ async def test_a_folder_is_indexed_cited_by_web_url_and_refreshed_by_delta(world
     # Back into the folder: indexed again.
     graph.move(pump, "Manuals")
     assert (await world.run()).added == 1
+
+
+async def test_a_folder_moved_into_the_folder_has_its_files_indexed_in_the_same_run(world: World):
+    graph, docs = world.graph, world.docs
+    graph.add_file(docs, "Manuals/HL-K8 pump.md", PUMP)
+    fan = graph.add_file(docs, "Incoming/Cooling/HL-K8 fan.md", FAN, permissions=[user_permission("alice@contoso.com")])
+    valve = graph.add_file(docs, "Incoming/Cooling/Valves/HL-K8 valve.md", VALVE)
+    assert (await world.run()).added == 1
+
+    # Graph's delta names the moved folder only; its files (one a folder deeper) come from its children,
+    # a page of one at a time here.
+    cooling = docs.path_of("Incoming/Cooling")
+    assert cooling is not None
+    graph.move(cooling, "Manuals")
+    graph.default_page_size = 1
+    mark = len(graph.calls)
+    record = await world.run()
+    assert record.ok and (record.added, record.unchanged, record.failed) == (2, 1, []), record
+    assert world.readers(fan) == ["user:alice@contoso.com"] and world.readers(valve) == ["public"]
+    children = [c for c in graph.calls[mark:] if c.path.endswith("/children")]
+    assert {c.path.split("/")[-2] for c in children} == {cooling.id, docs.path_of("Manuals/Cooling/Valves").id}
+    assert any("$skiptoken" in c.query for c in children), "the children are paged"
+    answer = await world.stack.ask("At what pressure does the HL-K8 relief valve open?")
+    assert answer.citations and answer.citations[0].source == valve.web_url == docs.web_url + \
+        "/Manuals/Cooling/Valves/HL-K8%20valve.md"
+
+    # Nothing moved since: one delta call, no listing.
+    mark = len(graph.calls)
+    assert (await world.run()).unchanged == 3
+    assert world.calls_since(mark) == [f"/v1.0/drives/{docs.id}/root/delta"]
+
+    # Out again: both revoked, by the folder's move alone.
+    graph.move(cooling, "Incoming")
+    record = await world.run()
+    assert record.ok and (record.removed, record.unchanged) == (2, 1), record
+    assert {c.source for c in (await world.stack.ask("At what pressure does the HL-K8 relief valve open?")).citations
+            } & {valve.web_url, fan.web_url} == set()
 
 
 async def test_a_sharing_change_moves_readers_in_place_without_embedding(world: World):

@@ -29,7 +29,9 @@ changes each advance the drive's change log)::
 Served: ``GET /v1.0/sites/{host}:/{path}``, ``/sites/{id}/drives``, ``/users/{upn}/drive``,
 ``/drives/{id}/root/delta`` (and ``/sites/{id}/drive/root/delta``; ``delta_page_size`` items a page, an
 ``@odata.deltaLink`` with a token on the last; deleted items with the ``deleted`` facet and no name),
-``/drives/{id}/root:/{path}``, ``/drives/{d}/items/{i}/permissions`` (effective: the item's own, else its
+``/drives/{id}/root:/{path}``, ``/drives/{d}/items/{i}/children`` (paged as other collections; a move
+changes only the moved item, so delta names a moved folder and none of its files, as Graph does),
+``/drives/{d}/items/{i}/permissions`` (effective: the item's own, else its
 folders', else the site's), ``/drives/{d}/items/{i}/content`` (302 to ``/download/...`` on
 ``download_root``: by default this server under the name ``localhost``, where the token is not needed;
 ``downloads`` records whether one came with it anyway). With ``tls=True`` the login service (OpenID
@@ -295,6 +297,7 @@ class FakeGraph(LocalServer):
         self.route("GET", "/v1.0/drives/{drive}/root/delta", self._drive_delta)
         self.route("GET", "/v1.0/drives/{drive}/root:/{path:.*}", self._item_by_path)
         self.route("GET", "/v1.0/drives/{drive}/items/{item}/permissions", self._permissions)
+        self.route("GET", "/v1.0/drives/{drive}/items/{item}/children", self._children)
         self.route("GET", "/v1.0/drives/{drive}/items/{item}/content", self._content)
 
     # --- where the app points ---------------------------------------------------------------------------
@@ -679,6 +682,14 @@ class FakeGraph(LocalServer):
     async def _permissions(self, request: web.Request) -> tuple[int, JSON]:
         item = self._item(request)
         return 200, self.page(request, item.drive.effective_permissions(item))
+
+    async def _children(self, request: web.Request) -> tuple[int, JSON]:
+        item = self._item(request)
+        if not item.folder:
+            raise GraphRefusal(400, "invalidRequest", "The item is not a folder.")
+        children = sorted((i for i in item.drive.items.values() if i.parent == item.id and not i.deleted),
+                          key=lambda i: i.name)
+        return 200, self.page(request, [i.as_graph() for i in children])
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
         item = self._item(request)

@@ -9,6 +9,8 @@ What a run does, per drive:
   dropped and the drive enumerated in full once, with a line in the run's failures saying so;
 - **scope**: only files under the configured folder, by the ids of their parent folders (delta gives no
   paths): the folders seen are kept between runs, so a folder moved out of scope takes its files with it;
+  a folder moved into it (delta names the folder, not its files) has its children listed
+  (``/items/{id}/children``, folder by folder, paged), so its files are indexed in the same run;
 - **what changed**: a file delta names is asked for its permissions (``/items/{id}/permissions``); its
   content is downloaded (``/content``, see ``client``) only when its ``cTag`` (the content's version) is
   not the one indexed, so a sharing change moves its readers in place, without conversion or embedding;
@@ -396,6 +398,7 @@ class SharePointSource(ConfiguredSource):
         if not full:
             tree = dict(p.split(">", 1) for p in (self.states.get(f"tree:{drive.id}") or FetchState()).urls
                         if ">" in p)
+        before = dict(tree)
         for item_id, item in items.items():
             if "root" in item:
                 drive.scope_id = drive.scope_id or item_id
@@ -406,14 +409,22 @@ class SharePointSource(ConfiguredSource):
                 else:
                     tree[item_id] = str((item.get("parentReference") or {}).get("id") or "")
 
-        def in_scope(parent: str) -> bool:
+        def in_scope(parent: str, folders: dict[str, str] = tree) -> bool:
             for _ in range(MAX_DEPTH):
                 if parent == drive.scope_id:
                     return True
-                if parent not in tree:
+                if parent not in folders:
                     return False
-                parent = tree[parent]
+                parent = folders[parent]
             return False
+
+        if not full:
+            # Delta names a moved folder, not what is in it: a folder that came into the scope has its
+            # files listed now, so that they are indexed (with their permissions) in this run.
+            arrived = [i for i, item in items.items() if "folder" in item and "deleted" not in item
+                       and "root" not in item and in_scope(i) and not (i in before and in_scope(i, before))]
+            for folder_id in arrived:
+                await self._children(drive, folder_id, items, tree)
 
         mentioned: set[str] = set()
         for item_id, item in items.items():
@@ -439,6 +450,27 @@ class SharePointSource(ConfiguredSource):
             etag=delta_link, urls=_pack(name=drive.name, web=drive.web_url, site=drive.site_url, scope=drive.scope_id))
         self.updated_states[f"tree:{drive.id}"] = FetchState(urls=[f"{k}>{v}" for k, v in tree.items()])
         return run
+
+    async def _children(self, drive: Drive, folder_id: str, items: dict[str, dict[str, Any]],
+                        tree: dict[str, str]) -> None:
+        """Everything under the folder ``folder_id``, into ``items`` (what delta named stands) and ``tree``.
+        Graph's delta starts only at a drive's root in SharePoint and OneDrive for Business, so the folder's
+        children are listed, folder by folder."""
+        assert self.client is not None
+        todo, seen = [folder_id], {folder_id}
+        while todo:
+            parent = todo.pop()
+            async for page in self.client.pages(f"v1.0/drives/{drive.id}/items/{parent}/children"):
+                for child in page.get("value") or []:
+                    if not isinstance(child, dict) or not child.get("id"):
+                        continue
+                    child_id = str(child["id"])
+                    child.setdefault("parentReference", {}).setdefault("id", parent)
+                    items.setdefault(child_id, child)
+                    if "folder" in child and child_id not in seen and len(seen) < self.max_documents:
+                        tree[child_id] = parent
+                        seen.add(child_id)
+                        todo.append(child_id)
 
     @staticmethod
     def _known(drive: Drive, item: dict[str, Any]) -> Known:
