@@ -21,7 +21,8 @@ What a run does, per drive:
 
 A drive that cannot be read (403, throttled past the limit) keeps every document of it as it is and is
 named in the run's failures; when no drive can be read, or no token can be had, the run fails with the
-reason and nothing is revoked. ``permissions_only``: no delta (its link is kept for the next full run),
+reason and nothing is revoked. With ``page_readers`` (``sharepoint.pages``), the site's pages are listed
+and read too, after the drives (``pages``). ``permissions_only``: no delta (its link is kept for the next full run),
 the permissions of every indexed file read again (its folder's or site's may have changed).
 """
 
