@@ -1,7 +1,8 @@
 """A SharePoint source against a local Microsoft Graph (tests/fakes/graph.py: sites, drives, delta,
 permissions, content redirects; the login service over HTTPS for the real MSAL), on real Weaviate and
 Redis: a library's folder indexed and cited by the files' web URLs, a second run with nothing changed
-costing one delta call, edits, deletions, moves and renames followed, a sharing change moving readers
+costing one delta call, edits, deletions, moves and renames followed (a folder moved into the folder has
+its files listed in the same run), site pages read as HTML by the readers named (held back with none), a sharing change moving readers
 without embedding, throttling waited out, and an expired secret, revoked consent, a file that fails to
 convert, one too large and a delta token Graph forgot each giving a clear line while the rest stands."""
 
@@ -142,6 +143,43 @@ async def test_a_folder_is_indexed_cited_by_web_url_and_refreshed_by_delta(world
     assert (await world.run()).added == 1
 
 
+async def test_a_folder_moved_into_the_folder_has_its_files_indexed_in_the_same_run(world: World):
+    graph, docs = world.graph, world.docs
+    graph.add_file(docs, "Manuals/HL-K8 pump.md", PUMP)
+    fan = graph.add_file(docs, "Incoming/Cooling/HL-K8 fan.md", FAN, permissions=[user_permission("alice@contoso.com")])
+    valve = graph.add_file(docs, "Incoming/Cooling/Valves/HL-K8 valve.md", VALVE)
+    assert (await world.run()).added == 1
+
+    # Graph's delta names the moved folder only; its files (one a folder deeper) come from its children,
+    # a page of one at a time here.
+    cooling = docs.path_of("Incoming/Cooling")
+    assert cooling is not None
+    graph.move(cooling, "Manuals")
+    graph.default_page_size = 1
+    mark = len(graph.calls)
+    record = await world.run()
+    assert record.ok and (record.added, record.unchanged, record.failed) == (2, 1, []), record
+    assert world.readers(fan) == ["user:alice@contoso.com"] and world.readers(valve) == ["public"]
+    children = [c for c in graph.calls[mark:] if c.path.endswith("/children")]
+    assert {c.path.split("/")[-2] for c in children} == {cooling.id, docs.path_of("Manuals/Cooling/Valves").id}
+    assert any("$skiptoken" in c.query for c in children), "the children are paged"
+    answer = await world.stack.ask("At what pressure does the HL-K8 relief valve open?")
+    assert answer.citations and answer.citations[0].source == valve.web_url == docs.web_url + \
+        "/Manuals/Cooling/Valves/HL-K8%20valve.md"
+
+    # Nothing moved since: one delta call, no listing.
+    mark = len(graph.calls)
+    assert (await world.run()).unchanged == 3
+    assert world.calls_since(mark) == [f"/v1.0/drives/{docs.id}/root/delta"]
+
+    # Out again: both revoked, by the folder's move alone.
+    graph.move(cooling, "Incoming")
+    record = await world.run()
+    assert record.ok and (record.removed, record.unchanged) == (2, 1), record
+    assert {c.source for c in (await world.stack.ask("At what pressure does the HL-K8 relief valve open?")).citations
+            } & {valve.web_url, fan.web_url} == set()
+
+
 async def test_a_sharing_change_moves_readers_in_place_without_embedding(world: World):
     graph, docs = world.graph, world.docs
     pump = graph.add_file(docs, "Manuals/HL-K8 pump.md", PUMP)
@@ -169,6 +207,96 @@ async def test_a_sharing_change_moves_readers_in_place_without_embedding(world: 
     assert folder.id
     record = await world.run()  # the folder's change comes through delta now, and changes nothing more
     assert record.ok and (record.unchanged, record.permissions) == (2, 0), record
+
+
+MEMBERS = "group:5a7e0c11-0000-4000-8000-00000000a11d"
+
+
+async def test_site_pages_are_indexed_as_html_read_by_the_readers_named(world: World):
+    graph, docs = world.graph, world.docs
+    site = next(iter(graph.sites.values()))
+    graph.add_file(docs, "Manuals/HL-K8 pump.md", PUMP)
+    safety = graph.add_page(site, "Site safety", ["<p>Hearing protection is required in <b>hall 4</b>.</p>"],
+                            vertical=["<p>Questions: the safety desk, extension 4410.</p>"],
+                            others=[{"@odata.type": "#microsoft.graph.standardWebPart", "id": "w1",
+                                     "webPartType": "d1d91016-032f-456d-98a4-721247c305e8",
+                                     "data": {"title": "Image", "serverProcessedContent": {}}}])
+    shifts = graph.add_page(site, "Shift handover", ["<h2>Handover</h2><p>The night shift hands over at 06:15.</p>"])
+    broken = graph.add_page(site, "Broken page", ["<p>unused</p>"])
+    broken.corrupt = True
+    world.stack.settings.permissions.principals = {"console:console": [MEMBERS]}
+    world.stack.settings.sources = [sharepoint_source(world.graph, pages={"enabled": True, "readers": [MEMBERS]})]
+
+    first = await world.run()
+    assert first.ok and first.added == 3, first
+    [line] = first.failed
+    assert line["source"] == broken.web_url and "page not read" in line["reason"] and "HTTP 500" in line["reason"]
+    assert not [c for c in graph.calls if "canvasLayout" in c.query.get("$expand", "") and c.path.endswith("/pages/"
+                "microsoft.graph.sitePage")], "the list is never expanded: one corrupt page would fail it whole"
+    page_doc = f"sharepoint:service:page:{safety.id}"
+    assert world.stack.runtime.store.record(page_doc).readers == [MEMBERS]
+    answer = await world.stack.ask("Which extension does the safety desk have?")
+    assert answer.citations and answer.citations[0].source == safety.web_url
+    assert answer.citations[0].title == "Site safety" and "4410" in answer.text
+    answer = await world.stack.ask("At what time does the night shift hand over?")
+    assert answer.citations[0].source == shifts.web_url and answer.citations[0].url == shifts.web_url
+
+    # Nothing changed: the delta and the pages' list, nothing read (the broken page is tried again).
+    broken.corrupt = False
+    broken.deleted = True
+    mark, embedded = len(graph.calls), world.stack.embedded
+    second = await world.run()
+    assert second.ok and (second.unchanged, second.added, second.failed) == (3, 0, []), second
+    assert world.calls_since(mark) == [f"/v1.0/drives/{docs.id}/root/delta",
+                                       f"/v1.0/sites/{site['id']}/pages/microsoft.graph.sitePage"]
+    assert world.stack.embedded == embedded
+
+    # An edited page is read again, alone; a page no longer listed is revoked.
+    graph.edit_page(shifts, ["<p>The night shift hands over at 05:45.</p>"])
+    safety.deleted = True
+    mark = len(graph.calls)
+    third = await world.run()
+    assert third.ok and (third.changed, third.removed, third.unchanged) == (1, 1, 1), third
+    assert world.calls_since(mark)[2:] == [f"/v1.0/sites/{site['id']}/pages/{shifts.id}/microsoft.graph.sitePage"]
+    assert "05:45" in (await world.stack.ask("At what time does the night shift hand over?")).text
+    assert not (await world.stack.ask("Which extension does the safety desk have?")).citations
+
+    # A permissions-only run keeps the pages (no page call), with the readers configured now.
+    world.stack.settings.sources = [sharepoint_source(world.graph, pages={"enabled": True,
+                                                                          "readers": [MEMBERS, "user:bo@contoso.com"]})]
+    mark = len(graph.calls)
+    record = await world.run(permissions_only=True)
+    assert record.ok and record.removed == 0 and record.permissions == 1, record
+    assert not [p for p in world.calls_since(mark) if "/pages" in p]
+    assert world.stack.runtime.store.record(f"sharepoint:service:page:{shifts.id}").readers == [
+        MEMBERS, "user:bo@contoso.com"]
+
+    # Pages turned off: revoked; the files stand.
+    world.stack.settings.sources = [sharepoint_source(world.graph)]
+    record = await world.run()
+    assert record.ok and (record.removed, record.unchanged) == (1, 1), record
+
+
+async def test_site_pages_without_readers_are_held_back_and_an_unlisted_site_keeps_them(world: World):
+    graph = world.graph
+    site = next(iter(graph.sites.values()))
+    graph.add_file(world.docs, "Manuals/HL-K8 pump.md", PUMP)
+    graph.add_page(site, "Shift handover", ["<p>The night shift hands over at 06:15.</p>"])
+    world.stack.settings.sources = [sharepoint_source(graph, pages={"enabled": True})]
+    record = await world.run()
+    assert record.ok and record.added == 2, record
+    [(reason, count)] = record.held.items()
+    assert count == 1 and "sharepoint.pages.readers" in reason, record.held
+    assert not (await world.stack.ask("At what time does the night shift hand over?")).citations
+
+    # The pages cannot be listed (the app's consent does not reach them): a line, and they stand.
+    world.stack.settings.sources = [sharepoint_source(graph, pages={"enabled": True, "readers": ["public"]})]
+    graph.pages_forbidden = True
+    record = await world.run()
+    assert record.ok and record.removed == 0 and record.permissions == 1, record
+    [line] = record.failed
+    assert "pages could not be listed" in line["reason"] and "HTTP 403" in line["reason"], line
+    assert (await world.stack.ask("At what time does the night shift hand over?")).citations
 
 
 async def test_throttling_is_waited_out_as_retry_after_asks(world: World):
@@ -345,6 +473,8 @@ def test_graph_permissions_become_principals_and_unknown_readers_are_nobody():
     ({"site": "ftp://c/sites/a"}, "http"),
     ({"site": "https://c.sharepoint.com/sites/a", "organization_readers": ["nobody"]}, "is not a principal"),
     ({"site": "https://c.sharepoint.com/sites/a", "client_secret": "x"}, "Extra inputs"),
+    ({"user": "a@c.com", "pages": {"enabled": True}}, "a OneDrive"),
+    ({"site": "https://c.sharepoint.com/sites/a", "pages": {"enabled": True, "readers": ["x"]}}, "is not a principal"),
 ])
 def test_sharepoint_settings_are_checked(options: dict, message: str):
     with pytest.raises(ValueError, match=message):

@@ -26,10 +26,17 @@ changes each advance the drive's change log)::
     graph.edit(manual, b"..."); graph.share(manual, [...]); graph.move(manual, "Archive"); graph.delete(manual)
     graph.expire_delta_tokens(docs)                          # the next delta with a token answers 410
 
+Site pages (``add_page``, ``edit_page``; ``page.deleted``, ``page.corrupt``, ``pages_forbidden``):
+``GET /v1.0/sites/{id}/pages/microsoft.graph.sitePage`` (paged; with ``$expand=canvasLayout`` it fails
+whole when one page is corrupt, as Graph does) and ``/sites/{id}/pages/{page}/microsoft.graph.sitePage``
+(``$expand=canvasLayout``: text web parts' ``innerHtml`` in horizontal sections and the vertical one).
+
 Served: ``GET /v1.0/sites/{host}:/{path}``, ``/sites/{id}/drives``, ``/users/{upn}/drive``,
 ``/drives/{id}/root/delta`` (and ``/sites/{id}/drive/root/delta``; ``delta_page_size`` items a page, an
 ``@odata.deltaLink`` with a token on the last; deleted items with the ``deleted`` facet and no name),
-``/drives/{id}/root:/{path}``, ``/drives/{d}/items/{i}/permissions`` (effective: the item's own, else its
+``/drives/{id}/root:/{path}``, ``/drives/{d}/items/{i}/children`` (paged as other collections; a move
+changes only the moved item, so delta names a moved folder and none of its files, as Graph does),
+``/drives/{d}/items/{i}/permissions`` (effective: the item's own, else its
 folders', else the site's), ``/drives/{d}/items/{i}/content`` (302 to ``/download/...`` on
 ``download_root``: by default this server under the name ``localhost``, where the token is not needed;
 ``downloads`` records whether one came with it anyway). With ``tls=True`` the login service (OpenID
@@ -58,7 +65,7 @@ from aiohttp import web
 
 from tests.fakes.local_server import LocalServer
 
-__all__ = ["GRAPH_SCOPE", "FakeDrive", "FakeGraph", "FakeItem", "GraphCall", "group_permission", "link_permission",
+__all__ = ["GRAPH_SCOPE", "FakeDrive", "FakeGraph", "FakeItem", "FakePage", "GraphCall", "group_permission", "link_permission",
            "site_group", "site_user_permission", "user_permission"]
 
 JSON = dict[str, Any]
@@ -200,6 +207,47 @@ class FakeDrive:
         return order
 
 
+@dataclass
+class FakePage:
+    """A modern SharePoint page (``sitePage``) as Graph v1.0 shows it."""
+
+    id: str
+    title: str
+    site_url: str
+    text: list[str]
+    vertical: list[str]
+    others: list[JSON]
+    version: int = 1
+    deleted: bool = False
+    corrupt: bool = False  # its canvasLayout cannot be read (Graph fails the list's $expand for all)
+
+    @property
+    def name(self) -> str:
+        return self.title.replace(" ", "-") + ".aspx"
+
+    @property
+    def web_url(self) -> str:
+        return f"{self.site_url}/SitePages/{quote(self.name)}"
+
+    def as_graph(self, *, expand: bool) -> JSON:
+        body: JSON = {"@odata.type": "#microsoft.graph.sitePage", "id": self.id, "name": self.name,
+                      "title": self.title, "webUrl": self.web_url, "pageLayout": "article",
+                      "promotionKind": "page", "eTag": f'"{{{self.id.upper()}}},{self.version}"',
+                      "lastModifiedDateTime": f"2026-12-01T10:{self.version % 60:02d}:00Z",
+                      "createdBy": {"user": {"displayName": "Ada Author"}}}
+        if expand:
+            def text_part(html: str) -> JSON:
+                return {"@odata.type": "#microsoft.graph.textWebPart", "id": str(uuid.uuid4()), "innerHtml": html}
+
+            body["canvasLayout"] = {
+                "horizontalSections": [{"layout": "oneColumn", "id": str(n + 1), "emphasis": "none", "columns": [
+                    {"id": "1", "width": 12, "webparts": [text_part(html)] + (self.others if n == 0 else [])}]}
+                    for n, html in enumerate(self.text)],
+                **({"verticalSection": {"emphasis": "none", "webparts": [text_part(h) for h in self.vertical]}}
+                   if self.vertical else {})}
+        return body
+
+
 def tls_files() -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost, and its key (made once per process)."""
     global _TLS
@@ -290,11 +338,14 @@ class FakeGraph(LocalServer):
         self.certificates: dict[str, bytes] = {}
         self.secret_expired = False
         self.token_requests = 0
+        #: The site pages listing answers 403 (an app whose consent does not reach pages).
+        self.pages_forbidden = False
         self.route("GET", "/v1.0/sites/{rest:.*}", self._sites)
         self.route("GET", "/v1.0/users/{upn}/drive", self._user_drive)
         self.route("GET", "/v1.0/drives/{drive}/root/delta", self._drive_delta)
         self.route("GET", "/v1.0/drives/{drive}/root:/{path:.*}", self._item_by_path)
         self.route("GET", "/v1.0/drives/{drive}/items/{item}/permissions", self._permissions)
+        self.route("GET", "/v1.0/drives/{drive}/items/{item}/children", self._children)
         self.route("GET", "/v1.0/drives/{drive}/items/{item}/content", self._content)
 
     # --- where the app points ---------------------------------------------------------------------------
@@ -513,7 +564,7 @@ class FakeGraph(LocalServer):
         site_id = f"{hostname},{uuid.uuid4()},{uuid.uuid4()}"
         site = {"id": site_id, "name": name or path.rsplit("/", 1)[-1], "hostname": hostname,
                 "path": path.strip("/"), "webUrl": f"https://{hostname}/{path.strip('/')}",
-                "permissions": permissions or [], "drives": []}
+                "permissions": permissions or [], "drives": [], "pages": {}}
         self.sites[site_id] = site
         return site
 
@@ -625,6 +676,10 @@ class FakeGraph(LocalServer):
         site = self.sites.get(site_id)
         if site is None:
             raise GraphRefusal(404, "itemNotFound", "Requested site could not be found")
+        if tail == "pages/microsoft.graph.sitePage":
+            return 200, self._pages(request, site)
+        if tail.startswith("pages/") and tail.endswith("/microsoft.graph.sitePage"):
+            return 200, self._page(request, site, tail.split("/")[1])
         if tail == "drives":
             return 200, self.page(request, [self._drive_json(self.drives[d]) for d in site["drives"]])
         if tail == "drive/root/delta" and site["drives"]:
@@ -632,6 +687,38 @@ class FakeGraph(LocalServer):
         if not tail:
             return 200, self._site_json(site)
         raise GraphRefusal(400, "BadRequest", f"Resource not found for the segment '{tail.split('/')[0]}'.")
+
+    def _pages(self, request: web.Request, site: JSON) -> JSON:
+        if self.pages_forbidden:
+            raise GraphRefusal(403, "accessDenied", "Access denied")
+        pages = [p for p in site["pages"].values() if not p.deleted]
+        if "canvasLayout" in request.query.get("$expand", "") and any(p.corrupt for p in pages):
+            # As Graph answers when one page of the site cannot be expanded (hence kbbot's page-by-page reads).
+            raise GraphRefusal(400, "generalException", "Error when getting the canvas layout of a page.")
+        body = self.page(request, [p.as_graph(expand=False) for p in pages])
+        body["@odata.context"] = f"{self.graph_url}/v1.0/$metadata#sites('{site['id']}')/pages/microsoft.graph.sitePage"
+        return body
+
+    def _page(self, request: web.Request, site: JSON, page_id: str) -> JSON:
+        page = site["pages"].get(page_id)
+        if page is None or page.deleted:
+            raise GraphRefusal(404, "itemNotFound", "The resource could not be found.")
+        if page.corrupt and "canvasLayout" in request.query.get("$expand", ""):
+            raise GraphRefusal(500, "generalException", "General exception while processing")
+        return page.as_graph(expand="canvasLayout" in request.query.get("$expand", ""))
+
+    def add_page(self, site: JSON, title: str, text: list[str], *, vertical: list[str] = (),
+                 others: list[JSON] = ()) -> FakePage:
+        """A modern page of ``site``: ``text`` the innerHtml of its text web parts (one column each section),
+        ``vertical`` those of its vertical section, ``others`` other web parts (as Graph shows them)."""
+        page = FakePage(str(uuid.uuid4()), title, site["webUrl"], list(text), list(vertical), list(others))
+        site["pages"][page.id] = page
+        return page
+
+    def edit_page(self, page: FakePage, text: list[str]) -> None:
+        page.text = list(text)
+        page.version += 1
+
 
     async def _user_drive(self, request: web.Request) -> tuple[int, JSON]:
         drive_id = self.user_drives.get(request.match_info["upn"].lower())
@@ -679,6 +766,14 @@ class FakeGraph(LocalServer):
     async def _permissions(self, request: web.Request) -> tuple[int, JSON]:
         item = self._item(request)
         return 200, self.page(request, item.drive.effective_permissions(item))
+
+    async def _children(self, request: web.Request) -> tuple[int, JSON]:
+        item = self._item(request)
+        if not item.folder:
+            raise GraphRefusal(400, "invalidRequest", "The item is not a folder.")
+        children = sorted((i for i in item.drive.items.values() if i.parent == item.id and not i.deleted),
+                          key=lambda i: i.name)
+        return 200, self.page(request, [i.as_graph() for i in children])
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
         item = self._item(request)

@@ -8,6 +8,8 @@ and the embedded store, with the fake Microsoft Graph (tests/fakes/graph.py) as 
   says such links are public;
 - a file re-shared at the source moves its readers at the next refresh, in place: the old reader no
   longer gets it, the new one does, nothing is embedded again;
+- a site page (Graph shows no permissions of pages) is read only by the readers the operator names
+  (``sharepoint.pages.readers``); with none named it is held back, never public;
 - whatever reaches an asker (citations, ranked passages, the text) is searched for the restricted words.
 """
 
@@ -22,7 +24,7 @@ import pytest
 
 from bot.settings import SourceSettings
 from bot.types import Answer
-from pipelines.sources.sharepoint import SharePointSettings
+from pipelines.sources.sharepoint import SharePointPages, SharePointSettings
 from tests.fakes.graph import FakeGraph, FakeItem, group_permission, link_permission, site_user_permission, user_permission
 from tests.refresh_helpers import REDIS_URL, SERVICES_MISSING, RefreshedWorld, refreshed, world_settings
 
@@ -125,3 +127,31 @@ async def test_a_file_reshared_at_the_source_moves_its_readers_in_place(world: W
     assert record is not None and record.ok, record
     assert world.readers("claims") == ["user:carol@contoso.com"]
     assert not world.leaked(await world.ask("finance", QUESTIONS["claims"]), "claims")
+
+
+async def test_a_site_page_reaches_only_the_readers_named_and_none_named_is_nobody(world: World):
+    site = next(iter(world.graph.sites.values()))
+    page = world.graph.add_page(site, "Payroll calendar", ["<p>HL-K8 payroll closes on the 23rd at 14:00.</p>"])
+    question = "When does the HL-K8 payroll close?"
+    settings = world.refresher.settings.sources[0].sharepoint
+    assert settings is not None
+    doc = f"sharepoint:service:page:{page.id}"
+
+    def leaked(answer: Answer) -> list[str]:
+        return [c.doc_id for c in answer.citations if c.doc_id == doc] + (["23rd"] if "23rd" in answer.text else [])
+
+    settings.pages = SharePointPages(enabled=True, readers=[f"group:{FINANCE}"])
+    record = await world.refresher.run("service")
+    assert record is not None and record.ok and record.added == 1, record
+    assert world.runtime.store.record(doc).readers == [f"group:{FINANCE}"]
+    for caller in ("stranger", "staff", "carol"):
+        assert not leaked(await world.ask(caller, question)), caller
+    assert doc in {c.doc_id for c in (await world.ask("finance", question)).citations}
+
+    settings.pages = SharePointPages(enabled=True)
+    record = await world.refresher.run("service")
+    assert record is not None and record.ok and record.permissions == 1, record
+    assert world.runtime.store.record(doc).readers == ["nobody"]
+    assert any("sharepoint.pages.readers" in line for line in record.held_lines()), record.held_lines()
+    for caller in ("stranger", "staff", "finance", "carol"):
+        assert not leaked(await world.ask(caller, question)), caller

@@ -1,10 +1,11 @@
 """SharePoint Online and OneDrive as a source, through Microsoft Graph: the files of a site's document
-libraries (or of one user's OneDrive), under an optional folder, with their permissions.
+libraries (or of one user's OneDrive), under an optional folder, with their permissions; and, when
+enabled, the site's pages as HTML (``pages``), read by whom the operator names.
 
 Kind ``sharepoint`` (``SHAREPOINT``): a ``sharepoint:`` section (``SharePointSettings``); its root is
 ``sharepoint:<name>``. Modules: ``client`` (``GraphClient``, ``AppToken``: MSAL's app-only token, httpx,
 throttling, paging, downloads), ``source`` (``SharePointSource``: delta query, scope, what changed),
-``permissions`` (``SharePointReaders``: Graph permissions -> principals). The app authenticates as
+``permissions`` (``SharePointReaders``: Graph permissions -> principals), ``pages`` (``SitePages``). The app authenticates as
 itself (client credentials) with a client secret or a certificate, read from the environment as
 Confluence's token is; see docs/sharepoint.md.
 """
@@ -24,6 +25,20 @@ from pipelines.sources.kind import SourceContext, SourceEntry, named_root
 from pipelines.sources.sharepoint.client import GRAPH_SCOPE, GRAPH_URL, LOGIN_URL, AppToken, GraphClient
 from pipelines.sources.sharepoint.permissions import SharePointReaders
 from pipelines.sources.sharepoint.source import SharePointSource
+
+
+class SharePointPages(Section):
+    """The site's modern pages (``SitePages``) as HTML documents; off unless enabled."""
+
+    enabled: StrictBool = False
+    #: Who reads the site's pages (Graph v1.0 shows no permissions of a page), e.g. the site's members
+    #: group ``group:<Entra object id>``; none: every page is held back (readable by nobody).
+    readers: Texts = []
+
+    @field_validator("readers")
+    @classmethod
+    def _readers(cls, readers: list[str]) -> list[str]:
+        return [principal(p) for p in readers]
 
 
 class SharePointSettings(Section):
@@ -54,6 +69,8 @@ class SharePointSettings(Section):
     #: SharePoint site groups (by name) -> the principals they stand for (Graph does not list their members),
     #: e.g. ``{"Handbook Members": [group:<the site's Microsoft 365 group id>]}``.
     site_groups: dict[str, list[str]] = {}
+    #: The site's pages too (``pages: {enabled: true, readers: [group:<id>]}``); not for a OneDrive.
+    pages: SharePointPages = Field(default_factory=SharePointPages)
     #: Hosts a ``/content`` redirect may send a download to (each name and the names below it).
     download_hosts: Texts = ["sharepoint.com"]
     #: Microsoft Graph, its token scope, and the login service (other clouds: see docs/sharepoint.md).
@@ -102,6 +119,8 @@ class SharePointSettings(Section):
             raise Problem("needs exactly one of site (a SharePoint site URL) or user (whose OneDrive)")
         if self.user and self.drives:
             raise Problem("drives names a site's libraries; a user has one OneDrive", at=("drives",))
+        if self.user and self.pages.enabled:
+            raise Problem("pages are a SharePoint site's; a OneDrive (user) has none", at=("pages", "enabled"))
         if bool(self.certificate_env) != bool(self.certificate_thumbprint):
             raise Problem("needs both certificate_env and certificate_thumbprint, or neither (a client secret)")
         return self
@@ -147,7 +166,7 @@ class SharePointKind:
     label = "sharepoint (a SharePoint site or OneDrive)"
     settings = SharePointEntry
     named_roots = True
-    keeps_states = True  # each drive's delta link, its folders, and the version of each file indexed
+    keeps_states = True  # each drive's delta link, its folders, the version of each file and page indexed
 
     def selected(self, entry: SharePointEntry) -> bool:
         return entry.sharepoint is not None
@@ -170,7 +189,8 @@ class SharePointKind:
         return SharePointSource(entry.name, client, site=site.site, user=site.user, drives=site.drives,
                                 folder=site.folder, readers=readers, states=states,
                                 suffixes=frozenset(context.extensions), max_file_bytes=max_bytes,
-                                max_documents=context.max_urls, concurrency=context.concurrency, missing=missing)
+                                max_documents=context.max_urls, concurrency=context.concurrency, missing=missing,
+                                page_readers=list(site.pages.readers) if site.pages.enabled else None)
 
     def claims(self, entry: SharePointEntry, doc_ids: list[str], states: dict[str, FetchState],
                context: SourceContext) -> set[str]:

@@ -9,6 +9,8 @@ What a run does, per drive:
   dropped and the drive enumerated in full once, with a line in the run's failures saying so;
 - **scope**: only files under the configured folder, by the ids of their parent folders (delta gives no
   paths): the folders seen are kept between runs, so a folder moved out of scope takes its files with it;
+  a folder moved into it (delta names the folder, not its files) has its children listed
+  (``/items/{id}/children``, folder by folder, paged), so its files are indexed in the same run;
 - **what changed**: a file delta names is asked for its permissions (``/items/{id}/permissions``); its
   content is downloaded (``/content``, see ``client``) only when its ``cTag`` (the content's version) is
   not the one indexed, so a sharing change moves its readers in place, without conversion or embedding;
@@ -19,7 +21,8 @@ What a run does, per drive:
 
 A drive that cannot be read (403, throttled past the limit) keeps every document of it as it is and is
 named in the run's failures; when no drive can be read, or no token can be had, the run fails with the
-reason and nothing is revoked. ``permissions_only``: no delta (its link is kept for the next full run),
+reason and nothing is revoked. With ``page_readers`` (``sharepoint.pages``), the site's pages are listed
+and read too, after the drives (``pages``). ``permissions_only``: no delta (its link is kept for the next full run),
 the permissions of every indexed file read again (its folder's or site's may have changed).
 """
 
@@ -45,6 +48,7 @@ from pipelines.sources.sharepoint.client import (
     Refused,
     TokenRefused,
 )
+from pipelines.sources.sharepoint.pages import PageWork, SitePages
 from pipelines.sources.sharepoint.permissions import SharePointReaders
 from pipelines.store import DocRecord
 
@@ -135,7 +139,7 @@ class DriveRun:
 
 
 class _SharePointScan:
-    def __init__(self, source: SharePointSource, work: list[Work], notes: list[SourceItem],
+    def __init__(self, source: SharePointSource, work: list[Work | PageWork], notes: list[SourceItem],
                  current: dict[str, DocRecord], space: str):
         self.source = source
         self.work = work
@@ -150,7 +154,7 @@ class _SharePointScan:
     def __iter__(self) -> Iterator[SourceItem]:
         yield from self.notes
         window = max(1, self.source.concurrency)
-        pending: list[Work] = []
+        pending: list[Work | PageWork] = []
         for work in self.work:
             if not work.fetch:
                 yield self.source.kept(work)
@@ -161,7 +165,7 @@ class _SharePointScan:
                 pending = []
         yield from self._fetch_all(pending)
 
-    def _fetch_all(self, works: list[Work]) -> list[SourceItem]:
+    def _fetch_all(self, works: list[Work | PageWork]) -> list[SourceItem]:
         if not works:
             return []
         src = self.source
@@ -180,7 +184,7 @@ class SharePointSource(ConfiguredSource):
                  drives: list[str] | None = None, folder: str = "", readers: SharePointReaders | None = None,
                  states: dict[str, FetchState] | None = None, suffixes: frozenset[str] = frozenset(),
                  max_file_bytes: int | None = None, max_documents: int = 10000, concurrency: int = 4,
-                 missing: str | None = None):
+                 missing: str | None = None, page_readers: list[str] | None = None):
         if bool(site) == bool(user):
             raise ValueError("a SharePoint source needs a site or a user (one of them)")
         self.name = name
@@ -196,10 +200,13 @@ class SharePointSource(ConfiguredSource):
         self.max_documents = max_documents
         self.concurrency = concurrency
         self.missing = missing
+        #: Who reads the site's pages (``[]``: no one named, held back); None: pages are not read.
+        self.page_readers = None if user else page_readers
         self.updated_states: dict[str, FetchState] = {}
         self.permissions_only = False
         self._complete = True
         self._runner: asyncio.Runner | None = None
+        self._site: tuple[str, str] | None = None  # the site's Graph id and web URL, once known
 
     # --- the contract ---------------------------------------------------------------------------------
     @property
@@ -242,11 +249,12 @@ class SharePointSource(ConfiguredSource):
             raise GraphError(self.missing or "no Graph client")
         started = time.perf_counter()
         mine = {k: r for k, r in current.items() if r.root == self.root}
+        work: list[Work | PageWork]
         if self.permissions_only:
-            work = self._indexed(mine)
+            work = [*self._indexed(mine), *(self._pages().known(mine) if self.page_readers is not None else [])]
             notes: list[SourceItem] = []
         else:
-            work, notes = self.run(self._list(mine))
+            work, notes = self.run(self._list(mine, space))
         log.info("sharepoint source=%s: %d files to yield (%d to read) in %.1f s (%d requests, %d throttled)",
                  self.name, len(work), sum(w.fetch for w in work), time.perf_counter() - started,
                  self.client.requests, self.client.retry.throttled)
@@ -264,6 +272,10 @@ class SharePointSource(ConfiguredSource):
             drive = Drive(known.drive_id, "", "", self._site_url(known.drive_id))
             work.append(Work(doc_id, known, drive, fetch=True, record=record))
         return work
+
+    def _pages(self) -> SitePages:
+        assert self.client is not None and self.page_readers is not None
+        return SitePages(self.client, self.root, self.page_readers, self.states, self.updated_states)
 
     def _site_url(self, drive_id: str) -> str:
         state = self.states.get(f"delta:{drive_id}")
@@ -302,14 +314,8 @@ class SharePointSource(ConfiguredSource):
 
     async def _site_drives(self) -> list[Drive]:
         client = self.client
-        assert client is not None and self.site
-        parts = urlsplit(self.site)
-        path = parts.path.strip("/")
-        try:
-            site = await client.json(f"v1.0/sites/{parts.hostname}:/{quote(path)}" if path
-                                     else f"v1.0/sites/{parts.hostname}")
-        except ItemGone:
-            raise GraphError(f"no SharePoint site at {self.site}") from None
+        assert client is not None
+        site = await self._lookup_site()
         site_url = str(site.get("webUrl") or self.site)
         libraries = [d for d in await client.values(f"v1.0/sites/{site['id']}/drives")
                      if d.get("driveType", "documentLibrary") == "documentLibrary"]
@@ -340,7 +346,44 @@ class SharePointSource(ConfiguredSource):
             raise GraphError("the delta query ended without an @odata.deltaLink")
         return items, str(delta_link)
 
-    async def _list(self, mine: dict[str, DocRecord]) -> tuple[list[Work], list[SourceItem]]:
+    async def _lookup_site(self) -> dict[str, Any]:
+        client = self.client
+        assert client is not None and self.site
+        parts = urlsplit(self.site)
+        path = parts.path.strip("/")
+        try:
+            site = await client.json(f"v1.0/sites/{parts.hostname}:/{quote(path)}" if path
+                                     else f"v1.0/sites/{parts.hostname}")
+        except ItemGone:
+            raise GraphError(f"no SharePoint site at {self.site}") from None
+        self._site = (str(site["id"]), str(site.get("webUrl") or self.site))
+        return site
+
+    async def _site_ref(self) -> tuple[str, str]:
+        """The site's Graph id and web URL: kept from the last run under these settings, else asked."""
+        kept = self.states.get("site")
+        if self._site is None and kept is not None and kept.etag == self.fingerprint and kept.urls:
+            self._site = (kept.urls[0], kept.final_url or "")
+        if self._site is None:
+            await self._lookup_site()
+        assert self._site is not None
+        self.updated_states["site"] = FetchState(etag=self.fingerprint, final_url=self._site[1], urls=[self._site[0]])
+        return self._site
+
+    async def _list_pages(self, mine: dict[str, DocRecord], space: str) -> tuple[list[PageWork], str]:
+        """The site's pages (see ``pages``); when they cannot be listed, those indexed stand, with a line why."""
+        pages = self._pages()
+        try:
+            site_id, site_url = await self._site_ref()
+            return await pages.listed(site_id, site_url, mine, space), ""
+        except TokenRefused:
+            raise
+        except GraphError as exc:
+            self._complete = False
+            return pages.known(mine), (f"the site's pages could not be listed, those indexed keep their version "
+                                       f"(does the app have Sites.Read.All, or Sites.Selected on this site?): {exc}")
+
+    async def _list(self, mine: dict[str, DocRecord], space: str) -> tuple[list[Work | PageWork], list[SourceItem]]:
         drives = await self._drives()
         fresh = (self.states.get("drives") or FetchState()).etag != self.fingerprint
         runs: list[DriveRun] = []
@@ -354,12 +397,18 @@ class SharePointSource(ConfiguredSource):
         if runs and all(r.unreadable for r in runs):  # nothing read: the run fails, nothing is revoked
             raise GraphError("; ".join(r.note for r in runs))
         self.updated_states["drives"] = FetchState(etag=self.fingerprint, urls=[d.id for d in drives])
-        works = [w for r in runs for w in r.work]
-        if len(works) > self.max_documents:
-            raise GraphError(f"{len(works)} files listed; more than the {self.max_documents} a source may have "
-                             "(refresh.max_urls)")
+        works: list[Work | PageWork] = [w for r in runs for w in r.work]
         notes = [SourceItem(doc_id=f"{self.root}:{r.drive.id}:drive", source=r.drive.web_url or r.drive.name,
                             root=self.root, error=r.note) for r in runs if r.note]
+        if self.page_readers is not None:
+            pages, note = await self._list_pages(mine, space)
+            works += pages
+            if note:
+                notes.append(SourceItem(doc_id=f"{self.root}:pages", source=f"{self.site} (site pages)",
+                                        root=self.root, error=note))
+        if len(works) > self.max_documents:
+            raise GraphError(f"{len(works)} files and pages listed; more than the {self.max_documents} a source "
+                             "may have (refresh.max_urls)")
         return works, notes
 
     def _unreadable(self, drive: Drive, mine: dict[str, DocRecord], reason: str) -> DriveRun:
@@ -396,6 +445,7 @@ class SharePointSource(ConfiguredSource):
         if not full:
             tree = dict(p.split(">", 1) for p in (self.states.get(f"tree:{drive.id}") or FetchState()).urls
                         if ">" in p)
+        before = dict(tree)
         for item_id, item in items.items():
             if "root" in item:
                 drive.scope_id = drive.scope_id or item_id
@@ -406,14 +456,22 @@ class SharePointSource(ConfiguredSource):
                 else:
                     tree[item_id] = str((item.get("parentReference") or {}).get("id") or "")
 
-        def in_scope(parent: str) -> bool:
+        def in_scope(parent: str, folders: dict[str, str] = tree) -> bool:
             for _ in range(MAX_DEPTH):
                 if parent == drive.scope_id:
                     return True
-                if parent not in tree:
+                if parent not in folders:
                     return False
-                parent = tree[parent]
+                parent = folders[parent]
             return False
+
+        if not full:
+            # Delta names a moved folder, not what is in it: a folder that came into the scope has its
+            # files listed now, so that they are indexed (with their permissions) in this run.
+            arrived = [i for i, item in items.items() if "folder" in item and "deleted" not in item
+                       and "root" not in item and in_scope(i) and not (i in before and in_scope(i, before))]
+            for folder_id in arrived:
+                await self._children(drive, folder_id, items, tree)
 
         mentioned: set[str] = set()
         for item_id, item in items.items():
@@ -440,6 +498,27 @@ class SharePointSource(ConfiguredSource):
         self.updated_states[f"tree:{drive.id}"] = FetchState(urls=[f"{k}>{v}" for k, v in tree.items()])
         return run
 
+    async def _children(self, drive: Drive, folder_id: str, items: dict[str, dict[str, Any]],
+                        tree: dict[str, str]) -> None:
+        """Everything under the folder ``folder_id``, into ``items`` (what delta named stands) and ``tree``.
+        Graph's delta starts only at a drive's root in SharePoint and OneDrive for Business, so the folder's
+        children are listed, folder by folder."""
+        assert self.client is not None
+        todo, seen = [folder_id], {folder_id}
+        while todo:
+            parent = todo.pop()
+            async for page in self.client.pages(f"v1.0/drives/{drive.id}/items/{parent}/children"):
+                for child in page.get("value") or []:
+                    if not isinstance(child, dict) or not child.get("id"):
+                        continue
+                    child_id = str(child["id"])
+                    child.setdefault("parentReference", {}).setdefault("id", parent)
+                    items.setdefault(child_id, child)
+                    if "folder" in child and child_id not in seen and len(seen) < self.max_documents:
+                        tree[child_id] = parent
+                        seen.add(child_id)
+                        todo.append(child_id)
+
     @staticmethod
     def _known(drive: Drive, item: dict[str, Any]) -> Known:
         author = ((item.get("createdBy") or {}).get("user") or {}).get("displayName") or ""
@@ -456,8 +535,10 @@ class SharePointSource(ConfiguredSource):
         return SourceItem(doc_id=work.doc_id, source=known.web_url, root=self.root, suffix=known.suffix,
                           name=PurePosixPath(known.name).stem, meta=meta)
 
-    def kept(self, work: Work) -> SourceItem:
+    def kept(self, work: Work | PageWork) -> SourceItem:
         """A document delta did not name: its version and its readers stand."""
+        if isinstance(work, PageWork):
+            return self._pages().kept(work)
         item = self._item(work)
         item.not_modified = True
         assert work.record is not None
@@ -486,10 +567,13 @@ class SharePointSource(ConfiguredSource):
         kept.parent, kept.name, kept.web_url = work.known.parent, work.known.name, work.known.web_url
         self.updated_states[work.doc_id] = kept.state()
 
-    async def fetch(self, work: Work, space: str) -> SourceItem:
-        """Who may read ``work``'s file, and its bytes when they changed."""
+    async def fetch(self, work: Work | PageWork, space: str) -> SourceItem:
+        """Who may read ``work``'s file, and its bytes when they changed (a page: its HTML)."""
         client = self.client
         assert client is not None
+        if isinstance(work, PageWork):
+            site_id, _ = await self._site_ref()
+            return await self._pages().fetch(site_id, work)
         item = self._item(work)
         known = work.known
         try:
