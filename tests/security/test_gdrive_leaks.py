@@ -6,7 +6,8 @@ Weaviate and the embedded store, with the local Drive (tests/fakes/gdrive.py):
 - "anyone with the link" is no grant, nor is "anyone" while the operator has not said it is public;
   a file whose permissions Drive will not list (403) is held back: readable by nobody;
 - a sharing change moves the readers without embedding anything, through the changes feed and
-  through ``kbbot refresh --permissions-only`` (no content read).
+  through ``kbbot refresh --permissions-only`` (no content read); a file edited is the one embedded
+  again, a file trashed is never cited again.
 """
 
 from __future__ import annotations
@@ -96,6 +97,24 @@ async def test_a_restricted_drive_file_never_reaches_an_audience_that_may_not_re
     run = await world.refresher.last_run("drive")
     assert "3 held back (readable by nobody)" in run.summary(), run.summary()
     assert any(HIDDEN in line for line in run.held_lines()), run.held_lines()
+
+
+async def test_an_edited_file_alone_is_read_again_and_a_trashed_one_is_never_cited_again(world):
+    """On both stores: a file edited in Drive is the one document embedded again, and its new text is
+    what answers; a file trashed is revoked."""
+    embedded = world.runtime.document_embedder.embedded_texts
+    world.drive.edit(world.files["bonus"], BONUS.replace("1,250", "1,400").encode())
+    record = await world.refresher.run("drive")
+    assert record is not None and record.ok and (record.changed, record.added, record.removed) == (1, 0, 0), record
+    assert world.runtime.document_embedder.embedded_texts > embedded, "the edited file embedded again"
+    answer = await world.ask("carol", QUESTIONS["bonus"][0])
+    assert "1,400" in answer.text and "1,250" not in answer.text, answer.text
+
+    world.drive.trash(world.files["bonus"])
+    record = await world.refresher.run("drive")
+    assert record is not None and record.ok and (record.changed, record.removed) == (0, 1), record
+    answer = await world.ask("carol", QUESTIONS["bonus"][0])
+    assert world.doc("bonus") not in {c.doc_id for c in answer.citations} and "1,400" not in answer.text
 
 
 async def test_a_sharing_change_moves_the_readers_without_embedding(world):

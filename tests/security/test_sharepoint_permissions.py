@@ -7,7 +7,8 @@ and the embedded store, with the fake Microsoft Graph (tests/fakes/graph.py) as 
 - an "anyone with the link" file is readable by nobody (held back, with its reason) unless the operator
   says such links are public;
 - a file re-shared at the source moves its readers at the next refresh, in place: the old reader no
-  longer gets it, the new one does, nothing is embedded again;
+  longer gets it, the new one does, nothing is embedded again; a file edited is the one embedded again,
+  a file deleted is never cited again;
 - a site page (Graph shows no permissions of pages) is read only by the readers the operator names
   (``sharepoint.pages.readers``); with none named it is held back, never public;
 - whatever reaches an asker (citations, ranked passages, the text) is searched for the restricted words.
@@ -108,6 +109,24 @@ async def test_a_restricted_file_never_reaches_an_audience_that_may_not_read_it(
     run = await world.refresher.last_run("service")
     assert "1 held back (readable by nobody)" in run.summary(), run.summary()
     assert any("links or apps" in line for line in run.held_lines()), run.held_lines()
+
+
+async def test_an_edited_file_alone_is_read_again_and_a_deleted_one_is_never_cited_again(world: World):
+    """On both stores: a file edited at the source is the one document embedded again, and its new text
+    is what answers; a file deleted at the source is revoked."""
+    embedded = world.runtime.document_embedder.embedded_texts
+    world.graph.edit(world.files["handbook"], HANDBOOK.replace(b"7,200", b"6,400"))
+    record = await world.refresher.run("service")
+    assert record is not None and record.ok and (record.changed, record.added, record.removed) == (1, 0, 0), record
+    assert world.runtime.document_embedder.embedded_texts > embedded, "the edited file embedded again"
+    answer = await world.ask("staff", QUESTIONS["handbook"])
+    assert "6,400" in answer.text and "7,200" not in answer.text, answer.text
+
+    world.graph.delete(world.files["handbook"])
+    record = await world.refresher.run("service")
+    assert record is not None and record.ok and (record.changed, record.removed) == (0, 1), record
+    answer = await world.ask("staff", QUESTIONS["handbook"])
+    assert world.doc("handbook") not in {c.doc_id for c in answer.citations} and "6,400" not in answer.text
 
 
 async def test_a_file_reshared_at_the_source_moves_its_readers_in_place(world: World):
