@@ -450,7 +450,7 @@ def test_graph_permissions_become_principals_and_unknown_readers_are_nobody():
     # Anyone with the link: not public unless the operator says so; the people it was sent to read it.
     assert readers.of([link_permission("anonymous", recipients=("bo@contoso.com",))], site) == (
         ["user:bo@contoso.com"], "")
-    assert SharePointReaders(anyone_links_public=True).of([link_permission("anonymous")], site) == (["public"], "")
+    assert SharePointReaders(anyone_public=True).of([link_permission("anonymous")], site) == (["public"], "")
     found, held = readers.of([link_permission("anonymous")], site)
     assert found == [] and "held back" in held
     assert readers.of([site_group("Service Members")], site)[0] == [

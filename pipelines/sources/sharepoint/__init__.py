@@ -65,7 +65,7 @@ class SharePointSettings(Section):
     #: ``permissions.principals`` (``public`` only if everyone who can reach kbbot is in the organisation).
     organization_readers: Texts = ["sharepoint:organization"]
     #: Whether an "anyone with the link" sharing link makes a file public (readable by every asker).
-    anyone_links_public: StrictBool = False
+    anyone_public: StrictBool = False
     #: SharePoint site groups (by name) -> the principals they stand for (Graph does not list their members),
     #: e.g. ``{"Handbook Members": [group:<the site's Microsoft 365 group id>]}``.
     site_groups: dict[str, list[str]] = {}
@@ -184,7 +184,7 @@ class SharePointKind:
         except MissingCredential as exc:
             missing = f"{exc}; nothing was read or revoked"
         readers = SharePointReaders(organization_readers=site.organization_readers,
-                                    anyone_links_public=site.anyone_links_public, site_groups=site.site_groups)
+                                    anyone_public=site.anyone_public, site_groups=site.site_groups)
         max_bytes = int(context.max_file_mb * 1024 * 1024) if context.max_file_mb else context.max_bytes
         return SharePointSource(entry.name, client, site=site.site, user=site.user, drives=site.drives,
                                 folder=site.folder, readers=readers, states=states,

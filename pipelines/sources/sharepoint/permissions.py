@@ -14,7 +14,7 @@ Every permission grants reading (``read``, ``write``, ``owner``: who may edit ma
   site's Microsoft 365 group), else only an asker granted that principal reads it;
 - a sharing link: "people in your organisation" gives ``organization_readers`` (an explicit principal,
   ``sharepoint:organization`` by default, never ``public``); "anyone with the link" gives ``public``
-  only when ``anyone_links_public`` is set (else nothing beyond the people it was sent to); a link for
+  only when ``anyone_public`` is set (else nothing beyond the people it was sent to); a link for
   specific people gives those people (``grantedToIdentitiesV2``);
 - applications and devices read nothing for a person.
 
@@ -49,9 +49,9 @@ class SharePointReaders:
     """``of(permissions, site_url)`` -> (principals, why held back); see the module docstring."""
 
     def __init__(self, *, organization_readers: Collection[str] = ("sharepoint:organization",),
-                 anyone_links_public: bool = False, site_groups: Mapping[str, Collection[str]] | None = None):
+                 anyone_public: bool = False, site_groups: Mapping[str, Collection[str]] | None = None):
         self.organization_readers = sorted(organization_readers)
-        self.anyone_links_public = anyone_links_public
+        self.anyone_public = anyone_public
         self.site_groups = {k.strip().lower(): sorted(v) for k, v in (site_groups or {}).items()}
 
     def login(self, login_name: str) -> list[str] | None:
@@ -109,7 +109,7 @@ class SharePointReaders:
             scope = str((permission.get("link") or {}).get("scope") or "").lower()
             if scope == "organization":
                 readers.update(self.organization_readers)
-            elif scope == "anonymous" and self.anyone_links_public:
+            elif scope == "anonymous" and self.anyone_public:
                 readers.add(PUBLIC)
             for identity in _identities(permission):
                 named = self.identity(identity, site_url)
