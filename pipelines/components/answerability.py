@@ -160,10 +160,10 @@ def unheld_intent(query: str, pool: Sequence[Document]) -> list[str]:
     words and what is one typing slip from a held term: what it asks about that retrieval found nowhere
     ("pay", "bill" in "Can I pay my electricity bill through the HL-D50 drive?"). Chinese is analysed into
     overlapping bigrams, many of which no text holds whatever it asks, so it is left to ``cover``."""
-    asked = content_terms(query)
-    # In the question's order (a set's order changes with each process's hash seed: traces would too).
+    # In the question's order (a set's order changes with each process's hash seed: traces would too);
+    # ``content_terms``' test, for the English words it keeps: not a question form.
     words = [t for t in dict.fromkeys(unigrams(query))
-             if t in asked and t.isascii() and t.isalpha() and t not in QUESTION_FRAME]
+             if t.isascii() and t.isalpha() and t not in QUESTION_FORM and t not in QUESTION_FRAME]
     if not words:
         return []
     held: set[str] = set().union(*(terms_of(d) for d in pool)) if pool else set()
