@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pipelines.records import NOBODY
 from pipelines.sections import Section
@@ -207,6 +207,22 @@ class SourceKind(Protocol):
 def named_root(kind: str, source: str) -> str:
     """The root of the documents of source ``source`` of a kind with named roots: ``urls:docs``."""
     return f"{kind}:{source}"
+
+
+class NamedRootSource(ConfiguredSource):
+    """A ``ConfiguredSource`` whose documents all sit under one root, ``named_root(KIND, name)``
+    (Confluence, SharePoint, Google Drive)."""
+
+    KIND: ClassVar[str]
+    name: str
+
+    @property
+    def root(self) -> str:
+        return named_root(self.KIND, self.name)
+
+    @property
+    def roots(self) -> list[str]:
+        return [self.root]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pipelines.records import INDEX_FORMAT, PUBLIC, content_hash
 from pipelines.sources.confluence.client import PAGE_SIZE, ConfluenceClient, ConfluenceError, Gone
 from pipelines.sources.confluence.permissions import ConfluencePermissions, ReadersUnknown
 from pipelines.sources.fetcher import FetchState
-from pipelines.sources.kind import ConfiguredSource, SourceItem, named_root
+from pipelines.sources.kind import NamedRootSource, SourceItem
 from pipelines.store import DocRecord
 
 log = logging.getLogger("pipelines.sources.confluence")
@@ -138,9 +138,11 @@ class _ConfluenceScan:
             yield self._item(entry)
 
 
-class ConfluenceSource(ConfiguredSource):
+class ConfluenceSource(NamedRootSource):
     """The pages (and attachments) of ``spaces`` or of ``cql`` on one Confluence site; ``root``
     (``confluence:<name>``) scopes revocation to it."""
+
+    KIND = "confluence"
 
     def __init__(self, name: str, client: ConfluenceClient | None, *, spaces: list[str] | None = None,
                  cql: str | None = None, attachments: bool = True, states: dict[str, FetchState] | None = None,
@@ -165,14 +167,6 @@ class ConfluenceSource(ConfiguredSource):
                             if permissions and client else None)
         #: Set by a permissions-only refresh: no body is read, only who may read each document.
         self.permissions_only = False
-
-    @property
-    def root(self) -> str:
-        return named_root("confluence", self.name)
-
-    @property
-    def roots(self) -> list[str]:
-        return [self.root]
 
     def close(self) -> None:
         if self.client is not None:

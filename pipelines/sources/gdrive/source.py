@@ -15,7 +15,7 @@ from pipelines.records import INDEX_FORMAT, NOBODY, content_hash
 from pipelines.sources.fetcher import FetchState
 from pipelines.sources.gdrive.client import ApiError, CredentialsRefused, DriveClient, DriveError, Gone, RateLimited
 from pipelines.sources.gdrive.permissions import DrivePermissions, ReadersUnknown
-from pipelines.sources.kind import ConfiguredSource, SourceItem, named_root
+from pipelines.sources.kind import NamedRootSource, SourceItem
 from pipelines.store import DocRecord
 
 log = logging.getLogger("pipelines.sources.gdrive")
@@ -96,9 +96,11 @@ class DeadToken(DriveError):
     """Drive no longer accepts the saved page token."""
 
 
-class DriveSource(ConfiguredSource):
+class DriveSource(NamedRootSource):
     """The files under ``folder`` (in shared drive ``drive``, if set); ``root`` (``gdrive:<name>``)
     scopes revocation to it."""
+
+    KIND = "gdrive"
 
     def __init__(self, name: str, client: DriveClient | None, *, folder: str, drive: str | None = None,
                  states: dict[str, FetchState] | None = None, extensions: Collection[str] = (),
@@ -118,14 +120,6 @@ class DriveSource(ConfiguredSource):
         self.missing = missing
         #: Set by a permissions-only refresh: no content is read, no change followed.
         self.permissions_only = False
-
-    @property
-    def root(self) -> str:
-        return named_root("gdrive", self.name)
-
-    @property
-    def roots(self) -> list[str]:
-        return [self.root]
 
     @property
     def folder_link(self) -> str:

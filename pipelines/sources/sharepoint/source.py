@@ -39,7 +39,7 @@ from urllib.parse import quote, urlsplit
 
 from pipelines.records import INDEX_FORMAT, content_hash
 from pipelines.sources.fetcher import FetchState
-from pipelines.sources.kind import ConfiguredSource, SourceItem, named_root
+from pipelines.sources.kind import NamedRootSource, SourceItem
 from pipelines.sources.sharepoint.client import (
     DeltaExpired,
     GraphClient,
@@ -176,9 +176,11 @@ class _SharePointScan:
         return src.run(all_of())
 
 
-class SharePointSource(ConfiguredSource):
+class SharePointSource(NamedRootSource):
     """The files of some drives of one SharePoint site (or one user's OneDrive); ``root``
     (``sharepoint:<name>``) scopes revocation to it. See the module docstring."""
+
+    KIND = "sharepoint"
 
     def __init__(self, name: str, client: GraphClient | None, *, site: str | None = None, user: str | None = None,
                  drives: list[str] | None = None, folder: str = "", readers: SharePointReaders | None = None,
@@ -209,14 +211,6 @@ class SharePointSource(ConfiguredSource):
         self._site: tuple[str, str] | None = None  # the site's Graph id and web URL, once known
 
     # --- the contract ---------------------------------------------------------------------------------
-    @property
-    def root(self) -> str:
-        return named_root("sharepoint", self.name)
-
-    @property
-    def roots(self) -> list[str]:
-        return [self.root]
-
     @property
     def listed_completely(self) -> bool:
         return self._complete
