@@ -9,7 +9,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.ports import free_port
 
 DOCKERFILE = REPO / "Dockerfile"
 COMPOSE = REPO / "compose.yaml"
@@ -57,12 +57,6 @@ def image_env(stage: list[tuple[str, str]]) -> dict[str, str]:
                 key, _, value = pair.partition("=")
                 env[key] = value
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_image_runs_as_a_user_on_locked_dependencies_with_the_model_inside():

@@ -34,6 +34,7 @@ from bot.state.redis import (
     connect_redis,
     redact_url,
 )
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -51,12 +52,6 @@ def turn(question: str, answer: str) -> list[ChatMessage]:
 
 def texts(messages: list[ChatMessage]) -> list[tuple[str, str | None]]:
     return [(m.role.value, m.text) for m in messages]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ shared one the other tests use is left alone)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
 from tests.conftest import REPO, make_settings
+from tests.ports import free_port
 from tests.replies import RecordingReply
 
 SERVICES = REPO / "scripts" / "services.sh"
@@ -20,25 +20,9 @@ pytestmark = pytest.mark.skipif(not (os.environ.get("WEAVIATE_URL") and os.envir
                                 reason="WEAVIATE_URL and REDIS_URL are not set (make test builds and starts Weaviate)")
 
 
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (Weaviate's gossip/data and raft/rpc ports come in pairs)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65000:
-            with socket.socket() as s2:
-                try:
-                    s2.bind(("127.0.0.1", port + 1))
-                    return port
-                except OSError:
-                    continue
-    raise RuntimeError("no free port pair")
-
-
 @pytest.fixture
 def private_weaviate(tmp_path: Path):
-    http, grpc, gossip, raft = free_port_pair(), free_port_pair(), free_port_pair(), free_port_pair()
+    http, grpc, gossip, raft = free_port(2), free_port(2), free_port(2), free_port(2)
     env = {k: v for k, v in os.environ.items() if k not in ("WEAVIATE_URL", "WEAVIATE_GRPC_PORT")}
     # Written as another host name, the shared Redis is "external" to this private start: the
     # script checks it answers and starts no Redis of its own.

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from slack_sdk.signature import SignatureVerifier
 
 from tests.conftest import REPO
 from tests.fakes.slack_server import FakeSlack
+from tests.ports import free_port
 
 SECRET = "s" * 32
 TEAM, BOT = "T0KBBOT", "UKBBOT"
 _ts = itertools.count(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_s: float,

@@ -23,16 +23,11 @@ from bot.settings import SettingsError
 from bot.state.redis import RedisUnavailable, connect_redis
 from pipelines.store import open_store
 from tests.conftest import make_settings
+from tests.ports import free_port
 
 WEAVIATE_URL = os.environ.get("WEAVIATE_URL")
 PASSWORD = "s3cret-Pa55"
 needs_weaviate = pytest.mark.skipif(not WEAVIATE_URL, reason="WEAVIATE_URL is not set (make test starts Weaviate)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -132,16 +127,6 @@ async def test_healthz_says_up_or_down_without_addresses_and_status_hides_passwo
         await runtime.close()
 
 
-def _free_pair() -> int:
-    """A port p with p + 1 free as well (Weaviate's gossip/data and raft/RPC pairs)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port + 1)) != 0:
-                return port
-    raise RuntimeError("no two adjacent free ports")
-
-
 @pytest.fixture
 def weaviate_with_api_key(tmp_path: Path) -> Iterator[tuple[str, int, str]]:
     """A second Weaviate of this test's own that admits only an API key: (url, grpc port, key)."""
@@ -151,8 +136,8 @@ def weaviate_with_api_key(tmp_path: Path) -> Iterator[tuple[str, int, str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("WEAVIATE_URL", "WEAVIATE_GRPC_PORT", "REDIS_URL")}
     http, grpc = free_port(), free_port()
     env.update(KBBOT_STATE_DIR=str(tmp_path / "state"), KBBOT_WEAVIATE_PORT=str(http),
-               KBBOT_WEAVIATE_GRPC_PORT=str(grpc), KBBOT_WEAVIATE_GOSSIP_PORT=str(_free_pair()),
-               KBBOT_WEAVIATE_RAFT_PORT=str(_free_pair()), KBBOT_REDIS_PORT=str(free_port()),
+               KBBOT_WEAVIATE_GRPC_PORT=str(grpc), KBBOT_WEAVIATE_GOSSIP_PORT=str(free_port(2)),
+               KBBOT_WEAVIATE_RAFT_PORT=str(free_port(2)), KBBOT_REDIS_PORT=str(free_port()),
                AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="false", AUTHENTICATION_APIKEY_ENABLED="true",
                AUTHENTICATION_APIKEY_ALLOWED_KEYS=key, AUTHENTICATION_APIKEY_USERS="kbbot")
     script = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"

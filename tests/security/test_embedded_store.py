@@ -25,8 +25,8 @@ import yaml
 
 from adapters.cli import embedded_store_held, main
 from adapters.platforms import load_settings
-from tests.cluster.replicas import free_port
 from tests.conftest import REPO
+from tests.ports import free_port
 
 TOKEN = "embedded-store-token"
 QUESTION = "Which pay scale are HL-M300 technicians paid on?"
