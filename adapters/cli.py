@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import os
 import sys
 import time
 import uuid
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from adapters.answer_eval import run_answer_eval
 from adapters.console.platform import ConsoleReply, console_inquiry
 from adapters.platforms import load_settings
+from adapters.workers import Worker, supervise, worker_count
 from bot.knowledge.insights.report import format_report, report_of
 from bot.knowledge.refresh import RefreshBusy, UnknownSource
 from bot.knowledge.status import format_status
@@ -423,6 +425,8 @@ def parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="run the chat adapters and HTTP endpoints (KBBOT_PORT, default 3000)")
     srv.add_argument("--port", type=int, help="HTTP port (default: $KBBOT_PORT or 3000)")
+    srv.add_argument("--workers", type=int, help="serving processes behind the port (default: $KBBOT_WORKERS, else "
+                                                 "the usable cores with Redis and Weaviate, else 1)")
 
     ev = sub.add_parser("eval", help="score retrieval on a dataset folder (corpus.jsonl, queries.jsonl)")
     ev.add_argument("dataset")
@@ -448,7 +452,8 @@ def run_store_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "serve":
         from adapters.server import run_serve  # Slack and Telegram SDKs: heavy, and only `serve` needs them
 
-        ensure_indexed(runtime)
+        if Worker.from_env().first:  # the others serve what worker 0 indexed
+            ensure_indexed(runtime)
         return run_serve(runtime, port=args.port)
     try:
         if args.command == "index" and args.paths:
@@ -457,6 +462,13 @@ def run_store_command(settings: Settings, args: argparse.Namespace) -> int:
                            permissions_only=getattr(args, "permissions_only", False))
     finally:
         runtime.store.close()
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """What each worker of ``serve --workers`` runs: this ``serve`` with the same options (the port comes as
+    ``KBBOT_PORT``)."""
+    return [*(["--verbose"] if args.verbose else []), *(["--config", args.config] if args.config else []),
+            *(["--log-format", args.log_format] if args.log_format else []), "serve"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_reindex(settings)
         if args.command == "status":
             return run_status(settings, args.json)
+        if args.command == "serve" and Worker.from_env().alone:
+            count = worker_count(args.workers, settings)
+            if count > 1:
+                from adapters.server import port_from
+
+                return supervise(worker_argv(args), count, args.port or port_from(os.environ))
         if args.command in ("index", "refresh", "serve"):
             with embedded_store_held(settings, args.command):
                 return run_store_command(settings, args)

@@ -1,4 +1,5 @@
-"""``kbbot serve``: one asyncio process, one HTTP server, every configured platform.
+"""``kbbot serve``: one asyncio process, one HTTP server, every configured platform; ``serve --workers N``
+runs N of them behind one port (``adapters.workers``).
 
 The refresh scheduler (``bot.knowledge.scheduler``) runs every configured source on its schedule in the same
 event loop (the refreshes themselves in a worker thread). The platforms are the registry's
@@ -30,6 +31,7 @@ from aiohttp import web
 from adapters.insights import mount_admin, start_digest, start_follow_ups
 from adapters.platforms import build_platforms
 from adapters.web_guard import GuardedRunner, max_body_bytes, middlewares
+from adapters.workers import Worker
 from bot.delivery.pending import RecoveryLoop
 from bot.errors import SettingsError
 from bot.knowledge.loop.golden import golden_results
@@ -116,9 +118,10 @@ def _detail_refusal(request: web.Request, runtime: Any) -> web.Response | None:
 
 
 def build_web_app(adapters: Iterable[Platform], runtime: Any = None, scheduler: Any = None,
-                  metrics: Metrics | None = None) -> web.Application:
+                  metrics: Metrics | None = None, worker: Worker | None = None) -> web.Application:
     """The one web app: ``/healthz``, ``/metrics`` and the adapters' routes, behind the server's
-    guards (``adapters.web_guard``; ``server:`` settings of ``runtime``, else the defaults)."""
+    guards (``adapters.web_guard``; ``server:`` settings of ``runtime``, else the defaults). ``/healthz``
+    names the ``worker`` that answered when there are several."""
     settings = runtime.settings if runtime is not None else None
     app = web.Application(middlewares=middlewares(settings.server if settings else ServerSettings()),
                           client_max_size=max_body_bytes(settings.api.max_body_kb if settings else None))
@@ -128,6 +131,8 @@ def build_web_app(adapters: Iterable[Platform], runtime: Any = None, scheduler: 
         if detail and (refusal := _detail_refusal(request, runtime)) is not None:
             return refusal
         status, body = await health_report(adapters, runtime, scheduler, detail=detail)
+        if worker is not None and not worker.alone:
+            body["worker"] = {"index": worker.index, "of": worker.count, "pid": os.getpid()}
         return web.json_response(body, status=status)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -160,6 +165,8 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     env = os.environ if env is None else env
     port = port_from(env) if port is None else port
     stop = stop or asyncio.Event()
+    worker = Worker.from_env(env)
+    schedule = schedule and worker.first  # once per host (adapters.workers)
     await runtime.start()
     # Before it listens: the first question after a (re)start would pay the model clients, the store's
     # first query and the embedding model's first inference.
@@ -177,16 +184,17 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
     if not adapters:
         log.warning("no way in is configured (set SLACK_BOT_TOKEN, TELEGRAM_BOT_TOKEN or KBBOT_API_TOKEN); "
                     "serving /healthz only")
-    web_app = build_web_app(adapters, runtime, scheduler)
+    web_app = build_web_app(adapters, runtime, scheduler, worker=worker)
     admin_site = mount_admin(web_app, runtime, knowledge)
     runner = GuardedRunner(web_app, runtime.settings.server, access_log=None)
     await runner.setup()
     digest = None
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=not worker.alone or None)
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else port
-        log.info("kbbot serving on %s:%d (%s)", host, port, ", ".join(a.name for a in adapters) or "no adapters")
+        log.info("kbbot serving on %s:%d (%s)%s", host, port, ", ".join(a.name for a in adapters) or "no adapters",
+                 "" if worker.alone else f", worker {worker.index} of {worker.count}")
         if on_listening is not None:
             on_listening(port)
         for adapter in adapters:
@@ -194,7 +202,7 @@ async def serve(runtime: Any, *, env: Mapping[str, str] | None = None, host: str
         if scheduler is not None:
             await scheduler.start()
         recovery.start()
-        digest = start_digest(runtime, adapters)
+        digest = start_digest(runtime, adapters) if worker.first else None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -108,6 +108,8 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, masker: SecretMasker | None = None):
         super().__init__()
         self.masker = masker or SecretMasker()
+        #: Which of ``serve --workers`` wrote the line (``adapters.workers``), when there are several.
+        self.worker = os.environ.get("KBBOT_WORKER")
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -116,6 +118,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.worker is not None:
+            entry["worker"] = int(self.worker)
         if getattr(record, "turn_id", None):
             entry["turn_id"] = record.turn_id
         for key, value in vars(record).items():
@@ -134,7 +138,8 @@ class TextFormatter(logging.Formatter):
     """``time level logger [turn]: message``, secrets masked."""
 
     def __init__(self, masker: SecretMasker | None = None):
-        super().__init__("%(asctime)s %(levelname)s %(name)s%(turn)s: %(message)s")
+        worker = os.environ.get("KBBOT_WORKER")
+        super().__init__("%(asctime)s %(levelname)s " + (f"w{worker} " if worker else "") + "%(name)s%(turn)s: %(message)s")
         self.masker = masker or SecretMasker()
 
     def format(self, record: logging.LogRecord) -> str:

@@ -19,9 +19,10 @@ def build(runtime: Any, conversations: Any) -> TelegramAdapter | None:
     from adapters.telegram.platform import TelegramAdapter
     from adapters.telegram.reply import make_rates
     from adapters.telegram.session import instrument
+    from adapters.workers import Worker
 
     s.telegram.check_serving()
     platform = TelegramAdapter(conversations, s.telegram, rates=make_rates(s.telegram, runtime.redis, s.redis_prefix),
-                               digest_to=s.telegram.digest_to or "")
+                               digest_to=s.telegram.digest_to or "", worker=Worker.from_env())
     instrument(platform.bot)
     return platform

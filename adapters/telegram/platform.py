@@ -64,7 +64,7 @@ from adapters.telegram.reply import (
     make_rates,
     take_send_budget,
 )
-from adapters.telegram.session import TelegramWebhook
+from adapters.telegram.session import HandOn, TelegramWebhook
 from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import (
     APPROVE_PREFIX,
@@ -79,6 +79,7 @@ from adapters.telegram.text import (
     review_row,
     user_language,
 )
+from adapters.workers import HANDED_PATH, Worker
 from bot.conversation import AdminStatus, Conversations, ReviewStatus
 from bot.delivery.gate import Access, Delivery
 from bot.delivery.pending import PendingTurn
@@ -109,9 +110,12 @@ class TelegramAdapter:
     name = "telegram"
 
     def __init__(self, conversations: Conversations, settings: TelegramSettings, *, bot: Bot | None = None,
-                 rates: PlatformRates | None = None, digest_to: str = ""):
+                 rates: PlatformRates | None = None, digest_to: str = "", worker: Worker | None = None):
         self.conversations = conversations
         self.settings = settings
+        #: Under ``serve --workers``, worker 0 alone polls and hands the updates on (``adapters.workers``).
+        self.worker = worker or Worker()
+        self._hand_on: HandOn | None = None
         self.reviewers = Reviewers("", list(settings.reviewers))
         self.digest_to = digest_to
         self.rates = rates or make_rates(settings)
@@ -169,23 +173,33 @@ class TelegramAdapter:
 
     # --- serving ------------------------------------------------------------------------------------
     def mount(self, web_app: web.Application) -> None:
-        if not self.settings.webhook_mode:
+        if self.settings.webhook_mode:
+            secret, path = reveal(self.settings.webhook_secret) or None, self.settings.webhook_path
+        elif not self.worker.alone:
+            secret, path = self.worker.secret, HANDED_PATH
+        else:
             return
-
-        secret = reveal(self.settings.webhook_secret) or None
         TelegramWebhook(dispatcher=self.dp, bot=self.bot, secret_token=secret,
-                        handle_in_background=False).register(web_app, path=self.settings.webhook_path)
+                        handle_in_background=False).register(web_app, path=path)
 
     async def start(self) -> None:
         me = await self.bot.me()
         self.username = me.username
+        if not self.worker.first:
+            log.info("Telegram: @%s taking the updates worker 0 receives", self.username)
+            return
         if self.settings.webhook_mode:
             await self.bot.set_webhook(self.settings.webhook_url or "",
                                        secret_token=reveal(self.settings.webhook_secret) or None, allowed_updates=UPDATES)
             log.info("Telegram: @%s receiving updates at %s", self.username, self.settings.webhook_path)
             return
         await self.bot.delete_webhook(drop_pending_updates=False)
-        self._polling = asyncio.create_task(self.dp.start_polling(
+        polling = self.dp
+        if not self.worker.alone:
+            self._hand_on = HandOn(self.worker.port, HANDED_PATH, self.worker.secret,
+                                   lambda update: self.dp.feed_update(self.bot, update))
+            polling = self._hand_on.dispatcher
+        self._polling = asyncio.create_task(polling.start_polling(
             self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False, handle_as_tasks=False,
             close_bot_session=False, allowed_updates=UPDATES), name="telegram polling")
         log.info("Telegram: @%s long polling", self.username)
@@ -194,12 +208,14 @@ class TelegramAdapter:
         if self._polling is not None:
             if not self._polling.done():
                 try:
-                    await self.dp.stop_polling()
+                    await (self._hand_on.dispatcher if self._hand_on else self.dp).stop_polling()
                 except RuntimeError:  # polling had not started yet
                     self._polling.cancel()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):  # best effort
                 await asyncio.wait_for(self._polling, timeout=5)
             self._polling = None
+        if self._hand_on is not None:
+            await self._hand_on.close()
         await self.drain(timeout_s)
         await self.bot.session.close()
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiogram import Bot
+from aiogram import Bot, Dispatcher
 from aiogram.exceptions import TelegramNetworkError, TelegramRetryAfter, TelegramServerError
+from aiogram.types import Update
 from aiogram.webhook.aiohttp_server import SimpleRequestHandler
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from bot.metrics import METRICS, Metrics
 
@@ -102,3 +104,40 @@ def instrument(bot: Bot) -> None:
     """Retry the Bot API's 5xx and count every call (the retry outermost: each attempt is counted)."""
     bot.session.middleware(TelegramServerErrorRetry())
     bot.session.middleware(TelegramApiMetrics())
+
+
+class HandOn:
+    """Worker 0's polling under ``serve --workers`` (``adapters.workers``): each update polled goes to one of
+    the workers through the port they share, a new connection each so that the kernel picks the worker,
+    and the polling offset moves on once that worker's webhook handler returned, as for Telegram's own
+    webhook. An update no worker takes (the port refuses while workers restart) is handled here."""
+
+    def __init__(self, port: int, path: str, secret: str, here: Callable[[Update], Awaitable[Any]]):
+        self.url = f"http://127.0.0.1:{port}{path}"
+        self.secret = secret
+        self.here = here
+        self.dispatcher = Dispatcher()
+        self.dispatcher.update.outer_middleware(self._hand_on)
+        self._session: ClientSession | None = None
+
+    async def _hand_on(self, _handler: Any, update: Update, _data: dict[str, Any]) -> Any:
+        if self._session is None:
+            self._session = ClientSession(connector=TCPConnector(force_close=True),
+                                          timeout=ClientTimeout(total=60))
+        body = update.model_dump_json(exclude_unset=True, by_alias=True)
+        try:
+            async with self._session.post(self.url, data=body, headers={
+                    "Content-Type": "application/json", "X-Telegram-Bot-Api-Secret-Token": self.secret}) as resp:
+                if resp.status == 200:
+                    return None
+                log.warning("Telegram: a worker answered %d to update %d; handling it here", resp.status,
+                            update.update_id)
+        except (ClientError, TimeoutError) as exc:
+            log.warning("Telegram: no worker took update %d (%s); handling it here", update.update_id,
+                        type(exc).__name__)
+        return await self.here(update)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -48,8 +48,11 @@ def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_
 
 
 class Replica:
-    def __init__(self, n: int, env: dict[str, str], log: Path):
+    """A ``kbbot serve`` on a port of its own; with ``workers``, ``serve --workers`` (``adapters.workers``)."""
+
+    def __init__(self, n: int, env: dict[str, str], log: Path, workers: int | None = None):
         self.n = n
+        self.command = [sys.executable, "-m", "adapters.cli", "serve", *(["--workers", str(workers)] if workers else [])]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -57,7 +60,7 @@ class Replica:
         self._env = {**env, "KBBOT_PORT": str(self.port)}
         #: Passed its health check since it last started: what a load balancer's readiness check sends to.
         self.ready = False
-        self.process = subprocess.Popen([sys.executable, "-m", "adapters.cli", "serve"], cwd=REPO, env=self._env,
+        self.process = subprocess.Popen(self.command, cwd=REPO, env=self._env,
                                         stdout=self._out, stderr=subprocess.STDOUT)
 
     def lines(self) -> list[dict[str, Any]]:
@@ -73,7 +76,7 @@ class Replica:
         self._out.close()
         self._out = self.log.open("a")
         self.ready = False
-        self.process = subprocess.Popen([sys.executable, "-m", "adapters.cli", "serve"], cwd=REPO, env=self._env,
+        self.process = subprocess.Popen(self.command, cwd=REPO, env=self._env,
                                         stdout=self._out, stderr=subprocess.STDOUT)
 
     def rss_mb(self) -> float | None:
