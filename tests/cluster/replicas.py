@@ -151,7 +151,10 @@ def serve_env(tmp: Path, *, config: Path, slack: FakeSlack, model_url: str) -> d
             "REDIS_URL": os.environ["REDIS_URL"], "WEAVIATE_URL": os.environ["WEAVIATE_URL"],
             "WEAVIATE_GRPC_PORT": os.environ.get("WEAVIATE_GRPC_PORT", "50051"),
             "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": model_url,
-            "SLACK_BOT_TOKEN": slack.token, "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.base_url}
+            "SLACK_BOT_TOKEN": slack.token, "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.base_url,
+            # A replica is one process here (serve would start one per core with Redis and Weaviate):
+            # the replicas are what these runs count; ``Replica(workers=N)`` asks for workers.
+            "KBBOT_WORKERS": "1"}
 
 
 async def refresh_once(env: dict[str, str], data_dir: Path) -> None:
