@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import pytest
 from adapters.workers import Worker, worker_count
 from bot.errors import SettingsError
 from bot.turn.capacity import usable_cores
-from tests.cluster.replicas import Replica, refresh_once, serve_env, wait_for, write_config
+from tests.cluster.replicas import Replica, refresh_once, serve_env, wait_for, workers_seen, write_config
 from tests.conftest import EXAMPLES
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.slack_server import FakeSlack
@@ -49,26 +48,6 @@ def test_a_host_runs_a_worker_per_usable_core_only_when_the_workers_share_their_
     # A worker itself never supervises: it reads its place, not a count.
     assert Worker.from_env({"KBBOT_WORKERS": "2", "KBBOT_WORKER": "1", "KBBOT_PORT": "3100"}) == Worker(1, 2, "", 3100)
     assert Worker.from_env({}).alone and Worker.from_env({}).first
-
-
-async def workers_seen(port: int, want: int, timeout_s: float = 240) -> dict[int, int]:
-    """worker index -> pid, from /healthz over new connections (each may reach another worker)."""
-    seen: dict[int, int] = {}
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        while len(seen) < want:
-            assert time.monotonic() < deadline, f"only workers {seen} answered within {timeout_s} s"
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/healthz",
-                                       timeout=aiohttp.ClientTimeout(total=5)) as response:
-                    worker = (await response.json()).get("worker")
-                    if response.status == 200 and worker:
-                        assert worker["of"] == want
-                        seen[worker["index"]] = worker["pid"]
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.05 if seen else 0.5)
-    return seen
 
 
 def finals(fake: FakeTelegram, chat_id: int) -> list[Any]:

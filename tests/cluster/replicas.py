@@ -144,6 +144,26 @@ async def wait_for(condition, timeout_s: float, what: str) -> float:
 
 
 
+async def workers_seen(port: int, want: int, timeout_s: float = 240) -> dict[int, int]:
+    """worker index -> pid, from /healthz over new connections (each may reach another worker)."""
+    seen: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        while len(seen) < want:
+            assert time.monotonic() < deadline, f"only workers {seen} answered within {timeout_s} s"
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/healthz",
+                                       timeout=aiohttp.ClientTimeout(total=5)) as response:
+                    worker = (await response.json()).get("worker")
+                    if response.status == 200 and worker:
+                        assert worker["of"] == want
+                        seen[worker["index"]] = worker["pid"]
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.05 if seen else 0.5)
+    return seen
+
+
 def serve_env(tmp: Path, *, config: Path, slack: FakeSlack, model_url: str) -> dict[str, str]:
     """What each replica runs with: this run's settings, the services of the environment, the fakes."""
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp)),
