@@ -62,6 +62,10 @@ def write_settings(folder: Path, collection: str, prefix: str, turn_timeout_s: f
     raw["answering"]["turn_timeout_s"] = turn_timeout_s
     raw["slack"].update(stream_interval_s=1.0, edit_interval_s=1.2)
     raw["telegram"].update(stream_mode="edit", edit_interval_s=1.0)
+    # Indexed once before the runs: no refresh of the source may start in a server during its burst.
+    raw["sources"] = []
+    # Slack delivers from many addresses; here every event comes from this one.
+    raw["server"]["max_connections_per_client"] = 1000
     path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
     return path
 

@@ -444,10 +444,12 @@ async def test_answers_beyond_the_stream_budget_are_posted_at_once_not_queued(cl
     assert not [c for c in fake_slack.calls if c.status == 429]
 
 
-async def test_with_the_streaming_and_editing_tiers_spent_answers_are_posted_whole_not_timed_out(claude, fake_slack):
+async def test_with_the_streaming_and_editing_tiers_spent_answers_show_their_first_sentences_then_the_rest(
+        claude, fake_slack):
     """The workspace's chat.startStream, chat.stopStream and chat.update are spent for a minute (as at 120
     answers a minute under Slack's tiers): no answer shows text it could end only by waiting for them.
-    Each is posted whole with one chat.postMessage (a per-channel budget) while its acknowledgement shows."""
+    Each shows its first checked sentences as a message of their own and the rest as the final message,
+    each with one chat.postMessage (a per-channel budget), never edited (issue 44)."""
     model, runtime = claude
     model.responder = lambda req: Script(steps(req, 12), tokens_per_second=150)
     rates = busy_channel_rates(chat_startStream=Rate(1, burst=1), chat_stopStream=Rate(1, burst=1),
@@ -460,10 +462,13 @@ async def test_with_the_streaming_and_editing_tiers_spent_answers_are_posted_who
             await slack.send(mention, settle=False)
         await asyncio.wait_for(slack.adapter.settle(), 20)  # a token of these tiers frees only after 60 s
     assert len(slack.turns) == 3 and all(t.answer.outcome is Outcome.ANSWERED for t in slack.turns)
+    answer = neutralise(slack.turns[0].answer.text)
     for mention in mentions:
-        [message] = slack.thread(mention)
-        assert message.body == neutralise(slack.turns[0].answer.text) and sources_text(message)
-        assert [m for m, _ in message.changes] == ["chat.postMessage"], "one post, the whole answer"
+        first, final = slack.thread(mention)
+        assert first.body.strip() and answer.startswith(first.body.strip()) and len(first.body) < len(answer) / 2
+        assert "".join((first.body + final.body).split()) == "".join(answer.split()), "the answer once, in two"
+        assert not sources_text(first) and sources_text(final), "the sources and buttons end the answer"
+        assert [m for m, _ in first.changes] == [m for m, _ in final.changes] == ["chat.postMessage"]
         assert acknowledgements(fake_slack, mention["channel"], mention["ts"]), "acknowledged meanwhile"
     assert not fake_slack.calls_to("chat.update") and not fake_slack.calls_to("chat.startStream")
 

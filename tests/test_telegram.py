@@ -258,6 +258,30 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
         await bot.session.close()
 
 
+async def test_a_first_text_ready_while_its_typing_still_waits_stands_in_for_it(fake_tg):
+    """In a burst the bot's 30 calls a second run out: a question's first "typing" may still wait for
+    the budget when its first text is ready. The text is then the acknowledgement: the typing is not
+    sent after it (it would only use a call another chat waits for)."""
+    from adapters.telegram.reply import BOT_SEND, TelegramChat, TelegramMessages, make_bot, make_rates
+    from adapters.telegram.text import render
+
+    settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url)
+    rates = make_rates(settings)
+    await rates.hold("bot", BOT_SEND, 1.0)  # flood control: nothing goes for a second
+    bot = make_bot(settings)
+    reply = TelegramMessages(bot, TelegramChat(7000001, 9003, 9003, private=True), settings, rates, draft=False)
+    reply.ACK_WAIT_S = 0.2
+    try:
+        await reply.acknowledge()  # the turn's work goes on after the wait; its typing still waits
+        assert not fake_tg.calls_to("sendChatAction")
+        await reply.post(render("Regrease the bearings every 3,000 hours [1]."))
+        await asyncio.sleep(1.2)  # the budget is back: a typing still in line would have gone by now
+    finally:
+        reply._stop_typing()
+        await bot.session.close()
+    assert [c.method for c in fake_tg.calls if c.args.get("chat_id") in (9003, "9003")] == ["sendMessage"]
+
+
 async def test_a_refused_reaction_costs_the_answer_nothing(claude, fake_tg):
     model, runtime = claude
     model.responder = lambda req: Script(streamed(req), tokens_per_second=120)

@@ -184,6 +184,10 @@ class SlackMessages:
         #: postMessage for want of a stream start may still finish in a stream of its own.
         self.streams_allowed = native
         self._stream_final = False  # the final text opens a stream of its own (start + stop prepaid)
+        #: "" until the first text; "granted" / "posted": with the workspace's stream and edit tiers spent,
+        #: the first checked sentences go as a message of their own (the channel's chat.postMessage
+        #: budget, only a token nobody waits for) and the rest follows as the final message.
+        self._early = ""
         #: ``budget.clock()`` when the final text was handed over (``expect_final``), and how many
         #: messages it still needs: the order in which waiting answers get the budget.
         self.final_at: float | None = None
@@ -234,16 +238,20 @@ class SlackMessages:
         The first text opens a stream when a ``chat.startStream`` and a ``chat.stopStream`` token are
         both free now (the stop is kept for the final text), else this answer switches to edit mode
         and posts its first text only with a ``chat.update`` token to keep for the final; with neither,
-        nothing is shown until the final text, posted whole with ``chat.postMessage`` (limited per
-        channel, not per workspace), the acknowledgement showing meanwhile. So when the workspace's
-        streaming and editing tiers are spent, answers still end without waiting for them.
+        its first checked sentences are posted as a message of their own with a ``chat.postMessage``
+        token of the channel that nobody waits for (limited per channel, not per workspace; never
+        edited), and the rest of the answer follows as the final message with the sources and buttons;
+        without that token either, nothing is shown until the final text, posted whole, the
+        acknowledgement showing meanwhile. So when the workspace's streaming and editing tiers are
+        spent, answers still show their first text soon and end without waiting for those tiers
+        (issue 44).
 
         Waiting callers are served by ``priority()``: in a busy channel a complete answer is posted
         before anyone's first text, and among complete answers the one needing the fewest messages,
         then the earliest complete. An intermediate state is sent only with a token to spare
         (``False``: not now), so finals never wait behind them.
         """
-        if self.diverged and not final:
+        if (self.diverged or self._early == "posted") and not final:
             return False  # nothing is sent until the final text
         method = self._next_method(final)
         if method in self._prepaid:
@@ -262,9 +270,14 @@ class SlackMessages:
             method = self._next_method(final)
         if not final and method == "chat.postMessage":
             # A message begun in edit mode: only with the update that will finish it.
-            if not await self.rates.try_acquire(self.where.team, "chat.update"):
+            if await self.rates.try_acquire(self.where.team, "chat.update"):
+                self._reserved.append("chat.update")
+            elif not self.posted and await self.rates.try_acquire(self._scope(method), method):
+                self._early = "granted"  # the workspace's tiers are spent: a message of its own, never edited
+                self._prepaid.append(method)
+                return True
+            else:
                 return False
-            self._reserved.append("chat.update")
         elif not final and method != "chat.postMessage":
             if not await self.rates.try_acquire(self._scope(method), method):
                 return False
@@ -339,6 +352,10 @@ class SlackMessages:
             await self._complete(rest[:cut], last=False)
             rest = rest[cut:]
             sent = True
+        if rest and self._early == "granted":
+            self._early = "posted"
+            await self._complete(rest, last=False)  # the rest of the answer comes as the final message
+            return True
         if rest and rest != self.filled:
             await self._fill(rest)
             sent = True

@@ -307,6 +307,10 @@ class TelegramMessages:
         """Sends ``part`` as a new message (the first one replies to the question)."""
         first = not self.posted
         reply_to = self.where.reply_to if first else None
+        if first and self._first_pending:
+            # Its first "typing" still waits for the bot's budget (a burst of new chats): this text stands
+            # in for it, and takes its place in the line instead of coming after it (issue 44).
+            self._stop_typing()
 
         def call(entities: list[MessageEntity] | None) -> Awaitable[Message]:
             return self.bot.send_message(
