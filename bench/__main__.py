@@ -6,7 +6,7 @@ import sys
 
 failed = []
 for name in ("bench.indexing", "bench.retrieval", "bench.turn", "bench.gate", "bench.streaming", "bench.confluence",
-             "bench.load"):
+             "bench.load", "bench.workers"):
     print(f"== {name}", flush=True)
     if subprocess.run([sys.executable, "-m", name, *sys.argv[1:]]).returncode != 0:
         failed.append(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -34,6 +34,14 @@ def figures(result: Mapping[str, Any]) -> str:
 def emit(result: Mapping[str, Any], as_json: bool) -> None:
     """Print ``result``: one JSON object, or its figures as a table."""
     print(json.dumps(result, ensure_ascii=False) if as_json else figures(result))
+
+
+def emit_laid_out(result: Mapping[str, Any], as_json: bool, lay_out: Callable[[Any], None]) -> None:
+    """Print ``result``: one JSON object, or as ``lay_out`` prints it."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        lay_out(result)
 
 
 def _cell(value: Any) -> str:

@@ -33,7 +33,7 @@ import aiohttp
 import yaml
 
 import pipelines  # noqa: F401  (telemetry off)
-from bench.report import table
+from bench.report import emit_laid_out, table
 from bench.streaming import (
     ANSWER,
     QUESTION,
@@ -221,10 +221,7 @@ def main() -> None:
     args = parser.parse_args()
     result = asyncio.run(run(args.workers, args.conversations, args.platforms, args.tokens_per_second,
                              args.first_token_delay, args.turn_timeout))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
+    emit_laid_out(result, args.json, print_table)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ import pytest
 from adapters.workers import Worker, worker_count
 from bot.errors import SettingsError
 from bot.turn.capacity import usable_cores
-from tests.cluster.replicas import Replica, refresh_once, serve_env, wait_for, workers_seen, write_config
-from tests.conftest import EXAMPLES
+from tests.cluster.replicas import Replica, kb_folder, refresh_once, serve_env, wait_for, workers_seen, write_config
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
@@ -58,10 +57,7 @@ def finals(fake: FakeTelegram, chat_id: int) -> list[Any]:
                     reason="REDIS_URL and WEAVIATE_URL are not set (make test starts them)")
 @pytest.mark.timeout(600)
 async def test_two_workers_share_one_port_take_polled_updates_once_and_a_dead_one_is_started_again(tmp_path: Path):
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    for name in ("faq.md", "maintenance-schedule.md"):
-        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    kb = kb_folder(tmp_path / "kb", "faq.md", "maintenance-schedule.md")
     config = write_config(tmp_path / "config", kb, f"Workers_{uuid.uuid4().hex[:8]}",
                           f"kbbot:workers:{uuid.uuid4().hex[:8]}:", lease_s=4, refresh_every_s=3600)
     async with FakeAnthropic(ModelRouter()) as claude, FakeSlack(token="xoxb-workers") as slack, \

@@ -21,13 +21,21 @@ import aiohttp
 import yaml
 from slack_sdk.signature import SignatureVerifier
 
-from tests.conftest import REPO
+from tests.conftest import EXAMPLES, REPO
 from tests.fakes.slack_server import FakeSlack
 from tests.ports import free_port
 
 SECRET = "s" * 32
 TEAM, BOT = "T0KBBOT", "UKBBOT"
 _ts = itertools.count(1)
+
+
+def kb_folder(folder: Path, *names: str) -> Path:
+    """``folder`` holding these files of examples/kb: a source of this run's own."""
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).write_bytes((EXAMPLES / name).read_bytes())
+    return folder
 
 
 def write_config(folder: Path, kb: Path, collection: str, prefix: str, *, lease_s: float,

@@ -23,6 +23,7 @@ from tests.cluster.replicas import (
     answers_in,
     deliver,
     event_body,
+    kb_folder,
     refresh_once,
     refresh_runs,
     running,
@@ -31,7 +32,6 @@ from tests.cluster.replicas import (
     wait_healthy,
     write_config,
 )
-from tests.conftest import EXAMPLES
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, default_reply
@@ -57,10 +57,7 @@ async def pending_turns(redis: Any, prefix: str) -> int:
 
 
 async def test_replicas_answer_once_survive_a_killed_replica_and_refresh_once(tmp_path: Path):
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    for name in KB_FILES:
-        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    kb = kb_folder(tmp_path / "kb", *KB_FILES)
     prefix = f"kbbot:replicas:{uuid.uuid4().hex[:8]}:"
     config = write_config(tmp_path / "config", kb, f"Replicas_{uuid.uuid4().hex[:8]}", prefix, lease_s=LEASE_S,
                           refresh_every_s=REFRESH_EVERY_S, recovery_interval_s=RECOVERY_S)

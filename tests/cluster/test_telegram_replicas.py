@@ -16,8 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster.replicas import Replica, refresh_once, running, serve_env, wait_for, wait_healthy, write_config
-from tests.conftest import EXAMPLES
+from tests.cluster.replicas import Replica, kb_folder, refresh_once, running, serve_env, wait_for, wait_healthy, write_config
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
@@ -43,10 +42,7 @@ def finals(fake: FakeTelegram, chat_id: int) -> list[str]:
 
 
 async def test_webhook_updates_reaching_two_replicas_are_answered_once_and_in_order(tmp_path: Path):
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    for name in ("faq.md", "maintenance-schedule.md"):
-        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    kb = kb_folder(tmp_path / "kb", "faq.md", "maintenance-schedule.md")
     config = write_config(tmp_path / "config", kb, f"TgReplicas_{uuid.uuid4().hex[:8]}",
                           f"kbbot:tg-replicas:{uuid.uuid4().hex[:8]}:", lease_s=4, refresh_every_s=3600)
     answer_requests: list[str] = []

@@ -24,8 +24,9 @@ from bot.runtime import build_runtime
 from bot.types import Inquiry, Outcome
 from pipelines.records import DocRecord
 from pipelines.weaviate_store import WeaviateHybridRetriever, WeaviateKnowledgeStore
+from tests.cluster.replicas import kb_folder
 from tests.cluster.services import services, services_up
-from tests.conftest import EXAMPLES, make_settings
+from tests.conftest import make_settings
 from tests.replies import RecordingReply
 
 # Turns here embed on a shared CPU while three servers run: minutes, not the default five.
@@ -110,10 +111,7 @@ async def test_a_node_killed_during_turns_and_a_refresh_loses_nothing_and_catche
     config = store.collection.config.get()
     assert config.replication_config.factor == 3 and config.replication_config.async_enabled
 
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    for name in KB_FILES:
-        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    kb = kb_folder(tmp_path / "kb", *KB_FILES)
     assert not runtime.indexer.index([kb]).failed
     await runtime.start()
 

@@ -24,6 +24,7 @@ from tests.cluster.replicas import (
     answers_in,
     deliver,
     event_body,
+    kb_folder,
     refresh_once,
     serve_env,
     wait_for,
@@ -32,7 +33,6 @@ from tests.cluster.replicas import (
     write_config,
 )
 from tests.cluster.test_replicas import pending_turns
-from tests.conftest import EXAMPLES
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, default_reply
@@ -58,10 +58,7 @@ def holders(replica: Replica, events: list[str]) -> dict[str, int]:
 
 
 async def test_a_worker_killed_holding_turns_loses_none_and_is_started_again(tmp_path: Path):
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    for name in ("faq.md", "maintenance-schedule.md", "fault-codes.md"):
-        (kb / name).write_bytes((EXAMPLES / name).read_bytes())
+    kb = kb_folder(tmp_path / "kb", "faq.md", "maintenance-schedule.md", "fault-codes.md")
     prefix = f"kbbot:workers:{uuid.uuid4().hex[:8]}:"
     config = write_config(tmp_path / "config", kb, f"Workers_{uuid.uuid4().hex[:8]}", prefix, lease_s=LEASE_S,
                           refresh_every_s=3600, recovery_interval_s=1)
