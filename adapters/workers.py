@@ -140,6 +140,9 @@ def supervise(argv: Sequence[str], count: int, port: int, env: Mapping[str, str]
 
     started: dict[int, float] = {}
     processes: dict[int, subprocess.Popen[bytes]] = {}
+    #: Workers that exited, and when each starts again: the loop keeps watching the others (and a stop)
+    #: while one waits out its pause, and a stop meanwhile starts nothing.
+    restart_at: dict[int, float] = {}
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     early, pause, code = 0, 1.0, 0
     try:
@@ -148,7 +151,14 @@ def supervise(argv: Sequence[str], count: int, port: int, env: Mapping[str, str]
         while not stopping:
             time.sleep(0.2)
             for index, process in list(processes.items()):
-                if stopping or process.poll() is None:
+                if stopping:
+                    break
+                if index in restart_at:
+                    if time.monotonic() >= restart_at[index]:
+                        del restart_at[index]
+                        processes[index] = start(index)
+                    continue
+                if process.poll() is None:
                     continue
                 ran = time.monotonic() - started[index]
                 early = early + 1 if ran < EARLY_EXIT_S else 0
@@ -158,9 +168,8 @@ def supervise(argv: Sequence[str], count: int, port: int, env: Mapping[str, str]
                     code = process.returncode or 1
                     stop(signal.SIGTERM, None)
                     break
-                time.sleep(pause if early else 0)
+                restart_at[index] = time.monotonic() + (pause if early else 0)
                 pause = min(pause * 2, 30.0) if early else 1.0
-                processes[index] = start(index)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
