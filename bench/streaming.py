@@ -382,17 +382,22 @@ async def run_telegram(runtime: Any, model: Any, n: int, strategy: str, every: i
             await tg.adapter.settle(0.2)
     tally = Tally(model_tokens(model))
     for i, chat in enumerate(chats):
-        calls = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
-                 and c.method in ("sendMessage", "editMessageText", "sendMessageDraft") and c.args.get("text")]
         turn = next((t for t in tg.turns if str(t.inquiry.channel) == str(chat)), None)
         shown = "".join("".join(m.text.split()) for m in fake.chat(chat))
         expected = turn.answer.text if answered(turn) else None
-        seen = [c.at for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)
-                and c.method in ("sendChatAction", "setMessageReaction")] + [c.at for c in calls]
-        tally.add(i, [c.at for c in calls], expected is not None and _contains_words(shown, expected),
-                  acknowledged_after=min(seen) - asked[chat] if seen else None, asked_at=asked[chat])
+        tally_chat(tally, i, fake, chat, asked[chat], expected is not None and _contains_words(shown, expected))
     answer_calls = [c for c in fake.calls if c.method not in ("getUpdates", "getMe", "deleteWebhook")]
     return tally.row("telegram", strategy, n, len(answer_calls), fake.calls)
+
+
+def tally_chat(tally: Tally, i: int, fake: Any, chat: int, asked_at: float, delivered: bool) -> None:
+    """Telegram chat ``chat`` (conversation ``i``) into ``tally``: when its texts landed, and when the asker
+    first saw kbbot react ("typing", a reaction or text)."""
+    mine = [c for c in fake.calls if c.ok and str(c.args.get("chat_id")) == str(chat)]
+    texts = [c.at for c in mine if c.method in ("sendMessage", "editMessageText", "sendMessageDraft")
+             and c.args.get("text")]
+    seen = [c.at for c in mine if c.method in ("sendChatAction", "setMessageReaction")] + texts
+    tally.add(i, texts, delivered, acknowledged_after=min(seen) - asked_at if seen else None, asked_at=asked_at)
 
 
 async def run_teams(runtime: Any, model: Any, n: int, strategy: str, every: int,
