@@ -194,12 +194,10 @@ class TelegramAdapter:
             log.info("Telegram: @%s receiving updates at %s", self.username, self.settings.webhook_path)
             return
         await self.bot.delete_webhook(drop_pending_updates=False)
-        polling = self.dp
         if not self.worker.alone:
             self._hand_on = HandOn(self.worker.port, HANDED_PATH, self.worker.secret,
                                    lambda update: self.dp.feed_update(self.bot, update))
-            polling = self._hand_on.dispatcher
-        self._polling = asyncio.create_task(polling.start_polling(
+        self._polling = asyncio.create_task(self._poller.start_polling(
             self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False, handle_as_tasks=False,
             close_bot_session=False, allowed_updates=UPDATES), name="telegram polling")
         log.info("Telegram: @%s long polling", self.username)
@@ -208,7 +206,7 @@ class TelegramAdapter:
         if self._polling is not None:
             if not self._polling.done():
                 try:
-                    await (self._hand_on.dispatcher if self._hand_on else self.dp).stop_polling()
+                    await self._poller.stop_polling()
                 except RuntimeError:  # polling had not started yet
                     self._polling.cancel()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):  # best effort
@@ -218,6 +216,11 @@ class TelegramAdapter:
             await self._hand_on.close()
         await self.drain(timeout_s)
         await self.bot.session.close()
+
+    @property
+    def _poller(self) -> Dispatcher:
+        """The dispatcher that polls: this one, or worker 0's that hands the updates on."""
+        return self._hand_on.dispatcher if self._hand_on is not None else self.dp
 
     def health(self) -> dict[str, Any]:
         body = {"mode": "webhook" if self.settings.webhook_mode else "polling", "username": self.username,
