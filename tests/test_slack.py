@@ -407,9 +407,14 @@ async def test_concurrent_answers_share_the_workspace_rate_budget(claude, fake_s
             await slack.send(mention, settle=False)
         await slack.adapter.settle()
     assert len(slack.turns) == 3
+    answer = slack.turns[0].answer.text
     for mention in mentions:
-        [message] = slack.thread(mention)
-        assert message.body == slack.turns[0].answer.text
+        # One message; or, when the update tier was empty at an answer's first text (a loaded
+        # machine's timing), its first sentences in a message of their own and the rest after.
+        *early, message = slack.thread(mention)
+        assert len(early) <= 1 and (message.body == answer or "".join(
+            "".join(m.body for m in [*early, message]).split()) == "".join(answer.split()))
+        assert not early or not sources_text(early[0])
     updates = fake_slack.calls_to("chat.update")
     assert len(updates) >= 4 and not [c for c in updates if c.status == 429]
     assert len(updates) < 3 * 5, "waiting for the budget, each answer skipped stale states"
