@@ -224,9 +224,8 @@ async def test_a_question_is_acknowledged_on_receipt_and_typing_lasts_until_its_
 
 async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_first_acknowledgements(fake_tg):
     """Renewals and intermediate edits of chats already answered take spare tokens only, and leave the
-    bot-wide bucket's reserve: new chats' first "typing" goes at once, before their turns' work. (Time
-    stands still here: no token comes back, so an acknowledgement that found the budget spent would
-    never go.)"""
+    bot-wide bucket's reserve: new chats' first "typing" goes at once. (Time stands still here: no token
+    comes back, so an acknowledgement that found the budget spent would never go.)"""
     from adapters.telegram.reply import (
         BOT_SEND,
         DEFAULT_BOT_RATE,
@@ -250,8 +249,8 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
         async with asyncio.timeout(5):
             for reply in new:
                 await reply.acknowledge()
-                # and the turn's own work starts only once its question's "typing" went out
-                assert str(reply.where.chat_id) in {c.args["chat_id"] for c in fake_tg.ok_calls("sendChatAction")}
+            while {c.args["chat_id"] for c in fake_tg.ok_calls("sendChatAction")} != {"9001", "9002"}:
+                await asyncio.sleep(0.01)
     finally:
         for reply in new:
             reply._stop_typing()
@@ -261,25 +260,33 @@ async def test_typing_renewals_and_edits_leave_the_bots_budget_to_new_chats_firs
 async def test_a_first_text_ready_while_its_typing_still_waits_stands_in_for_it(fake_tg):
     """In a burst the bot's 30 calls a second run out: a question's first "typing" may still wait for
     the budget when its first text is ready. The text is then the acknowledgement: the typing is not
-    sent after it (it would only use a call another chat waits for)."""
-    from adapters.telegram.reply import BOT_SEND, TelegramChat, TelegramMessages, make_bot, make_rates
+    sent after it (it would only use a call another chat waits for), and the text goes in the typing's
+    place in the line, before the typing of questions taken after it."""
+    from adapters.telegram.reply import BOT_SEND, DEFAULT_CHAT_RATE, TelegramChat, TelegramMessages, make_bot
     from adapters.telegram.text import render
+    from bot.delivery.rates import PlatformRates, Rate
 
     settings = TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url)
-    rates = make_rates(settings)
-    await rates.hold("bot", BOT_SEND, 1.0)  # flood control: nothing goes for a second
+    # One call every 0.2 s for the bot, after a second of flood control: the line is served in order.
+    rates = PlatformRates(rates={BOT_SEND: Rate(per_minute=300, burst=1)}, default=DEFAULT_CHAT_RATE)
+    await rates.hold("bot", BOT_SEND, 1.0)
     bot = make_bot(settings)
-    reply = TelegramMessages(bot, TelegramChat(7000001, 9003, 9003, private=True), settings, rates, draft=False)
-    reply.ACK_WAIT_S = 0.2
+    first, second, third = replies = [
+        TelegramMessages(bot, TelegramChat(7000001, chat, chat, private=True), settings, rates, draft=False)
+        for chat in (9003, 9004, 9005)]
     try:
-        await reply.acknowledge()  # the turn's work goes on after the wait; its typing still waits
+        for reply in replies:
+            await reply.acknowledge()  # the turn's work goes on; its typing waits for the budget
+            await asyncio.sleep(0.05)
         assert not fake_tg.calls_to("sendChatAction")
-        await reply.post(render("Regrease the bearings every 3,000 hours [1]."))
-        await asyncio.sleep(1.2)  # the budget is back: a typing still in line would have gone by now
+        await second.post(render("Regrease the bearings every 3,000 hours [1]."))
+        await asyncio.sleep(0.8)  # the third typing comes next; any typing left in line would too
     finally:
-        reply._stop_typing()
+        for reply in replies:
+            reply._stop_typing()
         await bot.session.close()
-    assert [c.method for c in fake_tg.calls if c.args.get("chat_id") in (9003, "9003")] == ["sendMessage"]
+    calls = [(c.method, str(c.args.get("chat_id"))) for c in fake_tg.calls if c.method != "getMe"]
+    assert calls == [("sendChatAction", "9003"), ("sendMessage", "9004"), ("sendChatAction", "9005")]
 
 
 async def test_a_refused_reaction_costs_the_answer_nothing(claude, fake_tg):

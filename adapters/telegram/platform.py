@@ -56,7 +56,6 @@ from aiohttp import web
 
 from adapters.telegram.loop import KEEP_PREFIX, RETIRE_PREFIX, recheck_markup, recheck_text
 from adapters.telegram.reply import (
-    FirstAcknowledgements,
     TelegramChat,
     TelegramMessages,
     is_not_modified,
@@ -128,8 +127,6 @@ class TelegramAdapter:
         self.delivery.check(self._chat_allowed)
         self.delivery.check(self._user_allowed)
         self._polling: asyncio.Task[None] | None = None
-        #: The first "typing" of questions just taken: turns start their work once none is on its way.
-        self.first_acks = FirstAcknowledgements()
 
     @property
     def bot_id(self) -> int:
@@ -439,7 +436,7 @@ class TelegramAdapter:
             self.settings.is_reviewer(str(where.user_id)) if where.private else bool(self.settings.reviewers))
         return ChatReply(TelegramMessages(self.bot, where, self.settings, self.rates, draft=draft, language=language,
                                           on_drafts_unavailable=self._drafts_unavailable, review=review,
-                                          background=self.delivery.background, first_acks=self.first_acks),
+                                          background=self.delivery.background),
                          name=where.key)
 
     # --- expert replies (bot/knowledge/loop/expert.py) -------------------------------------------------

@@ -106,41 +106,6 @@ def _reply_parameters(message_id: int) -> Any:
     return ReplyParameters(message_id=message_id, allow_sending_without_reply=True)
 
 
-class FirstAcknowledgements:
-    """The first "typing" calls on their way for one bot in this process. A turn starts its work once
-    none is (``TelegramMessages.acknowledge``): the turns' retrieval and prompts share the one event loop
-    with those calls, and a turn started early slows every acknowledgement still queued for the bot's
-    budget."""
-
-    def __init__(self) -> None:
-        self.pending = 0
-        self._idle: list[asyncio.Future[None]] = []
-
-    def begin(self) -> None:
-        self.pending += 1
-
-    def end(self) -> None:
-        self.pending -= 1
-        if self.pending <= 0:
-            self.pending = 0
-            waiting, self._idle = self._idle, []
-            for idle in waiting:
-                if not idle.done():
-                    idle.set_result(None)
-
-    async def settled(self, timeout_s: float) -> None:
-        """Return once no first acknowledgement is on its way, or after ``timeout_s``."""
-        if self.pending == 0:
-            return
-        idle = asyncio.get_running_loop().create_future()
-        self._idle.append(idle)
-        try:
-            await asyncio.wait({idle}, timeout=timeout_s)
-        finally:
-            if idle in self._idle:
-                self._idle.remove(idle)
-
-
 class TelegramMessages:
     """One Telegram answer's messages (``bot.delivery.reply.AnswerMessages``), driven by its ``ChatReply``.
 
@@ -158,13 +123,10 @@ class TelegramMessages:
 
     platform = "telegram"
     TYPING_EVERY_S = 4.5  # a chat action shows for about 5 s
-    #: How long a turn's work waits for its first "typing" to go out (``acknowledge``).
-    ACK_WAIT_S = 2.0
 
     def __init__(self, bot: Bot, where: TelegramChat, settings: TelegramSettings, rates: PlatformRates, *,
                  draft: bool, language: str = "en", on_drafts_unavailable: Callable[[], None] | None = None,
-                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None,
-                 first_acks: FirstAcknowledgements | None = None):
+                 review: bool = False, background: Callable[[asyncio.Task[Any]], None] | None = None):
         self.bot = bot
         self.where = where
         self.settings = settings
@@ -183,12 +145,13 @@ class TelegramMessages:
         self.review = review  # show the approve / withdraw button (someone here may use it)
         self.calls = 0
         self._prepaid = False  # ready() took the budget of the next call
-        #: Shared by the bot's replies in this process (the adapter's); a reply alone waits for its own.
-        self.first_acks = first_acks if first_acks is not None else FirstAcknowledgements()
         self._background = background
         self._typing: asyncio.Task[None] | None = None
-        self._first_pending = False  # counted in first_acks until its first "typing" is done with
+        self._first_pending = False  # its first "typing" waits for the budget: a first text takes its place
         self._taken_at = rates.clock()
+        #: A question's first sign of life (its "typing", or a first text standing in for it) goes before
+        #: every text and edit, in the order the questions were taken.
+        self._first_place: Priority = (COMPLETES, 0, self._taken_at)
         #: The reaction put on the question (taken back with the answer), if any.
         self.reacted: str | None = None
 
@@ -278,12 +241,23 @@ class TelegramMessages:
         await show_failure(replace, lambda: self.post(body))
 
     # --- building blocks ---------------------------------------------------------------------------
-    async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True) -> Any:
+    def _stand_in(self) -> Priority | None:
+        """The first text while the question's first "typing" still waits for the bot's budget (a burst
+        of new chats): the text is the acknowledgement, so the typing is not sent, and the text takes the
+        typing's place in the line instead of coming after every other chat's (issue 44)."""
+        if not (self._first_pending and not self.posted and self.drafted is None):
+            return None
+        self._first_pending = False
+        self._stop_typing()
+        return self._first_place
+
+    async def _call(self, method: str, call: Callable[[], Awaitable[Any]], *, budgeted: bool = True,
+                    priority: Priority | None = None) -> Any:
         scope = str(self.where.chat_id)
         if budgeted and self._prepaid:
             self._prepaid = False
         elif budgeted:
-            await take_send_budget(self.rates, scope)
+            await take_send_budget(self.rates, scope, priority)
         self.calls += 1
         try:
             return await call()
@@ -293,9 +267,10 @@ class TelegramMessages:
             raise RetryAfter(exc.retry_after, f"{method} flood control") from exc
 
     async def _with_plain_fallback(self, method: str, part: Rendered,
-                                   call: Callable[[list[MessageEntity] | None], Awaitable[Any]]) -> Any:
+                                   call: Callable[[list[MessageEntity] | None], Awaitable[Any]],
+                                   priority: Priority | None = None) -> Any:
         try:
-            return await self._call(method, lambda: call(part.aiogram_entities()))
+            return await self._call(method, lambda: call(part.aiogram_entities()), priority=priority)
         except TelegramBadRequest as exc:
             if not part.entities or not _is_entity_error(exc):
                 raise
@@ -307,10 +282,7 @@ class TelegramMessages:
         """Sends ``part`` as a new message (the first one replies to the question)."""
         first = not self.posted
         reply_to = self.where.reply_to if first else None
-        if first and self._first_pending:
-            # Its first "typing" still waits for the bot's budget (a burst of new chats): this text stands
-            # in for it, and takes its place in the line instead of coming after it (issue 44).
-            self._stop_typing()
+        priority = self._stand_in()
 
         def call(entities: list[MessageEntity] | None) -> Awaitable[Message]:
             return self.bot.send_message(
@@ -318,7 +290,7 @@ class TelegramMessages:
                 message_thread_id=self.where.topic, reply_markup=markup, link_preview_options=None,
                 reply_parameters=None if reply_to is None else _reply_parameters(reply_to))
 
-        sent: Message = await self._with_plain_fallback("sendMessage", part, call)
+        sent: Message = await self._with_plain_fallback("sendMessage", part, call, priority)
         self.posted.append(_Posted(sent.message_id, part, markup))
         self._stop_typing()  # text on screen: typing has done its job
 
@@ -343,7 +315,7 @@ class TelegramMessages:
                                                entities=entities, parse_mode=None)
 
         try:
-            await self._with_plain_fallback("sendMessageDraft", part, call)
+            await self._with_plain_fallback("sendMessageDraft", part, call, self._stand_in())
         except (TelegramBadRequest, TelegramNotFound) as exc:
             method_missing = isinstance(exc, TelegramNotFound) or "not found" in exc.message.lower()
             log.info("chat %s: drafts refused (%s); editing a message instead", self.where.chat_id, exc.message)
@@ -383,9 +355,9 @@ class TelegramMessages:
         # One call makes the question seen: it goes before the texts of questions already seen (a
         # burst of new chats meets the bot's 30 a second), as the shortest job first.
         try:
-            shown = await self._courtesy("typing", typing, priority=(COMPLETES, 0, self._taken_at))
+            shown = await self._courtesy("typing", typing, priority=self._first_place)
         finally:
-            self._first_ack_done()
+            self._first_pending = False
         emoji = self.settings.ack_reaction
         if emoji and self.where.question_id is not None:
             self.reacted = emoji  # set first: a reaction landing as this task is cancelled is taken back too
@@ -422,23 +394,14 @@ class TelegramMessages:
         return [str(posted.message_id) for posted in self.posted]
 
     async def acknowledge(self) -> None:
-        """Called as soon as the question is accepted, before its turn waits; returns once
-        no first "typing" of this bot is on its way any more (at most ``ACK_WAIT_S``). The turn's own work
-        comes after them: 50 turns' retrieval and prompts run on the one event loop, and started at once
-        they left the acknowledgements' calls (each a budget take and a request) waiting between them: the
-        first "typing" of 50 new chats landed 0.75 s after the questions and the last 3 s after, where the
-        bot's budget allows 1.7 s."""
+        """Called as soon as the question is accepted, before its turn waits: the first "typing" is put
+        in line for the budget, ahead of texts and edits, and the turn's work goes on meanwhile. (Turns
+        used to wait up to 2 s for every first "typing" of the bot to go out, so that their work on the
+        event loop would not delay those calls: 50 questions' first text came 1.6 s later for it, and
+        without the wait the acknowledgements still land within 2 s, ``bench.streaming``.)"""
         if self._typing is None and not (self.posted or self.drafted):
-            self.first_acks.begin()
             self._first_pending = True
             self._typing = asyncio.create_task(self._acknowledge(), name=f"acknowledge {self.where.key}")
-            self._typing.add_done_callback(lambda _: self._first_ack_done())  # cancelled before it ran, too
-            await self.first_acks.settled(self.ACK_WAIT_S)
-
-    def _first_ack_done(self) -> None:
-        if self._first_pending:
-            self._first_pending = False
-            self.first_acks.end()
 
     def complete(self, answer: Answer) -> None:
         self.citations = list(answer.citations)
