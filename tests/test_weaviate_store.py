@@ -64,6 +64,7 @@ from pipelines.weaviate_store import (  # noqa: E402
     grpc_port_from_env,
     manifest_collection_settings,
 )
+from pipelines.weaviate_store.connection import Connection  # noqa: E402
 
 
 def unique(prefix: str) -> str:
@@ -627,3 +628,37 @@ def test_an_async_retrieval_without_answer_is_reported_within_its_timeout(store,
             await store.close_async()
 
     assert asyncio.run(attempt()) < 1.5
+
+
+def test_a_burst_of_first_async_queries_connects_one_client(store, monkeypatch):
+    """Fifty questions right after a start find no async client: they wait for one connection instead of
+    each opening (and leaking) a client of its own, and when Weaviate cannot be reached they share the
+    one attempt's clear error instead of trying one after another."""
+    connects = []
+    real_connect = weaviate.WeaviateAsyncClient.connect
+
+    async def counted(self, *args, **kwargs):
+        connects.append(self)
+        return await real_connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(weaviate.WeaviateAsyncClient, "connect", counted)
+
+    async def burst() -> list:
+        try:
+            return await asyncio.gather(*(store.async_collection() for _ in range(50)))
+        finally:
+            await store.close_async()
+
+    collections = asyncio.run(burst())
+    assert len(connects) == 1 and all(c is collections[0] for c in collections)
+
+    nowhere = Connection("http://127.0.0.1:9", 10, chunk_collection_settings(unique("Nowhere")), unique("Manifest"),
+                         timeout_s=5, api_key=None, consistency=None)
+    connects.clear()
+
+    async def down() -> list:
+        return await asyncio.gather(*(nowhere.async_collection() for _ in range(20)), return_exceptions=True)
+
+    errors = asyncio.run(down())
+    assert len(connects) == 1 and all(isinstance(e, WeaviateUnavailable) for e in errors)
+    assert "cannot reach Weaviate at http://127.0.0.1:9" in str(errors[0])

@@ -94,6 +94,7 @@ class Connection:
         self._collection: Any = None
         self._manifest: Any = None
         self._async: tuple[asyncio.AbstractEventLoop, Any, Any] | None = None
+        self._connecting: asyncio.Task[Any] | None = None
         self._stale_sync = self._stale_async = False
         self._connect_lock = threading.Lock()
 
@@ -147,8 +148,22 @@ class Connection:
         return self._manifest
 
     async def async_collection(self) -> Any:
-        """The chunk collection on an async client bound to the running event loop."""
+        """The chunk collection on an async client bound to the running event loop.
+
+        One client per loop, and one attempt at a time to connect it: the questions of a burst that find
+        no client all wait for that attempt, and share its failure when Weaviate is down. (Each used to
+        connect a client of its own, and all but the last leaked: the first 50 questions after a start
+        paid 50 TLS contexts and version checks on the event loop, ~2.9 s of it, issue 44.)"""
         loop = asyncio.get_running_loop()
+        current = self._async
+        if current is not None and not self._stale_async and current[0] is loop:
+            return current[2]
+        attempt = self._connecting
+        if attempt is None or attempt.done() or attempt.get_loop() is not loop:
+            attempt = self._connecting = loop.create_task(self._connect_async(loop), name="weaviate connect")
+        return await asyncio.shield(attempt)  # a caller that gives up leaves the attempt to the others
+
+    async def _connect_async(self, loop: asyncio.AbstractEventLoop) -> Any:
         current = self._async
         if current is not None and self._stale_async:
             self._async = None
