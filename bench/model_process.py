@@ -82,6 +82,11 @@ class ModelProcess:
         self.base_url = self._conn.recv()
         return self
 
+    @property
+    def pid(self) -> int:
+        """The model process's id (``bench.cpu``)."""
+        return self._process.pid
+
     def _ask(self, command: str) -> Any:
         self._conn.send(command)
         return self._conn.recv()

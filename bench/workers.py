@@ -13,7 +13,10 @@ chat.postMessage per channel, Telegram's one write a second per chat and 30 call
 Each W gets its own Redis prefix (fresh rate budgets) over one indexed collection; each conversation asks
 once, all at the same moment, in a channel (chat) of its own. Reported per platform and W, in ms: the
 first acknowledgement, question to the model's first token, and question to the first visible text
-(p50/p95), 429s, and answers lost (no complete final text within ``--turn-timeout``).
+(p50/p95), 429s, and answers lost (no complete final text within ``--turn-timeout``); and the CPU seconds
+the burst took (``bench.cpu``): the kbbot server's processes, Weaviate, Redis, the model's process and
+this one (the fakes and the senders). On two cores their sum over two is the least time the burst can
+take, whatever kbbot does with the order of its work.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import aiohttp
 import yaml
 
 import pipelines  # noqa: F401  (telemetry off)
+from bench.cpu import CpuMeter, named
 from bench.report import emit_laid_out, table
 from bench.streaming import (
     ANSWER,
@@ -163,10 +167,15 @@ async def one_server(workers: int, platform: str, n: int, model: Any, folder: Pa
                 await workers_seen(server.port, workers)
             await asyncio.sleep(2)  # the workers' first calls (getMe, polling) settled
             model.clear()
+            meter = CpuMeter({"weaviate": named("weaviate-server", "weaviate"), "redis": named("redis-server"),
+                              "model": [model.pid], "fakes": [os.getpid()]}, trees={"kbbot": server.process.pid})
+            meter.start()
             if platform == "slack":
                 burst = await slack_burst(server, slack, n, turn_timeout_s + 30)
-                return slack_row(burst, slack, model, workers)
-            return await telegram_burst(telegram, model, n, workers, turn_timeout_s + 30)
+                row = slack_row(burst, slack, model, workers)
+            else:
+                row = await telegram_burst(telegram, model, n, workers, turn_timeout_s + 30)
+            return {**row, "cpu_s": meter.stop()}
         finally:
             server.stop()
 
@@ -205,6 +214,12 @@ def print_table(result: dict[str, Any]) -> None:
                "question_to_first_text_ms_p95", "api_calls_per_answer", "429s", "lost"]
     print(table(result["rows"], columns, ["platform", "workers", "ack p50", "ack p95", "q→token p50", "q→token p95",
                                           "q→text p50", "q→text p95", "calls/answer", "429s", "lost"]))
+    print("\nCPU seconds during the burst (every answer to its end), by process:")
+    roles = ["kbbot", "weaviate", "redis", "model", "fakes"]
+    cpu_rows = [{"platform": r["platform"], "workers": r["workers"], **r["cpu_s"],
+                 "total": round(sum(r["cpu_s"].values()), 2)} for r in result["rows"]]
+    print(table(cpu_rows, ["platform", "workers", *roles, "total"],
+                ["platform", "workers", *roles, "total"]))
 
 
 def main() -> None:

@@ -484,3 +484,50 @@ def test_render_parts_split_at_paragraphs_by_utf16_units():
     assert all(p.units <= 4096 for p in pieces) and flat("".join(p.text for p in pieces)) == flat(long_line)
     assert render("a partial **Refu").text == "a partial **Refu"
     assert not re.search(r"\*\*", render("**done** now").text)
+
+
+async def test_a_polled_batch_is_taken_at_once_and_confirmed_once_every_update_is_taken(fake_tg):
+    """Long polling: the updates of one getUpdates are handled at once (50 questions polled together
+    were accepted one after another, the last 3.7 s after it came), one chat's in the order they came,
+    and the next getUpdates, which confirms them to Telegram, waits until every one of them is taken."""
+    from aiogram import Dispatcher
+
+    from adapters.telegram.reply import make_bot
+    from adapters.telegram.session import BatchConfirmed
+
+    bot = make_bot(TelegramSettings(token=fake_tg.token, api_url=fake_tg.base_url))
+    dp = Dispatcher()
+    started: list[tuple[int, str]] = []
+    release = asyncio.Event()
+
+    @dp.message()
+    async def take(message: Any) -> None:
+        started.append((message.chat.id, message.text))
+        await release.wait()
+
+    BatchConfirmed().install(bot, dp)
+    updates = [fake_tg.push(message_update(text, chat_id=chat))
+               for chat, text in [(9101, "a1"), (9102, "b1"), (9101, "a2"), (9103, "c1")]]
+    polling = asyncio.create_task(dp.start_polling(bot, polling_timeout=1, handle_signals=False,
+                                                   handle_as_tasks=True, close_bot_session=False))
+    try:
+        async with asyncio.timeout(5):
+            while len(started) < 3:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        # three chats at once; chat 9101's second message waits for its first
+        assert sorted(started) == [(9101, "a1"), (9102, "b1"), (9103, "c1")]
+        confirmed = [c for c in fake_tg.calls_to("getUpdates")
+                     if int(c.args.get("offset") or 0) > updates[0]["update_id"]]
+        assert not confirmed, "nothing confirmed while the batch is being taken"
+        release.set()
+        async with asyncio.timeout(5):
+            while not any(int(c.args.get("offset") or 0) > updates[-1]["update_id"]
+                          for c in fake_tg.calls_to("getUpdates")):
+                await asyncio.sleep(0.01)
+        assert started[3] == (9101, "a2")
+    finally:
+        release.set()
+        await dp.stop_polling()
+        await asyncio.wait({polling}, timeout=5)
+        await bot.session.close()

@@ -63,7 +63,7 @@ from adapters.telegram.reply import (
     make_rates,
     take_send_budget,
 )
-from adapters.telegram.session import HandOn, TelegramWebhook
+from adapters.telegram.session import BatchConfirmed, HandOn, TelegramWebhook
 from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import (
     APPROVE_PREFIX,
@@ -191,11 +191,13 @@ class TelegramAdapter:
             log.info("Telegram: @%s receiving updates at %s", self.username, self.settings.webhook_path)
             return
         await self.bot.delete_webhook(drop_pending_updates=False)
+        batch = BatchConfirmed()
         if not self.worker.alone:
             self._hand_on = HandOn(self.worker.port, HANDED_PATH, self.worker.secret,
-                                   lambda update: self.dp.feed_update(self.bot, update))
+                                   lambda update: self.dp.feed_update(self.bot, update), batch)
+        batch.install(self.bot, None if self._hand_on is not None else self.dp)
         self._polling = asyncio.create_task(self._poller.start_polling(
-            self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False, handle_as_tasks=False,
+            self.bot, polling_timeout=self.settings.polling_timeout_s, handle_signals=False, handle_as_tasks=True,
             close_bot_session=False, allowed_updates=UPDATES), name="telegram polling")
         log.info("Telegram: @%s long polling", self.username)
 
