@@ -7,7 +7,9 @@ says where those seconds went, so a floor is a measured figure and not a guess.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -75,8 +77,25 @@ class CpuMeter:
 
     def start(self) -> None:
         self._before = self._read()
+        self.started = time.monotonic()
+        self.samples: list[tuple[float, float]] = [(0.0, 0.0)]  # (seconds after start, CPU s of all roles)
+
+    def _used(self, now: dict[str, dict[int, float]]) -> dict[str, float]:
+        return {role: round(sum(cpu - self._before.get(role, {}).get(pid, 0.0) for pid, cpu in pids.items()), 2)
+                for role, pids in now.items()}
+
+    async def sample(self, every_s: float = 0.1) -> None:
+        """Until cancelled: the CPU used so far, every ``every_s`` (``by``)."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.samples.append((time.monotonic() - self.started, sum(self._used(self._read()).values())))
+
+    def by(self, seconds: float) -> float | None:
+        """CPU seconds all roles had used ``seconds`` after ``start()`` (interpolated between samples)."""
+        for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False):
+            if t0 <= seconds <= t1:
+                return round(c0 + (c1 - c0) * (seconds - t0) / (t1 - t0), 2) if t1 > t0 else c1
+        return None
 
     def stop(self) -> dict[str, float]:
-        after = self._read()
-        return {role: round(sum(cpu - self._before.get(role, {}).get(pid, 0.0) for pid, cpu in now.items()), 2)
-                for role, now in after.items()}
+        return self._used(self._read())

@@ -15,8 +15,9 @@ once, all at the same moment, in a channel (chat) of its own. Reported per platf
 first acknowledgement, question to the model's first token, and question to the first visible text
 (p50/p95), 429s, and answers lost (no complete final text within ``--turn-timeout``); and the CPU seconds
 the burst took (``bench.cpu``): the kbbot server's processes, Weaviate, Redis, the model's process and
-this one (the fakes and the senders). On two cores their sum over two is the least time the burst can
-take, whatever kbbot does with the order of its work.
+this one (the fakes and the senders), and of all of them by the time of the first text p95 (sampled
+every 0.1 s). On two cores, CPU seconds over two is the least time that work can take, whatever kbbot
+does with its order: with both cores busy until the p95 first text, only less work moves it.
 """
 
 from __future__ import annotations
@@ -170,12 +171,19 @@ async def one_server(workers: int, platform: str, n: int, model: Any, folder: Pa
             meter = CpuMeter({"weaviate": named("weaviate-server", "weaviate"), "redis": named("redis-server"),
                               "model": [model.pid], "fakes": [os.getpid()]}, trees={"kbbot": server.process.pid})
             meter.start()
-            if platform == "slack":
-                burst = await slack_burst(server, slack, n, turn_timeout_s + 30)
-                row = slack_row(burst, slack, model, workers)
-            else:
-                row = await telegram_burst(telegram, model, n, workers, turn_timeout_s + 30)
-            return {**row, "cpu_s": meter.stop()}
+            sampling = asyncio.create_task(meter.sample())
+            try:
+                if platform == "slack":
+                    burst = await slack_burst(server, slack, n, turn_timeout_s + 30)
+                    row = slack_row(burst, slack, model, workers)
+                else:
+                    row = await telegram_burst(telegram, model, n, workers, turn_timeout_s + 30)
+            finally:
+                sampling.cancel()
+            # All the questions are asked within milliseconds of the meter's start.
+            p95 = row["question_to_first_text_ms_p95"]
+            by_p95 = meter.by(p95 / 1000) if p95 is not None else None
+            return {**row, "cpu_s": meter.stop(), "cpu_s_by_first_text_p95": by_p95}
         finally:
             server.stop()
 
@@ -214,12 +222,17 @@ def print_table(result: dict[str, Any]) -> None:
                "question_to_first_text_ms_p95", "api_calls_per_answer", "429s", "lost"]
     print(table(result["rows"], columns, ["platform", "workers", "ack p50", "ack p95", "q→token p50", "q→token p95",
                                           "q→text p50", "q→text p95", "calls/answer", "429s", "lost"]))
-    print("\nCPU seconds during the burst (every answer to its end), by process:")
+    print("\nCPU seconds during the burst (every answer to its end), by process; and of all of them by the time")
+    print("the first text p95 (cores busy: that over the time, out of the machine's cores):")
     roles = ["kbbot", "weaviate", "redis", "model", "fakes"]
-    cpu_rows = [{"platform": r["platform"], "workers": r["workers"], **r["cpu_s"],
-                 "total": round(sum(r["cpu_s"].values()), 2)} for r in result["rows"]]
-    print(table(cpu_rows, ["platform", "workers", *roles, "total"],
-                ["platform", "workers", *roles, "total"]))
+    cpu_rows = []
+    for r in result["rows"]:
+        by, p95 = r.get("cpu_s_by_first_text_p95"), r["question_to_first_text_ms_p95"]
+        cpu_rows.append({"platform": r["platform"], "workers": r["workers"], **r["cpu_s"],
+                         "total": round(sum(r["cpu_s"].values()), 2), "by": by,
+                         "busy": None if by is None or not p95 else round(by / (p95 / 1000), 2)})
+    print(table(cpu_rows, ["platform", "workers", *roles, "total", "by", "busy"],
+                ["platform", "workers", *roles, "total", "by first text p95", "cores busy"]))
 
 
 def main() -> None:

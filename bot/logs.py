@@ -176,6 +176,9 @@ def setup_logging(fmt: str = "text", level: int = logging.WARNING, stream: IO[st
     handler = make_handler(fmt, stream)
     root.addHandler(handler)
     root.setLevel(level)
-    for noisy in ("pypdf", "httpx", "httpcore", "urllib3"):
+    # Each request of the HTTP clients (httpx2/httpcore2: the Anthropic SDK's) and each component run of a
+    # Haystack pipeline logs at INFO: 20 lines a turn that say nothing the turn's own line does not, and
+    # formatting them cost the event loop more than the rest of the turn's logging (bench.workers).
+    for noisy in ("pypdf", "httpx", "httpcore", "httpx2", "httpcore2", "urllib3", "haystack.core.pipeline"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING) if noisy != "pypdf" else logging.ERROR)
     return handler

@@ -286,6 +286,11 @@ class Runtime:
             for generator in self._generators:
                 await warm_up_async(generator)
             await asyncio.wait_for(answerer.warm_up(), timeout_s)
+            # The async store client of this loop (Weaviate's: ~0.45 s of TLS contexts on the event loop,
+            # paid by the first burst's questions otherwise, bench.workers).
+            connect = getattr(self.store, "async_collection", None)
+            if connect is not None:
+                await asyncio.wait_for(connect(), timeout_s)
             return True
         except Exception as exc:  # noqa: BLE001 - a cold start is slower, not broken
             log.warning("warm-up skipped (%s: %s); the first question pays for it", type(exc).__name__, exc)

@@ -3,6 +3,7 @@ shared one the other tests use is left alone)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -52,6 +53,9 @@ async def test_turns_fail_plainly_while_weaviate_is_down_and_work_once_it_is_bac
     runtime = build_runtime(make_settings(tmp_path / "data", WEAVIATE_URL=url))
     assert runtime.indexer.index([kb]).added
     await runtime.start()
+    assert await runtime.warm_up()
+    # The loop's async client is connected before anyone asks (each question used to connect its own).
+    assert runtime.store.connection._async[0] is asyncio.get_running_loop()
     question = Inquiry("test", "t", "c", "test:restart", "u", "How long is the standard warranty?")
     try:
         assert (await runtime.answerer.answer(question, RecordingReply())).outcome is Outcome.ANSWERED
