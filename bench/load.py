@@ -55,6 +55,7 @@ from tests.cluster.replicas import (
     TEAM,
     answers_in,
     deliver,
+    ends_answer,
     event_body,
     refresh_once,
     running,
@@ -140,8 +141,7 @@ async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, s
         turn = Turn(c, channel, root["ts"], asked_at=time.monotonic(), question_ts=body["event"]["ts"], team=team,
                     event_id=body["event_id"])
         run.turns.append(turn)
-        thread_body = json.dumps({"event": root})
-        before = {m.ts for m in answers_in(slack, thread_body)}
+        before = {m.ts for m in slack.thread(channel, root["ts"])}  # the earlier answers' messages, all of them
         if not await deliver_like_slack(session, replicas, raw, args.retry_s):
             continue
         deadline = turn.asked_at + args.answer_timeout
@@ -150,7 +150,7 @@ async def conversation(c: int, run: Run, args: argparse.Namespace, slack: Any, s
             fresh = [m for m in thread if m.ts not in before]
             if fresh and turn.first_text_s is None and fresh[0].changes:
                 turn.first_text_s = fresh[0].changes[0][1] - turn.asked_at
-            done = [m for m in fresh if not m.streaming and m.body.strip()]
+            done = [m for m in fresh if ends_answer(m)]  # not its first sentences posted alone
             if done:
                 turn.final_s = done[0].changes[-1][1] - turn.asked_at if done[0].changes else None
                 break

@@ -137,14 +137,19 @@ async def deliver(session: aiohttp.ClientSession, replica: Replica, body: str, r
     return time.monotonic() - started
 
 
+def ends_answer(message: Any) -> bool:
+    """Whether a message of the bot ends an answer. An answer may span messages (its first sentences
+    posted alone when the workspace's stream and edit tiers are spent, issue 44; a long answer cut at
+    Slack's limit), and only its last carries the sources and buttons (the repository's settings keep the
+    feedback buttons on); a failure is one message."""
+    return (not message.streaming and bool(message.body.strip())
+            and (any(b.get("type") != "markdown" for b in message.blocks) or message.body.startswith("⚠️")))
+
+
 def answers_in(slack: FakeSlack, body: str) -> list[Any]:
-    """The answers shown in the question's thread, one message each: the message that ends an answer.
-    An answer may span messages (its first sentences posted alone when the workspace's stream and edit
-    tiers are spent, issue 44; a long answer cut at Slack's limit), and only its last carries the sources
-    and buttons (the repository's settings keep the feedback buttons on); a failure is one message."""
+    """The answers shown in the question's thread, one message each (``ends_answer``)."""
     event = json.loads(body)["event"]
-    return [m for m in slack.thread(event["channel"], event["ts"]) if not m.streaming and m.body.strip()
-            and (any(b.get("type") != "markdown" for b in m.blocks) or m.body.startswith("⚠️"))]
+    return [m for m in slack.thread(event["channel"], event["ts"]) if ends_answer(m)]
 
 
 async def wait_for(condition, timeout_s: float, what: str) -> float:
