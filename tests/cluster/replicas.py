@@ -18,12 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from slack_sdk.signature import SignatureVerifier
 
 from tests.conftest import EXAMPLES, REPO
 from tests.fakes.slack_server import FakeSlack
 from tests.ports import free_port
+
+#: The cluster tests' marker: they run replicas on the shared Redis and Weaviate.
+NEEDS_SERVICES = pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
+                                    reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")
 
 SECRET = "s" * 32
 TEAM, BOT = "T0KBBOT", "UKBBOT"

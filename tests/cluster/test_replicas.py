@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.cluster.replicas import (
+    NEEDS_SERVICES,
     answers_in,
     deliver,
     event_body,
@@ -36,9 +37,7 @@ from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, default_reply
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900),
-              pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
-                                 reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900), NEEDS_SERVICES]
 
 REPLICAS = 3
 LEASE_S = 4  # slack.claim_lease_s here; Slack's own retries come 1 and 5 minutes after a missed ack

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,15 +15,23 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster.replicas import Replica, kb_folder, refresh_once, running, serve_env, wait_for, wait_healthy, write_config
+from tests.cluster.replicas import (
+    NEEDS_SERVICES,
+    Replica,
+    kb_folder,
+    refresh_once,
+    running,
+    serve_env,
+    wait_for,
+    wait_healthy,
+    write_config,
+)
 from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram, message_update
 from tests.model_router import ModelRouter, default_reply, quoting
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600),
-              pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
-                                 reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600), NEEDS_SERVICES]
 
 SECRET = "tg-replicas-secret"
 HOOK = "/telegram/hook"

@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.cluster.replicas import (
+    NEEDS_SERVICES,
     Replica,
     answers_in,
     deliver,
@@ -37,9 +38,7 @@ from tests.fakes.anthropic_server import FakeAnthropic, Script
 from tests.fakes.slack_server import FakeSlack
 from tests.model_router import ModelRouter, default_reply
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600),
-              pytest.mark.skipif(not (os.environ.get("REDIS_URL") and os.environ.get("WEAVIATE_URL")),
-                                 reason="REDIS_URL and WEAVIATE_URL are not set (make test-cluster starts them)")]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600), NEEDS_SERVICES]
 
 LEASE_S = 4
 SLOW = ("What torque do the terminal screws need?", "What does fault code E07 mean exactly?",
