@@ -63,7 +63,7 @@ from adapters.telegram.reply import (
     make_rates,
     take_send_budget,
 )
-from adapters.telegram.session import BatchConfirmed, HandOn, TelegramWebhook
+from adapters.telegram.session import BatchConfirmed, HandOn, TelegramWebhook, chat_of
 from adapters.telegram.settings import TelegramSettings
 from adapters.telegram.text import (
     APPROVE_PREFIX,
@@ -141,10 +141,9 @@ class TelegramAdapter:
                         data: dict[str, Any]) -> Any:
         """Outer middleware: every update is logged (``Delivery.received``) before a handler runs."""
         message = update.message or update.edited_message
-        query = update.callback_query
-        chat = message.chat.id if message else (query.message.chat.id if query and query.message else "?")
-        what = "message" if message else ("callback" if query else (update.event_type or "update"))
-        self.delivery.received(what, str(update.update_id), f"chat {chat}")
+        what = "message" if message else ("callback" if update.callback_query else (update.event_type or "update"))
+        chat = chat_of(update)
+        self.delivery.received(what, str(update.update_id), f"chat {'?' if chat is None else chat}")
         return await handler(update, data)
 
     def _router(self) -> Router:

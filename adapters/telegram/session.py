@@ -107,6 +107,13 @@ def instrument(bot: Bot) -> None:
     bot.session.middleware(TelegramApiMetrics())
 
 
+def chat_of(update: Update) -> int | None:
+    """The chat an update comes from: a message's, or a button's message's (None for other updates)."""
+    event = update.event
+    chat = getattr(event, "chat", None) or getattr(getattr(event, "message", None), "chat", None)
+    return getattr(chat, "id", None)
+
+
 class BatchConfirmed:
     """Long polling that takes a batch of updates at once and confirms it as a whole.
 
@@ -133,14 +140,8 @@ class BatchConfirmed:
             dispatcher.update.outer_middleware(self.handle)
         bot.session.middleware(self._before_poll)
 
-    @staticmethod
-    def _chat(update: Update) -> int | None:
-        event = update.event
-        chat = getattr(event, "chat", None) or getattr(getattr(event, "message", None), "chat", None)
-        return getattr(chat, "id", None)
-
     async def handle(self, handler: Any, update: Update, data: dict[str, Any]) -> Any:
-        chat = self._chat(update)
+        chat = chat_of(update)
         try:
             if chat is None:
                 return await handler(update, data)
